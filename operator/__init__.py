@@ -1,0 +1,1 @@
+"""kvloop operator: kopf handlers and pure rendering functions."""

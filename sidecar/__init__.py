@@ -1,0 +1,1 @@
+"""kvloop sidecar: the feedback coordinator."""
