@@ -1,0 +1,69 @@
+"""Shared helpers: interpreter detection, dot dtypes, backend choice and a launch counter for tests."""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+import triton
+import triton.language as tl
+
+# Incremented by every Triton launch, so tests can prove the Triton path (not the torch one) ran.
+LAUNCHES: collections.Counter[str] = collections.Counter()
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+BACKENDS = (None, "triton", "torch")
+
+
+def is_interpreted() -> bool:
+    """True when this process's @triton.jit functions are InterpretedFunctions (TRITON_INTERPRET=1
+    was set before triton was first imported)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from .decode import decode_split_kernel
+
+    return isinstance(decode_split_kernel, InterpretedFunction)
+
+
+def check_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = tensors[0].dtype
+    if dtype not in _TL_DTYPES:
+        raise TypeError(f"unsupported dtype {dtype}; expected float32, float16 or bfloat16")
+    for t in tensors[1:]:
+        if t.dtype != dtype:
+            raise TypeError(f"dtype mismatch: {t.dtype} vs {dtype}")
+    return dtype
+
+
+def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
+    """Operand dtype and precision for tl.dot. The interpreter gets bf16 arithmetic wrong, so there
+    everything is computed in fp32; on the GPU 16-bit operands feed the tensor cores natively and fp32
+    caches use exact ("ieee") products rather than TF32, so fp32 stays a true reference dtype."""
+    if dtype == torch.float32 or is_interpreted():
+        return tl.float32, "ieee"
+    return _TL_DTYPES[dtype], "tf32"
+
+
+def use_triton(device: torch.device, backend: str | None) -> bool:
+    """None: Triton wherever it can run (CUDA tensors, or any tensor under the interpreter), else the
+    torch path. "triton": Triton or an error. "torch": the torch path. The runner's own dispatch
+    (engine/kernels/ops.py) decides CUDA vs CPU before calling here, so the default runs Triton."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    runnable = device.type == "cuda" or is_interpreted()
+    if backend == "torch":
+        return False
+    if backend == "triton" and not runnable:
+        raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before triton's import")
+    return runnable
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors, to size split-K; a small fixed number off-GPU keeps the interpreter fast."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4

@@ -1,0 +1,187 @@
+"""Paged decode attention: one query token per sequence, grouped-query heads, split-K over the context.
+
+Design: a program handles one (sequence, KV head, context split). All query heads that share the KV
+head are processed together as the M rows of tl.dot (padded to 16, the smallest MMA tile), so every
+K/V byte is read once per group rather than once per query head. Splitting the context (flash-decoding)
+keeps the GPU full when batch * kv_heads is small (batch 1, long contexts); a second small kernel merges
+the partial results by their log-sum-exp. When one split suffices the first kernel writes the output
+directly and the merge is skipped. The split count depends only on tensor shapes (never on
+context_lens' values), so the call does not synchronise with the host and can be graph-captured.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import LAUNCHES, check_dtype, dot_config, next_pow2, num_sms
+
+LOG2E = 1.4426950408889634
+MIN_PARTITION = 256  # tokens per split, at least: below this the merge costs more than it saves
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2, partition,
+    stride_qb, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_btb,
+    stride_ob, stride_oh,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_T: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    ctx = tl.load(ctx_ptr + b)
+    start = split * partition
+    end = tl.minimum(start + partition, ctx)  # end <= start: empty split, the loop does not run
+
+    h = tl.arange(0, BLOCK_H)
+    h_mask = h < GROUP
+    heads = kvh * GROUP + h
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+
+    q_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=h_mask[:, None] & d_mask[None, :], other=0.0).to(DOT_T)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    for t0 in range(start, end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_mask = t < end
+        # Per-token page lookup: tiles need not align with pages, and pages need not be contiguous.
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        slot = t % BLOCK_SIZE
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        k_off = blk * stride_kb + slot * stride_ks + kvh * stride_kh
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_T)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
+        qk = tl.where(t_mask[None, :], qk, float("-inf"))
+        # Every tile holds at least one valid token, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_off = blk * stride_vb + slot * stride_vs + kvh * stride_vh
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(DOT_T)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_T), v, input_precision=PREC)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    o_mask = h_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        p_off = (b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :])
+        tl.store(part_out_ptr + p_off, o, mask=o_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
+    else:
+        o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+
+
+@triton.jit
+def decode_merge_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+
+    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # zero-length context: all weights 0, output 0
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom > 0, denom, 1.0)
+    p_off = b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :]
+    parts = tl.load(part_out_ptr + p_off, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    o = tl.sum(parts * w[:, None], 0) / denom
+    o_off = b.to(tl.int64) * stride_ob + h * stride_oh + d
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def choose_splits(batch: int, n_kv: int, max_tokens: int, device: torch.device) -> int:
+    """Enough programs for about four waves of the GPU, each split at least MIN_PARTITION tokens."""
+    programs = batch * n_kv
+    want = triton.cdiv(4 * num_sms(device), max(programs, 1))
+    return max(1, min(want, triton.cdiv(max_tokens, MIN_PARTITION)))
+
+
+def decode_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
+) -> torch.Tensor:
+    dtype = check_dtype(q, k_cache, v_cache)
+    batch, n_heads, head_dim = q.shape
+    _, block_size, n_kv, _ = k_cache.shape
+    if n_heads % n_kv:
+        raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
+    group = n_heads // n_kv
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("caches must have a contiguous head_dim")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+
+    block_n = 64 if head_dim <= 128 else 32
+    max_tokens = block_tables.shape[1] * block_size  # an upper bound on context_lens, known without a sync
+    splits = num_splits or choose_splits(batch, n_kv, max_tokens, q.device)
+    partition = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
+    splits = max(1, triton.cdiv(max_tokens, partition))
+    split = splits > 1
+    if split:
+        part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
+        part_lse = torch.empty(batch, n_heads, splits, device=q.device, dtype=torch.float32)
+    else:  # unused by the kernel; any tensor will do for the pointer arguments
+        part_out = out
+        part_lse = out
+    dot_t, prec = dot_config(dtype)
+
+    LAUNCHES["decode"] += 1
+    decode_split_kernel[(batch, n_kv, splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale * LOG2E, partition,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
+        part_out.stride(2) if split else 0,
+        part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
+        GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
+        DOT_T=dot_t, PREC=prec, SPLIT=split,
+        num_warps=4, num_stages=2,
+    )
+    if split:
+        LAUNCHES["decode_merge"] += 1
+        decode_merge_kernel[(batch, n_heads)](
+            part_out, part_lse, out, splits,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2),
+            part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(splits),
+            num_warps=4,
+        )
+    return out
