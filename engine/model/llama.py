@@ -1,0 +1,99 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) in plain torch over a paged KV cache.
+
+Weights are fused where it saves ops per step (q/k/v into one matrix, gate/up into one). The model is a
+plain object rather than nn.Module: a step is a straight sequence of tensor ops with no hooks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvloop.engine.kernels import ops
+from kvloop.engine.model.config import ModelConfig
+from kvloop.engine.runner.attention_meta import AttentionMetadata
+
+
+class Layer:
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device):
+        def get(name: str) -> torch.Tensor:
+            return w[prefix + name]
+
+        def put(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype).contiguous()
+
+        attn = "self_attn."
+        self.qkv = put(torch.cat([get(attn + "q_proj.weight"), get(attn + "k_proj.weight"), get(attn + "v_proj.weight")]))
+        self.qkv_bias = None
+        if cfg.attention_bias and prefix + attn + "q_proj.bias" in w:
+            self.qkv_bias = put(torch.cat([get(attn + "q_proj.bias"), get(attn + "k_proj.bias"), get(attn + "v_proj.bias")]))
+        self.o = put(get(attn + "o_proj.weight"))
+        self.gate_up = put(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
+        self.down = put(get("mlp.down_proj.weight"))
+        self.attn_norm = put(get("input_layernorm.weight"))
+        self.ffn_norm = put(get("post_attention_layernorm.weight"))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str = "cpu", attention_backend: str = "auto"):
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        self.attention_backend = attention_backend
+        self.embed = weights["model.embed_tokens.weight"].to(device=self.device, dtype=dtype).contiguous()
+        lm_head = weights.get("lm_head.weight")
+        self.lm_head = self.embed if cfg.tie_embeddings or lm_head is None else lm_head.to(self.device, dtype).contiguous()
+        self.norm = weights["model.norm.weight"].to(self.device, dtype)
+        self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device) for i in range(cfg.num_layers)]
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        freqs = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.rope_cos = freqs.cos().to(self.device)  # [max_pos, hd/2], fp32
+        self.rope_sin = freqs.sin().to(self.device)
+        self.scale = cfg.head_dim ** -0.5
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half RoPE on [N, heads, hd], computed in fp32 and cast back."""
+        half = x.shape[-1] // 2
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_cache: torch.Tensor) -> torch.Tensor:
+        """One flattened step: input_ids/positions [N] → final hidden states [N, hidden]."""
+        cfg = self.cfg
+        n = input_ids.shape[0]
+        cos = self.rope_cos[positions][:, None, :]
+        sin = self.rope_sin[positions][:, None, :]
+        x = self.embed[input_ids]
+        q_size, kv_size = cfg.q_size, cfg.kv_size
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
+            k = qkv[:, q_size : q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, q_size + kv_size :].view(n, cfg.num_kv_heads, cfg.head_dim)
+            q = self.rotary(q, cos, sin)
+            k = self.rotary(k, cos, sin)
+            k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
+            ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta, self.attention_backend)
+            attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale, self.attention_backend)
+            x = x + F.linear(attn.reshape(n, q_size), layer.o)
+            h = rms_norm(x, layer.ffn_norm, cfg.rms_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return rms_norm(x, self.norm, cfg.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
+        cfg = self.cfg
+        shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -1,0 +1,1 @@
+"""Model execution: attention metadata, runner, sampler (torch)."""
