@@ -1,0 +1,165 @@
+"""kopf handlers, registered on a fresh registry so that tests can run several operators in turn.
+
+One `reconcile` does everything: render the children (pure), apply them idempotently, read the
+Deployment and the pods back, and write `status` (never `spec`). It runs on create, update and
+resume, and on a timer that refreshes conditions and feedback and repairs drift.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import kopf
+from kvloop.operator import constants as C
+from kvloop.operator.kube import ApiError, KubeClient, KubeConfig
+from kvloop.operator.render import render_children
+from kvloop.operator.spec import problems, with_defaults
+from kvloop.operator.status import compute_status, strip_times
+
+# Children that belong to optional APIs: a 404 on them means the API is not installed.
+OPTIONAL_APIS = {"ServiceMonitor": "monitoring.coreos.com/v1 (Prometheus Operator)",
+                 "InferencePool": "inference.networking.k8s.io/v1 (Gateway API Inference Extension)"}
+
+
+@dataclasses.dataclass
+class OperatorConfig:
+    kube: KubeConfig
+    default_image: str = C.DEFAULT_IMAGE
+    status_interval: float = 15.0
+    request_timeout: float = 30.0
+
+
+def configure(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
+    """Settings that keep kopf's own bookkeeping under kvloop.io and out of `spec` and `status`."""
+    settings.persistence.finalizer = C.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=C.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=C.GROUP, key="last-handled-configuration")
+    settings.posting.level = logging.WARNING  # log lines of WARNING and above become Events
+    settings.scanning.disabled = True  # no cluster-wide CRD listing: fewer permissions
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = cfg.request_timeout
+    settings.batching.error_delays = [1, 2, 5, 10, 30]
+
+
+async def _apply_children(client: KubeClient, children: list[dict[str, Any]]) -> tuple[list[str], str | None]:
+    changes: list[str] = []
+    for child in children:
+        ref = f"{child['kind']}/{child['metadata']['name']}"
+        try:
+            result = await client.apply(child)
+        except ApiError as exc:
+            if exc.status == 404 and child["kind"] in OPTIONAL_APIS:
+                return changes, f"{ref} requested but {OPTIONAL_APIS[child['kind']]} is not served by this cluster"
+            return changes, f"applying {ref} failed: {exc}"
+        if result != "unchanged":
+            changes.append(f"{result} {ref}")
+    return changes, None
+
+
+async def reconcile(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, spec: Any, meta: Any,
+                    status: Any, name: str, namespace: str, uid: str, patch: kopf.Patch,
+                    logger: kopf.Logger) -> None:
+    full = with_defaults(dict(spec))
+    found = problems(full)
+    apply_error = None
+    if found:
+        logger.warning("InferenceService cannot be realised: %s", "; ".join(found))
+    else:
+        children = render_children(name, namespace, uid, dict(spec), cfg.default_image)
+        changes, apply_error = await _apply_children(client, children)
+        if changes:
+            kopf.info(body, reason="ChildrenApplied", message=", ".join(changes))
+        if apply_error:
+            kopf.warn(body, reason="ApplyFailed", message=apply_error)
+    deploy = await client.get("apps/v1", "Deployment", namespace, name)
+    pods = await client.list("v1", "Pod", namespace, labels=C.selector_labels(name))
+    previous = dict(status or {})
+    new = compute_status(name=name, namespace=namespace, spec=full, deploy=deploy, pods=pods, problems=found,
+                         apply_error=apply_error, previous=previous, generation=meta.get("generation"),
+                         observed_generation=meta.get("generation"))
+    _post_events(body, previous, new)
+    if strip_times(new) != strip_times({k: previous.get(k) for k in new}):
+        for key, value in new.items():
+            patch.status[key] = value
+
+
+def _post_events(body: kopf.Body, previous: dict[str, Any], new: dict[str, Any]) -> None:
+    old_last = ((previous.get("feedback") or {}).get("lastDecision") or {})
+    new_last = new["feedback"].get("lastDecision")
+    if new_last and (new_last.get("at"), new_last.get("pod")) != (old_last.get("at"), old_last.get("pod")):
+        kopf.info(body, reason="FeedbackDecision",
+                  message=f"pod {new_last['pod']}: {new_last['knob']} changed ({new_last['reason']})")
+    old = {c["type"]: c for c in previous.get("conditions") or []}
+    for cond in new["conditions"]:
+        before = old.get(cond["type"], {})
+        if cond["type"] == "Degraded" and cond["status"] == "True" and (
+                before.get("status") != "True" or before.get("message") != cond["message"]):
+            kopf.warn(body, reason=cond["reason"], message=cond["message"])
+        if cond["type"] == "Ready" and cond["status"] != before.get("status") and cond["status"] == "True":
+            kopf.info(body, reason="Ready", message=cond["message"])
+        if cond["type"] == "FeedbackHealthy" and cond["status"] == "False" and before.get("status") != "False":
+            kopf.warn(body, reason=cond["reason"], message=cond["message"])
+
+
+async def cleanup(*, client: KubeClient, body: kopf.Body, spec: Any, name: str, namespace: str, uid: str,
+                  logger: kopf.Logger) -> None:
+    # Owner references let the garbage collector do this too; deleting explicitly makes the
+    # result independent of the collector (and of clusters or fakes without one).
+    for child in reversed(render_children(name, namespace, uid, dict(spec))):
+        try:
+            await client.delete(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"])
+        except ApiError as exc:
+            if exc.status != 404:
+                raise kopf.TemporaryError(f"deleting {child['kind']}/{child['metadata']['name']}: {exc}", delay=5) from exc
+    logger.info("children of %s/%s deleted", namespace, name)
+
+
+def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    client = KubeClient(cfg.kube, timeout=cfg.request_timeout)
+    res = dict(group=C.GROUP, version=C.VERSION, plural=C.PLURAL, registry=registry)
+
+    @kopf.on.startup(registry=registry)
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings, cfg)
+
+    @kopf.on.cleanup(registry=registry)
+    async def _shutdown(**_: Any) -> None:
+        await client.close()
+
+    @kopf.on.login(registry=registry)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        k = cfg.kube
+        return kopf.ConnectionInfo(server=k.server, token=k.bearer(), ca_path=k.ca_path, insecure=k.insecure or None,
+                                   certificate_path=k.cert_path, private_key_path=k.key_path,
+                                   default_namespace=k.namespace, scheme="Bearer" if k.bearer() else None)
+
+    @kopf.on.probe(id="ready", registry=registry)
+    def _probe(**_: Any) -> bool:
+        return True
+
+    @kopf.on.resume(**res)
+    @kopf.on.create(**res)
+    @kopf.on.update(**res)
+    async def _reconcile(**kw: Any) -> None:
+        await reconcile(cfg=cfg, client=client, **_pick(kw))
+
+    @kopf.timer(**res, interval=cfg.status_interval, initial_delay=cfg.status_interval)
+    async def _refresh(**kw: Any) -> None:
+        await reconcile(cfg=cfg, client=client, **_pick(kw))
+
+    @kopf.on.delete(**res)
+    async def _delete(body: kopf.Body, spec: Any, name: str, namespace: str, uid: str, logger: kopf.Logger,
+                      **_: Any) -> None:
+        await cleanup(client=client, body=body, spec=spec, name=name, namespace=namespace, uid=uid, logger=logger)
+
+    return registry
+
+
+def _pick(kw: dict[str, Any]) -> dict[str, Any]:
+    keys = ("body", "spec", "meta", "status", "name", "namespace", "uid", "patch", "logger")
+    return {k: kw[k] for k in keys}

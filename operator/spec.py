@@ -1,0 +1,117 @@
+"""The InferenceService spec with its defaults filled in, and the checks that the schema cannot do.
+
+The API server applies the CRD's defaults, but the operator does not rely on that (kmock, older
+objects, hand-written tests): `with_defaults` fills the same values. `problems` lists reasons a
+schema-valid spec cannot be realised; the operator reports them as a Degraded condition.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from kvloop.operator.constants import EMBEDDED_MODEL_NAME
+
+DEFAULTS: dict[str, Any] = {
+    "replicas": 1,
+    "model": {"source": "embedded", "name": EMBEDDED_MODEL_NAME},
+    "engine": {
+        "device": "auto",
+        "dtype": "auto",
+        "blockSize": 16,
+        "maxModelLen": 2048,
+        "scheduler": {"mode": "codesign", "maxNumSeqs": 32, "maxNumBatchedTokens": 2048, "chunkedPrefill": True},
+        "kvCache": {
+            "devicePoolMiB": 512,
+            "hostPoolMiB": 0,
+            "admitMinRequests": 3,
+            "hostAdmitMinRequests": 1,
+            "minPrefixTokens": 64,
+            "retentionWatermark": 0.3,
+            "disk": {"enabled": False, "storage": "emptyDir", "sizeGiB": 10},
+        },
+    },
+    "feedback": {
+        "mode": "enforce",
+        "intervalSeconds": 30,
+        "staleAfterSeconds": 120,
+        "batchCap": {"min": 1, "max": 64, "maxStep": 8},
+        "watermark": {"min": 0.0, "max": 0.9, "maxStep": 0.1},
+        "targets": {"ttftP99Seconds": 2.0, "maxQueueDepth": 16},
+    },
+    "observability": {"logLevel": "info", "serviceMonitor": {"enabled": False, "interval": "30s"}},
+    "routing": {"inferencePool": {"enabled": False}},
+    "service": {"type": "ClusterIP", "port": 8000},
+    "podDisruptionBudget": {"maxUnavailable": 1},
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in (over or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def with_defaults(spec: dict[str, Any] | None) -> dict[str, Any]:
+    return _merge(DEFAULTS, dict(spec or {}))
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([EPTGMK]i?|[mkEPTG]?)$")
+_FACTORS = {"": 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity(value: Any) -> float | None:
+    """A Kubernetes resource quantity as a number (bytes, cores, devices); None when unparseable."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        return None
+    return float(match.group(1)) * _FACTORS[match.group(2)]
+
+
+def gpu_count(spec: dict[str, Any]) -> int:
+    res = spec.get("resources") or {}
+    for part in ("limits", "requests"):
+        value = quantity((res.get(part) or {}).get("nvidia.com/gpu"))
+        if value:
+            return int(value)
+    return 0
+
+
+def problems(spec: dict[str, Any]) -> list[str]:
+    """Reasons this (defaulted) spec cannot be realised, each a sentence for the Degraded message."""
+    out: list[str] = []
+    engine, kv = spec["engine"], spec["engine"]["kvCache"]
+    gpus = gpu_count(spec)
+    if engine["device"] == "cuda" and gpus == 0:
+        out.append("engine.device is cuda but resources request no nvidia.com/gpu")
+    if engine["device"] == "cpu" and gpus > 0:
+        out.append("engine.device is cpu but resources request nvidia.com/gpu; the GPUs would sit idle")
+    mem_limit = quantity(((spec.get("resources") or {}).get("limits") or {}).get("memory"))
+    if mem_limit is not None:
+        # On CPU the device pool lives in RAM too; the host pool always does.
+        pools_mib = kv["hostPoolMiB"] + (kv["devicePoolMiB"] if gpus == 0 else 0)
+        if pools_mib * 2**20 >= mem_limit:
+            out.append(
+                f"KV pools need {pools_mib} MiB of RAM but the memory limit is "
+                f"{int(mem_limit / 2**20)} MiB; raise resources.limits.memory or shrink the pools"
+            )
+    sched = engine["scheduler"]
+    if spec["feedback"]["batchCap"]["max"] > sched["maxNumSeqs"] * 4:
+        out.append("feedback.batchCap.max is more than 4x engine.scheduler.maxNumSeqs")
+    if sched["maxNumBatchedTokens"] < engine["blockSize"]:
+        out.append("engine.scheduler.maxNumBatchedTokens is smaller than one KV block")
+    disk = kv["disk"]
+    if disk["enabled"] and disk["storage"] == "pvc" and not disk.get("claimName"):
+        # The CEL rule rejects this too; kept for objects written before the rule existed.
+        out.append("engine.kvCache.disk.storage is pvc but claimName is not set")
+    return out
