@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCHES, check_dtype, dot_config, next_pow2, num_sms
+from ._common import LAUNCHES, check_dtype, dot_config, is_interpreted, next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split, at least: below this the merge costs more than it saves
@@ -126,6 +126,24 @@ def choose_splits(batch: int, n_kv: int, max_tokens: int, device: torch.device) 
     return max(1, min(want, triton.cdiv(max_tokens, MIN_PARTITION)))
 
 
+def tile_tokens(head_dim: int) -> int:
+    """Keys per loop iteration. Smaller under the interpreter so short test contexts span several tiles
+    and several splits."""
+    if is_interpreted():
+        return 16
+    return 64 if head_dim <= 128 else 32
+
+
+def plan_splits(
+    batch: int, n_kv: int, max_tokens: int, head_dim: int, device: torch.device, num_splits: int | None = None
+) -> tuple[int, int]:
+    """(splits, partition): partitions are whole tiles, so a requested count can shrink for short tables."""
+    block_n = tile_tokens(head_dim)
+    splits = num_splits or choose_splits(batch, n_kv, max_tokens, device)
+    partition = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
+    return max(1, triton.cdiv(max_tokens, partition)), partition
+
+
 def decode_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
@@ -143,11 +161,8 @@ def decode_triton(
     if batch == 0:
         return out
 
-    block_n = 64 if head_dim <= 128 else 32
     max_tokens = block_tables.shape[1] * block_size  # an upper bound on context_lens, known without a sync
-    splits = num_splits or choose_splits(batch, n_kv, max_tokens, q.device)
-    partition = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
-    splits = max(1, triton.cdiv(max_tokens, partition))
+    splits, partition = plan_splits(batch, n_kv, max_tokens, head_dim, q.device, num_splits)
     split = splits > 1
     if split:
         part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
@@ -170,7 +185,7 @@ def decode_triton(
         part_out.stride(2) if split else 0,
         part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=tile_tokens(head_dim),
         DOT_T=dot_t, PREC=prec, SPLIT=split,
         num_warps=4, num_stages=2,
     )

@@ -1,0 +1,102 @@
+"""Naive, unpaged fp32 references and paged-cache builders for the kernel tests.
+
+Tolerances (atol, rtol), per dtype. Under the interpreter the kernels compute in fp32 from the same
+dtype-rounded inputs the reference sees, so what remains is fp32 reassociation (online softmax, exp2,
+split merge: ~1e-6) plus rounding the output to the dtype once: half an ulp is 2^-11 relative for fp16
+and 2^-8 for bf16. Outputs are convex combinations of N(0, 1) values (|out| < ~4), so allowing about
+two output ulps at the largest magnitudes gives the numbers below; a real indexing or masking error
+is off by O(1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+TOL: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def new_generator() -> tuple[torch.Generator, int]:
+    """Fresh inputs for every case; the seed is printed in failures (set KVLOOP_TEST_SEED to replay)."""
+    seed = int(os.environ.get("KVLOOP_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    return torch.Generator().manual_seed(seed), seed
+
+
+@contextlib.contextmanager
+def poisoned_alloc() -> Iterator[None]:
+    """Every torch.empty inside (the kernels' outputs and split-K workspaces) comes back NaN-filled, so
+    an element a kernel forgets to write cannot pass by holding a stale correct value."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed: int) -> None:
+    atol, rtol = TOL[dtype]
+    assert out.dtype == dtype
+    assert not out.isnan().any(), f"NaN in output (seed {seed})"
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+
+
+@dataclass
+class Paged:
+    k_cache: torch.Tensor  # [num_blocks, block_size, n_kv, hd], unwritten slots NaN
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [S, max_blocks + 1], shuffled ids, padded with 0 (a NaN block)
+    keys: list[torch.Tensor]  # per sequence [n, n_kv, hd] fp32, holding the dtype-rounded values
+    values: list[torch.Tensor]
+
+
+def make_paged(
+    seq_lens: list[int], block_size: int, n_kv: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator
+) -> Paged:
+    """Contiguous per-sequence K/V scattered into randomly ordered pages. Block 0 is never used, so a
+    kernel that follows a padding entry of the table reads NaN and fails loudly."""
+    counts = [-(-n // block_size) for n in seq_lens]
+    num_blocks = 1 + sum(counts) + 3
+    ids = 1 + torch.randperm(num_blocks - 1, generator=gen)
+    shape = (num_blocks, block_size, n_kv, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    tables = torch.zeros(len(seq_lens), max(counts, default=0) + 1, dtype=torch.int32)
+    keys, values, used = [], [], 0
+    for s, n in enumerate(seq_lens):
+        k = torch.randn(n, n_kv, head_dim, generator=gen).to(dtype)
+        v = torch.randn(n, n_kv, head_dim, generator=gen).to(dtype)
+        for j in range(counts[s]):
+            blk = int(ids[used + j])
+            tables[s, j] = blk
+            chunk = slice(j * block_size, min(n, (j + 1) * block_size))
+            k_cache[blk, : chunk.stop - chunk.start] = k[chunk]
+            v_cache[blk, : chunk.stop - chunk.start] = v[chunk]
+        used += counts[s]
+        keys.append(k.float())
+        values.append(v.float())
+    return Paged(k_cache, v_cache, tables, keys, values)
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int | None) -> torch.Tensor:
+    """Plain softmax attention in fp32. q [Tq, H, D]; k, v [Tk, KV, D]; query head h reads KV head
+    h // (H // KV). first_pos: position of q[0] for a causal mask (None: every key is visible)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if first_pos is not None:
+        q_pos = first_pos + torch.arange(q.shape[0])
+        hidden = torch.arange(k.shape[0])[None, :] > q_pos[:, None]
+        scores = scores.masked_fill(hidden[None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
