@@ -7,7 +7,7 @@ import pytest
 import torch
 from kernel_ref import DTYPES, assert_close, attention_ref, make_paged, new_generator, poisoned_alloc
 from kvloop.engine.kernels import triton as tk
-from kvloop.engine.kernels.triton.decode import choose_splits, plan_splits
+from kvloop.engine.kernels.triton.decode import choose_splits, plan_splits, tile_tokens
 
 N_KV = 2
 # (dtype, block_size, group, head_dim, num_splits or None for the heuristic, context lengths)
@@ -39,7 +39,7 @@ def test_decode_matches_reference(dtype_name, block_size, group, head_dim, split
         )
     launches("decode")
     max_tokens = paged.block_tables.shape[1] * block_size
-    planned, _ = plan_splits(len(lens), N_KV, max_tokens, head_dim, q.device, splits)
+    planned, _ = plan_splits(len(lens), N_KV, max_tokens, tile_tokens(head_dim, dtype), q.device, splits)
     if splits is not None:
         assert planned == splits, "the forced split count must take effect for this case to mean anything"
     launches("decode_merge", times=int(planned > 1))  # the split path really ran (or really did not)

@@ -19,6 +19,8 @@ from ._common import LAUNCHES, check_dtype, dot_config, is_interpreted, next_pow
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split, at least: below this the merge costs more than it saves
+# Launch knobs the GPU benchmark sweeps (bench/gpu); None means the built-in choice.
+TUNING: dict[str, int | None] = {"block_n": None, "num_warps": 4, "num_stages": 2}
 
 
 @triton.jit
@@ -126,19 +128,20 @@ def choose_splits(batch: int, n_kv: int, max_tokens: int, device: torch.device) 
     return max(1, min(want, triton.cdiv(max_tokens, MIN_PARTITION)))
 
 
-def tile_tokens(head_dim: int) -> int:
+def tile_tokens(head_dim: int, dtype: torch.dtype) -> int:
     """Keys per loop iteration. Smaller under the interpreter so short test contexts span several tiles
-    and several splits."""
+    and several splits; smaller for fp32 (FMA dots) and wide heads, which spill registers at 64."""
+    if TUNING["block_n"]:
+        return int(TUNING["block_n"])
     if is_interpreted():
         return 16
-    return 64 if head_dim <= 128 else 32
+    return 32 if dtype == torch.float32 or head_dim > 128 else 64
 
 
 def plan_splits(
-    batch: int, n_kv: int, max_tokens: int, head_dim: int, device: torch.device, num_splits: int | None = None
+    batch: int, n_kv: int, max_tokens: int, block_n: int, device: torch.device, num_splits: int | None = None
 ) -> tuple[int, int]:
     """(splits, partition): partitions are whole tiles, so a requested count can shrink for short tables."""
-    block_n = tile_tokens(head_dim)
     splits = num_splits or choose_splits(batch, n_kv, max_tokens, device)
     partition = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
     return max(1, triton.cdiv(max_tokens, partition)), partition
@@ -162,7 +165,8 @@ def decode_triton(
         return out
 
     max_tokens = block_tables.shape[1] * block_size  # an upper bound on context_lens, known without a sync
-    splits, partition = plan_splits(batch, n_kv, max_tokens, head_dim, q.device, num_splits)
+    block_n = tile_tokens(head_dim, dtype)
+    splits, partition = plan_splits(batch, n_kv, max_tokens, block_n, q.device, num_splits)
     split = splits > 1
     if split:
         part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
@@ -185,9 +189,9 @@ def decode_triton(
         part_out.stride(2) if split else 0,
         part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
         GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=tile_tokens(head_dim),
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
         DOT_T=dot_t, PREC=prec, SPLIT=split,
-        num_warps=4, num_stages=2,
+        num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
     )
     if split:
         LAUNCHES["decode_merge"] += 1

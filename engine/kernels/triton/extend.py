@@ -83,14 +83,15 @@ def extend_kernel(
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps). Smaller tiles for fp32 and wide heads keep shared memory in bounds;
-    the interpreter gets small tiles because its cost grows with the padded work."""
+def extend_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps), chosen so the AOT check (aot.py) sees no register spills on sm_80 or
+    sm_90: 8 warps for 128-wide heads and for fp32 (whose exact dots run on FMA units). The interpreter
+    gets small tiles because its cost grows with the padded work."""
     if is_interpreted():
         return 16, 32, 4
     if dtype == torch.float32 or head_dim > 128:
-        return 32, 32, 4
-    return 64, 64, 4
+        return 32, 32, 8
+    return 64, 64, 8 if head_dim > 64 else 4
 
 
 def extend_triton(
@@ -113,7 +114,7 @@ def extend_triton(
         # Exact when the metadata lives on the host; otherwise the total is a bound that needs no sync.
         on_host = query_start_loc.device.type == "cpu"
         max_q_len = int(query_start_loc.diff().max()) if on_host else total
-    block_m, block_n, warps = _tiles(head_dim, dtype)
+    block_m, block_n, warps = extend_tiles(head_dim, dtype)
     dot_t, prec = dot_config(dtype)
 
     LAUNCHES["extend"] += 1
