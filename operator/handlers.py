@@ -42,7 +42,7 @@ def configure(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = cfg.request_timeout
-    settings.batching.error_delays = [1, 2, 5, 10, 30]
+    settings.queueing.error_delays = [1, 2, 5, 10, 30]
 
 
 async def _apply_children(client: KubeClient, children: list[dict[str, Any]]) -> tuple[list[str], str | None]:
@@ -67,14 +67,14 @@ async def reconcile(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body,
     found = problems(full)
     apply_error = None
     if found:
-        logger.warning("InferenceService cannot be realised: %s", "; ".join(found))
+        logger.info("InferenceService cannot be realised: %s", "; ".join(found))
     else:
         children = render_children(name, namespace, uid, dict(spec), cfg.default_image)
         changes, apply_error = await _apply_children(client, children)
         if changes:
-            kopf.info(body, reason="ChildrenApplied", message=", ".join(changes))
+            kopf.event(body, type="Normal", reason="ChildrenApplied", message=", ".join(changes))
         if apply_error:
-            kopf.warn(body, reason="ApplyFailed", message=apply_error)
+            kopf.event(body, type="Warning", reason="ApplyFailed", message=apply_error)
     deploy = await client.get("apps/v1", "Deployment", namespace, name)
     pods = await client.list("v1", "Pod", namespace, labels=C.selector_labels(name))
     previous = dict(status or {})
@@ -91,18 +91,18 @@ def _post_events(body: kopf.Body, previous: dict[str, Any], new: dict[str, Any])
     old_last = ((previous.get("feedback") or {}).get("lastDecision") or {})
     new_last = new["feedback"].get("lastDecision")
     if new_last and (new_last.get("at"), new_last.get("pod")) != (old_last.get("at"), old_last.get("pod")):
-        kopf.info(body, reason="FeedbackDecision",
+        kopf.event(body, type="Normal", reason="FeedbackDecision",
                   message=f"pod {new_last['pod']}: {new_last['knob']} changed ({new_last['reason']})")
     old = {c["type"]: c for c in previous.get("conditions") or []}
     for cond in new["conditions"]:
         before = old.get(cond["type"], {})
         if cond["type"] == "Degraded" and cond["status"] == "True" and (
                 before.get("status") != "True" or before.get("message") != cond["message"]):
-            kopf.warn(body, reason=cond["reason"], message=cond["message"])
+            kopf.event(body, type="Warning", reason=cond["reason"], message=cond["message"])
         if cond["type"] == "Ready" and cond["status"] != before.get("status") and cond["status"] == "True":
-            kopf.info(body, reason="Ready", message=cond["message"])
+            kopf.event(body, type="Normal", reason="Ready", message=cond["message"])
         if cond["type"] == "FeedbackHealthy" and cond["status"] == "False" and before.get("status") != "False":
-            kopf.warn(body, reason=cond["reason"], message=cond["message"])
+            kopf.event(body, type="Warning", reason=cond["reason"], message=cond["message"])
 
 
 async def cleanup(*, client: KubeClient, body: kopf.Body, spec: Any, name: str, namespace: str, uid: str,
