@@ -81,6 +81,8 @@ def _pod_feedback(pod: dict[str, Any], now: dt.datetime, stale_after: float) -> 
         data = json.loads(raw)
         entry.update(batchCap=int(data["batchCap"]), watermark=float(data["watermark"]), mode=str(data["mode"]),
                      converged=bool(data.get("converged", False)), updatedAt=str(data["updatedAt"]))
+        if isinstance(data.get("hitRate"), int | float):  # optional: prefix-cache hit rate last period
+            entry["hitRate"] = float(data["hitRate"])
         last = data.get("lastDecision")
         if isinstance(last, dict) and last.get("at"):
             entry["lastDecision"] = {"knob": str(last.get("knob", "")), "reason": str(last.get("reason", "")),
@@ -121,6 +123,9 @@ def aggregate_feedback(pods: list[dict[str, Any]], spec: dict[str, Any], now: dt
         marks = [e["watermark"] for e in reporting]
         summary["batchCap"] = {"min": min(caps), "max": max(caps)}
         summary["watermark"] = {"min": min(marks), "max": max(marks)}
+        rates = [e["hitRate"] for e in reporting if "hitRate" in e]
+        if rates:
+            summary["hitRate"] = round(sum(rates) / len(rates), 4)
     if last is not None:
         summary["lastDecision"] = last
     if fb["mode"] == "off":

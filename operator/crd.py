@@ -1,0 +1,282 @@
+"""The InferenceService CustomResourceDefinition, built here and written to YAML by
+
+    python -m kvloop.operator.crd > manifests/base/crd.yaml   (and charts/kvloop/crds/)
+
+Tests check that both files equal this output, validate custom resources against the schema
+(converted to JSON Schema) and evaluate its CEL rules.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+from kvloop.operator import constants as C
+
+
+def _p(kind: str, desc: str, **kw: Any) -> dict[str, Any]:
+    return {"type": kind, "description": desc, **kw}
+
+
+def i(desc: str, lo: int | None = None, hi: int | None = None, default: int | None = None) -> dict[str, Any]:
+    out = _p("integer", desc)
+    if lo is not None:
+        out["minimum"] = lo
+    if hi is not None:
+        out["maximum"] = hi
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def n(desc: str, lo: float, hi: float, default: float | None = None, exclusive_max: bool = False) -> dict[str, Any]:
+    out = _p("number", desc, minimum=lo, maximum=hi)
+    if exclusive_max:
+        out["exclusiveMaximum"] = True
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def s(desc: str, enum: list[str] | None = None, default: str | None = None, **kw: Any) -> dict[str, Any]:
+    out = _p("string", desc, **kw)
+    if enum:
+        out["enum"] = enum
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def b(desc: str, default: bool | None = None) -> dict[str, Any]:
+    out = _p("boolean", desc)
+    if default is not None:
+        out["default"] = default
+    return out
+
+
+def o(desc: str, props: dict[str, Any], *, default: Any = None, required: list[str] | None = None,
+      rules: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    out = _p("object", desc, properties=props)
+    if default is not None:
+        out["default"] = default
+    if required:
+        out["required"] = required
+    if rules:
+        out["x-kubernetes-validations"] = [{"rule": r, "message": m} for r, m in rules]
+    return out
+
+
+QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True,
+            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"}
+
+
+def resources(desc: str) -> dict[str, Any]:
+    qmap = {"type": "object", "additionalProperties": QUANTITY}
+    return o(desc, {"requests": {**qmap, "description": "Minimum resources (cpu, memory, nvidia.com/gpu)."},
+                    "limits": {**qmap, "description": "Maximum resources; GPUs must be set here."}},
+             rules=[("!has(self.requests) || !('nvidia.com/gpu' in self.requests) || "
+                     "(has(self.limits) && 'nvidia.com/gpu' in self.limits && "
+                     "string(self.requests['nvidia.com/gpu']) == string(self.limits['nvidia.com/gpu']))",
+                     "nvidia.com/gpu requests must equal limits")])
+
+
+def spec_schema() -> dict[str, Any]:
+    model = o("Which model to serve.", {
+        "source": s("embedded: the SmolLM2-135M-Instruct GGUF inside the image; pvc: a path on a "
+                    "PersistentVolumeClaim; uri: a file fetched by an init container.",
+                    ["embedded", "pvc", "uri"], "embedded"),
+        "name": s("Model name served on /v1/models.", default=C.EMBEDDED_MODEL_NAME, maxLength=128,
+                  pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"),
+        "format": s("Weights format; detected from the path when unset.", ["gguf", "hf"]),
+        "path": s("For source pvc: file or Hugging Face directory inside the claim.", maxLength=1024),
+        "pvc": o("For source pvc: the claim holding the model.", {
+            "claimName": s("PersistentVolumeClaim name.", minLength=1, maxLength=253),
+            "readOnly": b("Mount the claim read-only.", True)}, required=["claimName"]),
+        "uri": s("For source uri: http(s) or file URI of a GGUF file.", maxLength=2048, pattern=r"^(https?|file)://.+"),
+        "sha256": s("Expected SHA-256 of the fetched file.", pattern=r"^[a-f0-9]{64}$"),
+        "cacheSize": {**QUANTITY, "description": "Size limit of the emptyDir the fetched model lives in."},
+    }, default={}, rules=[
+        ("self.source != 'pvc' || (has(self.pvc) && has(self.path))", "source pvc needs pvc.claimName and path"),
+        ("self.source != 'uri' || has(self.uri)", "source uri needs uri"),
+        ("self.source == 'pvc' || !has(self.pvc)", "pvc is only used with source pvc"),
+        ("self.source == 'uri' || !has(self.uri)", "uri is only used with source uri"),
+    ])
+    disk = o("Disk tier: a directory of KV block files.", {
+        "enabled": b("Keep a disk tier.", False),
+        "storage": s("emptyDir (node-local, lost with the pod) or pvc (an existing claim).", ["emptyDir", "pvc"], "emptyDir"),
+        "sizeGiB": i("Size limit of the tier in GiB.", 1, 10000, 10),
+        "claimName": s("For storage pvc: the claim to use.", maxLength=253),
+    }, default={}, rules=[("self.storage != 'pvc' || has(self.claimName)", "disk storage pvc needs claimName")])
+    kv = o("Paged, tiered KV cache.", {
+        "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB.", 16, 1048576, 512),
+        "hostPoolMiB": i("Host (CPU memory) pool in MiB; 0 disables the tier.", 0, 1048576, 0),
+        "disk": disk,
+        "admitMinRequests": i("Distinct requests a block needs to stay in the device pool.", 1, 64, 3),
+        "hostAdmitMinRequests": i("Distinct requests a block needs to stay in the host pool.", 1, 64, 1),
+        "minPrefixTokens": i("Shorter prefix matches are treated as misses.", 0, 65536, 64),
+        "retentionWatermark": n("Initial share of the device pool kept for cached blocks.", 0.0, 1.0, 0.3, True),
+    }, default={}, rules=[("self.hostAdmitMinRequests <= self.admitMinRequests",
+                           "hostAdmitMinRequests must not exceed admitMinRequests"),
+                          ("self.retentionWatermark < 1.0", "retentionWatermark must be below 1")])
+    engine = o("Engine settings (restart the pods when changed).", {
+        "device": s("Where the model runs.", ["auto", "cpu", "cuda"], "auto"),
+        "dtype": s("Compute dtype.", ["auto", "float32", "bfloat16", "float16"], "auto"),
+        "blockSize": {**i("Tokens per KV block.", default=16), "enum": [8, 16, 32, 64, 128]},
+        "maxModelLen": i("Maximum context length in tokens.", 128, 1048576, 2048),
+        "scheduler": o("Continuous batching.", {
+            "mode": s("Scheduler mode.", ["static", "continuous", "continuous+lru", "codesign"], "codesign"),
+            "maxNumSeqs": i("Initial batch cap (running requests).", 1, 4096, 32),
+            "maxNumBatchedTokens": i("Token budget per step.", 16, 1048576, 2048),
+            "chunkedPrefill": b("Split long prompts into chunks.", True),
+        }, default={}),
+        "kvCache": kv,
+    }, default={})
+    bound_cap = o("Batch cap bounds and step.", {
+        "min": i("Lowest batch cap.", 1, 4096, 1), "max": i("Highest batch cap.", 1, 4096, 64),
+        "maxStep": i("Largest change per period.", 1, 4096, 8)},
+        default={}, rules=[("self.min <= self.max", "batchCap.min must be <= batchCap.max"),
+                           ("self.maxStep <= self.max", "batchCap.maxStep must be <= batchCap.max")])
+    bound_w = o("Retention watermark bounds and step.", {
+        "min": n("Lowest watermark.", 0.0, 1.0, 0.0, True), "max": n("Highest watermark.", 0.0, 1.0, 0.9, True),
+        "maxStep": n("Largest change per period.", 0.001, 1.0, 0.1)},
+        default={}, rules=[("self.min <= self.max", "watermark.min must be <= watermark.max"),
+                           ("self.max < 1.0", "watermark.max must be below 1")])
+    feedback = o("The sidecar's feedback coordinator (reloaded without a restart).", {
+        "mode": s("off: no coordinator; observe: decide and log only; enforce: write targets.",
+                  ["off", "observe", "enforce"], "enforce"),
+        "intervalSeconds": i("Coordinator period.", 1, 3600, 30),
+        "staleAfterSeconds": i("Feedback older than this is stale (engine falls back to defaults).", 2, 86400, 120),
+        "batchCap": bound_cap,
+        "watermark": bound_w,
+        "targets": o("Objectives the coordinator steers towards.", {
+            "ttftP99Seconds": n("P99 time-to-first-token objective.", 0.001, 600.0, 2.0),
+            "maxQueueDepth": i("Waiting requests tolerated before the cap grows.", 0, 100000, 16)}, default={}),
+    }, default={}, rules=[("self.staleAfterSeconds >= 2 * self.intervalSeconds",
+                           "staleAfterSeconds must be at least twice intervalSeconds")])
+    toleration = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    props = {
+        "replicas": i("Number of engine pods.", 0, 256, 1),
+        "model": model,
+        "images": o("Image overrides (default: the operator's image).", {
+            "engine": s("Engine image.", minLength=1), "sidecar": s("Sidecar image (default: engine image)."),
+            "fetcher": s("Model fetcher init image (default: engine image)."),
+            "pullPolicy": s("Image pull policy.", ["Always", "IfNotPresent", "Never"], "IfNotPresent")}),
+        "imagePullSecrets": {"type": "array", "description": "Pull secrets for the images.",
+                             "items": o("A secret reference.", {"name": s("Secret name.")}, required=["name"])},
+        "resources": resources("Engine container resources, including nvidia.com/gpu."),
+        "sidecarResources": resources("Sidecar container resources."),
+        "engine": engine,
+        "feedback": feedback,
+        "observability": o("Monitoring.", {
+            "logLevel": s("Log level of engine and sidecar.", ["debug", "info", "warning", "error"], "info"),
+            "serviceMonitor": o("Create a Prometheus Operator ServiceMonitor.", {
+                "enabled": b("Create it.", False),
+                "interval": s("Scrape interval.", default="30s", pattern=r"^[0-9]+(ms|s|m|h)$"),
+                "labels": {"type": "object", "description": "Extra labels (to match a Prometheus selector).",
+                           "additionalProperties": {"type": "string"}}}, default={})}, default={}),
+        "routing": o("Routing integrations.", {
+            "inferencePool": o("Create an InferencePool (Gateway API Inference Extension).", {
+                "enabled": b("Create it.", False),
+                "endpointPicker": o("The endpoint picker service that routes by prefix cache and load.", {
+                    "name": s("Service name of the endpoint picker.", minLength=1, maxLength=253),
+                    "port": i("Its gRPC port.", 1, 65535, 9002),
+                    "failureMode": s("What the gateway does when the picker is down.", ["FailOpen", "FailClose"], "FailOpen")}),
+            }, default={})}, default={}),
+        "service": o("The Service in front of the pods.", {
+            "type": s("Service type.", ["ClusterIP", "NodePort", "LoadBalancer"], "ClusterIP"),
+            "port": i("Service port for the OpenAI API.", 1, 65535, 8000)}, default={}),
+        "podDisruptionBudget": o("Created when replicas > 1.", {
+            "maxUnavailable": i("Pods that may be down at once during voluntary disruption.", 1, 256, 1)}, default={}),
+        "nodeSelector": {"type": "object", "description": "Node labels the pods must match.",
+                         "additionalProperties": {"type": "string"}},
+        "tolerations": {"type": "array", "description": "Pod tolerations (one for nvidia.com/gpu is added with GPUs).",
+                        "items": toleration},
+        "affinity": {"type": "object", "description": "Pod affinity.", "x-kubernetes-preserve-unknown-fields": True},
+        "priorityClassName": s("Pod priority class."),
+        "runtimeClassName": s("Pod runtime class (e.g. nvidia)."),
+    }
+    return o("Desired state of an InferenceService.", props, rules=[
+        ("self.feedback.mode == 'off' || self.feedback.batchCap.max >= self.feedback.batchCap.min",
+         "feedback bounds are inconsistent"),
+        ("self.engine.kvCache.retentionWatermark >= self.feedback.watermark.min && "
+         "self.engine.kvCache.retentionWatermark <= self.feedback.watermark.max",
+         "engine.kvCache.retentionWatermark must lie within feedback.watermark bounds"),
+        ("self.engine.scheduler.maxNumSeqs >= self.feedback.batchCap.min && "
+         "self.engine.scheduler.maxNumSeqs <= self.feedback.batchCap.max",
+         "engine.scheduler.maxNumSeqs (the initial batch cap) must lie within feedback.batchCap bounds"),
+        ("!self.routing.inferencePool.enabled || has(self.routing.inferencePool.endpointPicker)",
+         "routing.inferencePool needs endpointPicker"),
+    ])
+
+
+def status_schema() -> dict[str, Any]:
+    cond = o("A condition (Kubernetes API conventions).", {
+        "type": s("Ready, Progressing, Degraded, FeedbackHealthy, Reconciling or Stalled."),
+        "status": s("True, False or Unknown.", ["True", "False", "Unknown"]),
+        "reason": s("CamelCase reason."), "message": s("Human-readable detail."),
+        "observedGeneration": i("Generation the condition was computed for."),
+        "lastTransitionTime": s("When status last changed.", format="date-time")}, required=["type", "status"])
+    out = o("Observed state, written by the operator only.", {
+        "observedGeneration": i("Last generation the operator reconciled."),
+        "conditions": {"type": "array", "description": "Current conditions.", "items": cond,
+                       "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        "replicas": i("Pods of the Deployment."), "readyReplicas": i("Ready pods."),
+        "selector": s("Label selector of the pods (for the scale subresource)."),
+        "url": s("In-cluster URL of the OpenAI-compatible API."),
+        "feedback": {"type": "object", "description": "Aggregated sidecar feedback (targets per pod, last decision).",
+                     "x-kubernetes-preserve-unknown-fields": True},
+    })
+    out["x-kubernetes-preserve-unknown-fields"] = True  # never prune status fields
+    return out
+
+
+def crd() -> dict[str, Any]:
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{C.PLURAL}.{C.GROUP}", "labels": {"app.kubernetes.io/part-of": "kvloop"}},
+        "spec": {
+            "group": C.GROUP,
+            "names": {"kind": C.KIND, "listKind": f"{C.KIND}List", "plural": C.PLURAL,
+                      "singular": C.KIND.lower(), "shortNames": [C.SHORT_NAME], "categories": ["kvloop", "all"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": C.VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas",
+                                                          "statusReplicasPath": ".status.replicas",
+                                                          "labelSelectorPath": ".status.selector"}},
+                "additionalPrinterColumns": [
+                    {"name": "Ready", "type": "string", "jsonPath": ready},
+                    {"name": "Replicas", "type": "string", "jsonPath": ".status.readyReplicas",
+                     "description": "Ready pods"},
+                    {"name": "Hit rate", "type": "number", "jsonPath": ".status.feedback.hitRate",
+                     "description": "Prefix cache hit rate over the last period (mean of pods)"},
+                    {"name": "Batch cap", "type": "integer", "jsonPath": ".status.feedback.batchCap.max"},
+                    {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 0},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "An LLM served by kvloop: engine pods with a feedback sidecar.",
+                    "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                        "spec": {**spec_schema(), "default": {}},
+                        "status": status_schema(),
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "self.metadata.name.size() <= 52",
+                        "message": "name must be at most 52 characters (child names add suffixes)"}],
+                }},
+            }],
+        },
+    }
+
+
+def render_yaml() -> str:
+    return "# Generated by `python -m kvloop.operator.crd`; do not edit by hand.\n" + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_yaml())
