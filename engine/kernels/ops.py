@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import torch
-
 from kvloop.engine.kernels import torch_attention
 from kvloop.engine.runner.attention_meta import AttentionMetadata
 

@@ -7,7 +7,6 @@ CPU; bf16 SDPA is not), softmax in fp32."""
 from __future__ import annotations
 
 import torch
-
 from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 

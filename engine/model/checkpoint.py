@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
 from kvloop.engine.model.config import ModelConfig
 
 

@@ -10,10 +10,9 @@ import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
-from tqdm import tqdm
-
 from kvloop.engine.model.checkpoint import Checkpoint
 from kvloop.engine.model.config import ModelConfig
+from tqdm import tqdm
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",

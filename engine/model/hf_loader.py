@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from tqdm import tqdm
-
 from kvloop.engine.model.checkpoint import Checkpoint
 from kvloop.engine.model.config import ModelConfig
+from safetensors import safe_open
+from tqdm import tqdm
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from kvloop.engine.kernels import ops
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.runner.attention_meta import AttentionMetadata

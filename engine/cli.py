@@ -1,0 +1,116 @@
+"""`kvloop` command line: generate, chat, serve, operator (and more as components land)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvloop.engine.config import DTYPES
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--kv-cache-tokens", type=int, default=65536, help="device KV pool size in tokens")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64, help="batch cap (running requests)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    from kvloop.engine.config import EngineConfig
+    from kvloop.engine.scheduler.scheduler import SchedulerConfig
+
+    sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    return EngineConfig(model=args.model, dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
+                        block_size=args.block_size, threads=args.threads, scheduler=sched)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[])
+
+
+def sampling_from_args(args: argparse.Namespace):
+    from kvloop.engine.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, stop=args.stop)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from kvloop.engine.engine_core import EngineCore
+    from kvloop.engine.llm import LLM
+
+    llm = LLM(engine=EngineCore(engine_config_from_args(args)))
+    for out in llm.generate(args.prompt, sampling_from_args(args)):
+        print(out.text)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from kvloop.engine.engine_core import EngineCore
+    from kvloop.engine.llm import LLM
+
+    llm = LLM(engine=EngineCore(engine_config_from_args(args)))
+    params = sampling_from_args(args)
+    messages: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
+    one_shot = args.message is not None
+    while True:
+        text = args.message if one_shot else _read_user()
+        if text is None:
+            return 0
+        messages.append({"role": "user", "content": text})
+        reply = llm.chat(messages, params).text
+        print(reply if one_shot else f"assistant> {reply}", flush=True)
+        messages.append({"role": "assistant", "content": reply})
+        if one_shot:
+            return 0
+
+
+def _read_user() -> str | None:
+    try:
+        line = input("user> ")
+    except EOFError:
+        return None
+    return None if line.strip() in ("/quit", "/exit") else line
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from kvloop.operator.main import main as operator_main
+
+    return operator_main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="complete prompts offline")
+    add_engine_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("prompt", nargs="+")
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="chat with the model in the terminal (or one message with -m)")
+    add_engine_args(chat)
+    add_sampling_args(chat)
+    chat.add_argument("-m", "--message", default=None, help="send one message, print the reply, exit")
+    chat.add_argument("--system", default=None, help="system prompt (default: the model template's)")
+    chat.set_defaults(func=cmd_chat)
+    op = sub.add_parser("operator", help="run the InferenceService operator (kopf)")
+    op.add_argument("rest", nargs=argparse.REMAINDER)
+    op.set_defaults(func=cmd_operator)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Engine configuration: model, dtype, KV pool and scheduler limits (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvloop.engine.scheduler.scheduler import SchedulerConfig
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # None: the embedded SmolLM2; else a .gguf file or an HF directory
+    dtype: str = "auto"  # auto: bf16 where the CPU supports it and on GPU, else fp32
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_tokens: int = 65536  # device pool size in tokens
+    attention_backend: str = "auto"
+    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a power of two")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError("kv_cache_tokens must hold at least one block")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache_tokens // self.block_size

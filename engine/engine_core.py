@@ -1,0 +1,146 @@
+"""The engine loop: admit requests, schedule a step, run it, turn sampled tokens into outputs."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
+from kvloop.engine.model.config import ModelConfig
+from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.model.locate import resolve_model_path
+from kvloop.engine.output_processor import OutputState, RequestOutput
+from kvloop.engine.runner.model_runner import ModelRunner
+from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.batch import ScheduledBatch
+from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
+from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    if name == "auto":
+        if device.startswith("cuda") or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, name)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None,
+                 model: LlamaModel | None = None, tokenizer: Tokenizer | None = None, fingerprint: str = "",
+                 model_name: str = "random"):
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        self.config = config
+        self.dtype = resolve_dtype(config.dtype, config.device)
+        if model is None:
+            checkpoint = checkpoint or load_checkpoint(resolve_model_path(config.model), progress=config.progress)
+            model = LlamaModel(checkpoint.config, checkpoint.weights, self.dtype, config.device,
+                               config.attention_backend)
+            tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
+            fingerprint = checkpoint.fingerprint
+            self.model_name = checkpoint.name
+        else:
+            self.model_name = model_name
+        self.model = model
+        self.model_config: ModelConfig = model.cfg
+        self.tokenizer = tokenizer
+        self.fingerprint = fingerprint
+        sched_cfg = config.scheduler
+        sched_cfg.max_model_len = min(sched_cfg.max_model_len, model.cfg.max_position)
+        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(sched_cfg, self.kv)
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        self._states: dict[str, OutputState] = {}
+        self._seqs: dict[str, Sequence] = {}
+        self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else set()
+        self.num_steps = 0
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    user: str | None = None, arrival_time: float | None = None) -> Sequence:
+        if request_id in self._seqs:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise RequestRejected("bad_token", f"prompt token ids must be in [0, {vocab})")
+        seq = Sequence(request_id, list(prompt_token_ids), params, user=user)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.scheduler.add(seq)
+        detok = self.tokenizer.detokenizer() if self.tokenizer else _NullDetokenizer()
+        self._states[request_id] = OutputState(seq, detok, self.eos_token_ids)
+        self._seqs[request_id] = seq
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._states.pop(request_id, None)
+        self.runner.sampler.forget(request_id)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def drain(self, max_steps: int | None = None) -> dict[str, RequestOutput]:
+        """Steps until every request has finished; returns request id -> final output."""
+        final: dict[str, RequestOutput] = {}
+        steps = 0
+        while self.has_unfinished():
+            if max_steps is not None and steps >= max_steps:
+                raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+            steps += 1
+        return final
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        result = self.runner.execute(batch)
+        self.num_steps += 1
+        return self._process(batch, result.tokens, result.logprobs)
+
+    def _process(self, batch: ScheduledBatch, tokens: dict[int, int], logprobs: dict) -> list[RequestOutput]:
+        now = time.monotonic()
+        outputs = []
+        for item in batch.items:
+            seq = item.seq
+            seq.num_computed_tokens = item.start + item.num_tokens
+            if not item.samples:
+                continue
+            token = tokens[id(seq)]
+            seq.token_ids.append(token)
+            if id(seq) in logprobs:
+                seq.logprobs.append(logprobs[id(seq)])
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.last_token_time = now
+            state = self._states[seq.request_id]
+            reason = state.on_token(token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self._seqs.pop(seq.request_id, None)
+                self._states.pop(seq.request_id, None)
+                self.runner.sampler.forget(seq.request_id)
+            outputs.append(state.output(reason is not None, reason))
+        return outputs
+
+
+class _NullDetokenizer:
+    text = ""
+
+    def add(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""

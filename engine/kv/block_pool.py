@@ -1,0 +1,49 @@
+"""Fixed-size KV blocks with reference counts (pure Python).
+
+A block is free or referenced. The prefix cache (kv.prefix_cache) extends this with a third state,
+cached: unreferenced but still holding reusable K/V, evictable on demand."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int):
+        if num_blocks < 1:
+            raise ValueError("the KV pool needs at least one block")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfBlocks("no free KV block")
+        block = self._free.popleft()
+        self.ref_counts[block] = 1
+        return block
+
+    def incref(self, block: int) -> None:
+        self.ref_counts[block] += 1
+
+    def decref(self, block: int) -> bool:
+        """Drops one reference; returns True when it was the last one."""
+        count = self.ref_counts[block] - 1
+        if count < 0:
+            raise RuntimeError(f"block {block} released more often than referenced")
+        self.ref_counts[block] = count
+        return count == 0
+
+    def put_free(self, block: int) -> None:
+        self._free.append(block)
+
+    def free_blocks(self) -> set[int]:
+        return set(self._free)

@@ -1,0 +1,75 @@
+"""Per-request text output: incremental detokenization, stop conditions, and streaming deltas.
+
+Text that could still turn out to be the start of a stop string is held back until it is decided, so a
+streamed response never shows text that the final response would not contain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob
+from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    text: str  # all text so far (final text once finished)
+    delta: str  # text new since the previous output
+    token_ids: list[int]  # all generated token ids so far
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    error: str | None = None
+
+
+class OutputState:
+    def __init__(self, seq: Sequence, detok: IncrementalDetokenizer, eos_token_ids: set[int]):
+        self.seq = seq
+        self.detok = detok
+        self.stop_ids = set(seq.params.stop_token_ids)
+        if not seq.params.ignore_eos:
+            self.stop_ids |= eos_token_ids
+        self.holdback = max((len(s) for s in seq.params.stop), default=1) - 1
+        self.emitted = 0  # characters of text already sent
+        self.sent_tokens = 0
+        self.sent_logprobs = 0
+        self.text = ""
+
+    def on_token(self, token: int) -> str | None:
+        """Digests one sampled token (already appended to seq); returns a finish reason or None."""
+        p = self.seq.params
+        if token in self.stop_ids:
+            self.text = self.detok.text + self.detok.flush()
+            return "stop"
+        delta = self.detok.add(token)
+        self.text = self.detok.text
+        if delta and p.stop:
+            search_from = max(0, len(self.text) - len(delta) - self.holdback)
+            for s in p.stop:
+                at = self.text.find(s, search_from)
+                if at >= 0:
+                    self.text = self.text[: at + (len(s) if p.include_stop_str_in_output else 0)]
+                    return "stop"
+        if self.seq.num_output_tokens >= p.max_tokens:
+            self.text = self.detok.text + self.detok.flush()
+            return "length"
+        return None
+
+    def output(self, finished: bool, reason: str | None) -> RequestOutput:
+        seq = self.seq
+        visible = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        delta = self.text[self.emitted : visible]
+        self.emitted = visible
+        tokens = seq.output_token_ids
+        if finished and reason == "stop" and tokens and tokens[-1] in self.stop_ids:
+            tokens = tokens[:-1]  # the stop token itself is not part of the output
+        new = tokens[self.sent_tokens :]
+        self.sent_tokens = len(tokens)
+        lps = seq.logprobs[self.sent_logprobs :]
+        self.sent_logprobs = len(seq.logprobs)
+        return RequestOutput(seq.request_id, self.text[:visible], delta, list(tokens), list(new), finished, reason,
+                             seq.num_prompt_tokens, seq.num_cached_tokens, lps)

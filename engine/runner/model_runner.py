@@ -1,0 +1,87 @@
+"""Runs one scheduled batch through the model: builds the flattened inputs and attention metadata,
+runs the forward pass, computes logits only where a token is sampled, and samples."""
+
+from __future__ import annotations
+
+import torch
+from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.runner.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.runner.sampler import Sampler
+from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv_cache = model.new_kv_cache(num_blocks, block_size)
+        self.sampler = Sampler()
+        self.device = model.device
+        self.keep_all_logits = False  # tests: keep every row's logits of the last step in last_logits
+        self.last_logits: torch.Tensor | None = None
+
+    def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for item in batch.decodes:
+            pos = item.start
+            ids.append(item.seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(item.seq.block_table[pos // bs] * bs + pos % bs)
+        dev = self.device
+        context_lens = [item.start + 1 for item in batch.decodes]
+        max_ctx = max(context_lens, default=0)
+        width = max(1, (max_ctx + bs - 1) // bs)
+        tables = [item.seq.block_table[:width] + [0] * (width - min(width, len(item.seq.block_table)))
+                  for item in batch.decodes]
+        prefills = []
+        for item in batch.prefills:
+            start, n = item.start, item.num_tokens
+            end = start + n
+            table = torch.tensor(item.seq.block_table[: (end + bs - 1) // bs], dtype=torch.long)
+            pos = torch.arange(start, end)
+            ids.extend(item.seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend((table[pos // bs] * bs + pos % bs).tolist())
+            prefills.append(PrefillChunk(len(ids) - n, n, end, table.to(dev)))
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode=len(batch.decodes),
+            decode_block_tables=torch.tensor(tables, dtype=torch.long, device=dev).view(len(tables), width),
+            decode_context_lens=torch.tensor(context_lens, dtype=torch.long, device=dev),
+            prefills=prefills,
+            max_decode_context=max_ctx,
+        )
+        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
+                meta)
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        input_ids, positions, meta = self.build_metadata(batch)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
+        rows, sampling = [], []
+        offset = 0
+        for item in batch.decodes + batch.prefills:
+            offset += item.num_tokens
+            if item.samples:
+                rows.append(offset - 1)
+                sampling.append(item)
+        if self.keep_all_logits:
+            self.last_logits = self.model.logits(hidden)
+            logits = self.last_logits[rows]
+        elif not rows:
+            return StepResult({})
+        else:
+            logits = self.model.logits(hidden[rows])
+        if not rows:
+            return StepResult({})
+        return self._sample(logits, sampling)
+
+    def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> StepResult:
+        seqs = [item.seq for item in items]
+        tokens, logprobs = self.sampler.sample(logits, [s.params for s in seqs], [s.request_id for s in seqs])
+        result = StepResult({id(s): t for s, t in zip(seqs, tokens, strict=True)})
+        result.logprobs = {id(s): lp for s, lp in zip(seqs, logprobs, strict=True) if lp is not None}
+        return result

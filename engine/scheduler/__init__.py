@@ -1,0 +1,1 @@
+"""Scheduling: sequences, batches and the continuous batcher (pure Python, no torch)."""
