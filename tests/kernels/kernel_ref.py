@@ -88,6 +88,13 @@ def make_paged(
     return Paged(k_cache, v_cache, tables, keys, values)
 
 
+def strided_rows(n: int, heads: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """[n, heads, head_dim] as a column slice of a wider fused-projection output (row stride larger than
+    heads * head_dim), the way the runner hands q/k/v to the kernels."""
+    wide = torch.randn(n, (heads + 5) * head_dim, generator=gen).to(dtype)
+    return wide[:, 2 * head_dim : (heads + 2) * head_dim].view(n, heads, head_dim)
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int | None) -> torch.Tensor:
     """Plain softmax attention in fp32. q [Tq, H, D]; k, v [Tk, KV, D]; query head h reads KV head
     h // (H // KV). first_pos: position of q[0] for a causal mask (None: every key is visible)."""

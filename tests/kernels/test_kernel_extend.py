@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_ref import DTYPES, assert_close, attention_ref, make_paged, new_generator, poisoned_alloc
+from kernel_ref import (
+    DTYPES,
+    assert_close,
+    attention_ref,
+    make_paged,
+    new_generator,
+    poisoned_alloc,
+    strided_rows,
+)
 from kvloop.engine.kernels import triton as tk
 
 N_KV = 2
@@ -25,7 +33,8 @@ def _run(dtype_name, block_size, group, head_dim, seqs):
     gen, seed = new_generator()
     seq_lens = [p + n for p, n in seqs]
     paged = make_paged(seq_lens, block_size, N_KV, head_dim, dtype, gen)
-    q = torch.randn(sum(n for _, n in seqs), N_KV * group, head_dim, generator=gen).to(dtype)
+    q = strided_rows(sum(n for _, n in seqs), N_KV * group, head_dim, dtype, gen)
+    assert not q.is_contiguous()
     qsl = torch.tensor([0] + [n for _, n in seqs], dtype=torch.int32).cumsum(0).to(torch.int32)
     scale = head_dim**-0.5
     with poisoned_alloc():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_ref import DTYPES, new_generator
+from kernel_ref import DTYPES, new_generator, strided_rows
 from kvloop.engine.kernels import triton as tk
 
 NAN = float("nan")
@@ -22,8 +22,8 @@ def test_write_kv_scatters_and_skips(dtype_name, block_size, n_kv, head_dim, lau
     k_cache, v_cache = torch.full(shape, NAN, dtype=dtype), torch.full(shape, NAN, dtype=dtype)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:n]
     slots[[2, 7]] = -1  # padding tokens
-    k = torch.randn(n, n_kv, head_dim, generator=gen).to(dtype)
-    v = torch.randn(n, n_kv, head_dim, generator=gen).to(dtype)
+    k = strided_rows(n, n_kv, head_dim, dtype, gen)  # slices of a fused qkv projection
+    v = strided_rows(n, n_kv, head_dim, dtype, gen)
 
     tk.write_kv(k, v, k_cache, v_cache, slots)
     launches("write_kv")
