@@ -101,6 +101,19 @@ class EngineCore:
             steps += 1
         return final
 
+    def snapshot(self) -> dict:
+        """Engine state for metrics and the control block. Later components add their own keys."""
+        return {
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "batch_cap": self.scheduler.batch_cap,
+            "kv_usage": self.kv.usage(),
+            "kv_blocks_total": self.kv.num_blocks,
+            "kv_blocks_free": self.kv.num_free_blocks,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+        }
+
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()

@@ -24,6 +24,11 @@ class RequestOutput:
     num_cached_tokens: int
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
     error: str | None = None
+    num_output_tokens: int = 0  # tokens generated, the stop token included (usage counts)
+    arrival_time: float = 0.0  # time.monotonic() stamps, for latency metrics
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
 
 class OutputState:
@@ -72,4 +77,5 @@ class OutputState:
         lps = seq.logprobs[self.sent_logprobs :]
         self.sent_logprobs = len(seq.logprobs)
         return RequestOutput(seq.request_id, self.text[:visible], delta, list(tokens), list(new), finished, reason,
-                             seq.num_prompt_tokens, seq.num_cached_tokens, lps)
+                             seq.num_prompt_tokens, seq.num_cached_tokens, lps, None, seq.num_output_tokens,
+                             seq.arrival_time, seq.first_scheduled_time, seq.first_token_time, seq.finished_time)
