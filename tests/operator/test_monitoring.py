@@ -1,0 +1,143 @@
+"""The dashboard loads, and every metric its PromQL (and the alerts') uses is exported.
+
+The names are checked against what the engine's and the sidecar's registries expose
+(`build_registry()` in kvloop.engine.server.metrics and kvloop.sidecar.metrics) when those modules
+exist; otherwise against the documented list below, and the live half is skipped saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+
+import pytest
+import yaml
+from crdcheck import ROOT
+
+MONITORING = ROOT / "manifests" / "monitoring"
+
+# The canonical list of metric families the dashboard and the alerts may use, by type.
+ENGINE_METRICS = {
+    "counter": ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
+                "vllm:generation_tokens", "vllm:request_success", "kvloop:prefix_cache_queries",
+                "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
+                "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
+                "kvloop:cache_admissions_refused", "kvloop:eviction_regret"],
+    "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+              "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
+              "kvloop:batch_cap", "kvloop:retention_watermark"],
+    "histogram": ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                  "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                  "kvloop:time_to_first_token_seconds", "kvloop:inter_token_latency_seconds",
+                  "kvloop:e2e_request_latency_seconds", "kvloop:request_queue_time_seconds"],
+}
+SIDECAR_METRICS = {
+    "counter": ["kvloop:feedback_decisions", "kvloop:feedback_stale_reads"],
+    "gauge": ["kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_last_decision_timestamp_seconds"],
+    "histogram": [],
+}
+REGISTRY_MODULES = ["kvloop.engine.server.metrics", "kvloop.sidecar.metrics"]
+NAME = re.compile(r"\b((?:kvloop|vllm):[a-zA-Z0-9_]+)")
+
+
+def documented_series() -> set[str]:
+    """Series names as prometheus_client exposes them: counters _total, histograms _bucket/_sum/_count."""
+    out: set[str] = set()
+    for group in (ENGINE_METRICS, SIDECAR_METRICS):
+        out.update(f"{n}_total" for n in group["counter"])
+        out.update(group["gauge"])
+        out.update(f"{n}{s}" for n in group["histogram"] for s in ("_bucket", "_sum", "_count"))
+    return out
+
+
+def dashboard() -> dict:
+    return json.loads((MONITORING / "dashboard.json").read_text())
+
+
+def promql_exprs() -> list[str]:
+    dash = dashboard()
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [a["expr"] for a in dash["annotations"]["list"] if "expr" in a]
+    exprs += [t["query"] for t in dash["templating"]["list"] if t["type"] == "query"]
+    rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    exprs += [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
+    return exprs
+
+
+def used_names() -> set[str]:
+    return {m for e in promql_exprs() for m in NAME.findall(e)}
+
+
+def test_dashboard_loads_and_covers_the_required_panels():
+    dash = dashboard()
+    assert dash["uid"] and dash["panels"] and dash["schemaVersion"] >= 30
+    titles = " | ".join(p["title"].lower() for p in dash["panels"])
+    for needed in ("throughput", "time to first token", "inter-token", "end-to-end", "running vs waiting",
+                   "kv cache use per tier", "hit rate per tier", "batch cap", "watermark", "preemptions", "rejections"):
+        assert needed in titles, needed
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in dash["panels"]:
+        assert p["targets"] and all(t["expr"].strip() for t in p["targets"])
+    latency = [p for p in dash["panels"] if p["title"] in
+               ("Time to first token", "Inter-token latency", "End-to-end latency")]
+    for p in latency:
+        assert [t["legendFormat"] for t in p["targets"]] == ["P50", "P90", "P99"]
+    assert any("feedback_decisions" in a.get("expr", "") for a in dash["annotations"]["list"])
+
+
+def test_promql_is_balanced():
+    for expr in promql_exprs():
+        for open_, close in ("()", "{}", "[]"):
+            assert expr.count(open_) == expr.count(close), expr
+
+
+def test_alerts_cover_the_required_signals():
+    rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"]}
+    for name in ("KvloopHighErrorRate", "KvloopP99TTFTHigh", "KvloopKVCacheNearlyFull", "KvloopQueueDepthHigh",
+                 "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale"):
+        assert name in alerts, name
+        assert alerts[name]["annotations"]["summary"]
+    assert alerts["KvloopKVCacheNearlyFull"]["for"] == "10m"
+
+
+def test_metric_names_are_documented():
+    missing = used_names() - documented_series()
+    assert not missing, f"dashboard/alerts use metrics nobody documents: {sorted(missing)}"
+
+
+def registered_series() -> tuple[set[str], list[str]]:
+    from prometheus_client import generate_latest
+
+    names: set[str] = set()
+    missing_modules: list[str] = []
+    for mod_name in REGISTRY_MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+            registry = mod.build_registry()
+        except (ImportError, AttributeError) as exc:
+            missing_modules.append(f"{mod_name} ({type(exc).__name__}: {exc})")
+            continue
+        for line in generate_latest(registry).decode().splitlines():
+            if line and not line.startswith("#"):
+                names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+            elif line.startswith("# TYPE "):
+                names.add(line.split()[2])
+    return names, missing_modules
+
+
+def test_metric_names_are_registered_by_engine_and_sidecar():
+    names, missing_modules = registered_series()
+    if len(missing_modules) == len(REGISTRY_MODULES):
+        pytest.skip("live half skipped: no metrics registry importable yet: " + "; ".join(missing_modules)
+                    + " — names were checked against the documented list instead")
+    # Families whose owner module is absent are checked against the documented list.
+    expected_from_docs = set()
+    if any(m.startswith("kvloop.sidecar") for m in missing_modules):
+        expected_from_docs |= {n for n in documented_series() if n.startswith("kvloop:feedback_")}
+    if any(m.startswith("kvloop.engine") for m in missing_modules):
+        expected_from_docs |= {n for n in documented_series() if not n.startswith("kvloop:feedback_")}
+    unexported = used_names() - names - expected_from_docs
+    assert not unexported, f"dashboard/alerts use metrics the code does not register: {sorted(unexported)}"
