@@ -1,0 +1,156 @@
+"""Pure parts: rendering variants, realisability checks, status and feedback computation, the entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import socket
+import sys
+
+import aiohttp
+import pytest
+from conftest import eventually
+from kvloop.operator import constants as C
+from kvloop.operator.kube import KubeConfig, is_subset
+from kvloop.operator.render import render_children
+from kvloop.operator.spec import problems, with_defaults
+from kvloop.operator.status import aggregate_feedback, compute_status, deployment_state
+
+
+def kinds(spec):
+    return {c["kind"]: c for c in render_children("m", "ns", "u", spec)}
+
+
+def test_model_sources_and_disk_tier_render_volumes():
+    pvc = kinds({"model": {"source": "pvc", "pvc": {"claimName": "models"}, "path": "/llama/q8.gguf"},
+                 "engine": {"kvCache": {"disk": {"enabled": True, "storage": "pvc", "claimName": "kv"}}}})
+    pod = pvc["Deployment"]["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert vols["kv-disk"]["persistentVolumeClaim"]["claimName"] == "kv"
+    assert "path: /models/llama/q8.gguf" in pvc["ConfigMap"]["data"]["engine.yaml"]
+    empty = kinds({"engine": {"kvCache": {"disk": {"enabled": True, "sizeGiB": 7}}}})
+    vols = {v["name"]: v for v in empty["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert vols["kv-disk"]["emptyDir"]["sizeLimit"] == "7Gi" and "model" not in vols
+    assert vols["control"]["emptyDir"]["medium"] == "Memory"
+
+
+def test_gpu_spec_gets_toleration_and_no_surge():
+    out = kinds({"resources": {"limits": {"nvidia.com/gpu": 1}}, "engine": {"device": "cuda"}, "replicas": 2,
+                 "routing": {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}}})
+    dep = out["Deployment"]["spec"]
+    assert dep["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in dep["template"]["spec"]["tolerations"]
+    assert out["InferencePool"]["spec"]["endpointPickerRef"]["name"] == "epp"
+    assert out["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == C.selector_labels("m")
+
+
+def test_problems_found():
+    assert problems(with_defaults({})) == []
+    assert any("cuda" in p for p in problems(with_defaults({"engine": {"device": "cuda"}})))
+    small = with_defaults({"resources": {"limits": {"memory": "256Mi"}}})
+    assert any("memory limit" in p for p in problems(small))
+
+
+def test_is_subset_ignores_server_defaults():
+    assert is_subset({"a": {"b": 1}, "l": [{"x": 1}]}, {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 0}], "z": 1})
+    assert not is_subset({"l": [{"x": 1}]}, {"l": [{"x": 1}, {"x": 2}]})
+    assert not is_subset({"a": True}, {"a": 1})
+
+
+def test_deployment_states():
+    assert deployment_state(None, 1)[0] == "Missing"
+    d = {"metadata": {"generation": 2}, "status": {"observedGeneration": 1}}
+    assert deployment_state(d, 1)[0] == "Progressing"
+    d = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 0}}
+    assert deployment_state(d, 0)[0] == "Available"  # scaled to zero is a finished rollout
+
+
+def test_feedback_invalid_and_missing_annotations():
+    spec = with_defaults({})
+    now = dt.datetime.now(dt.UTC)
+    pods = [{"metadata": {"name": "a", "annotations": {C.FEEDBACK_ANNOTATION: "{not json"}}, "status": {"phase": "Running"}},
+            {"metadata": {"name": "b"}, "status": {"phase": "Running"}}]
+    _, health = aggregate_feedback(pods, spec, now)
+    assert health[:2] == (False, "InvalidAnnotation")
+    _, health = aggregate_feedback(pods[1:], spec, now)
+    assert health[:2] == (False, "NotReporting")
+    _, health = aggregate_feedback(pods, with_defaults({"feedback": {"mode": "off"}}), now)
+    assert health[:2] == (True, "FeedbackDisabled")
+    good = {"batchCap": 8, "watermark": 0.2, "mode": "enforce", "converged": True, "hitRate": 0.5,
+            "updatedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    fb, health = aggregate_feedback([{"metadata": {"name": "c", "annotations": {C.FEEDBACK_ANNOTATION: json.dumps(good)}},
+                                      "status": {"phase": "Running"}}], spec, now)
+    assert health[0] is True and fb["hitRate"] == 0.5 and fb["convergedPods"] == 1
+
+
+def test_condition_transition_time_kept_when_status_unchanged():
+    spec = with_defaults({})
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    s1 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[], apply_error=None,
+                        previous=None, generation=1, observed_generation=1, now=t0)
+    s2 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[], apply_error=None,
+                        previous=s1, generation=1, observed_generation=1, now=t0 + dt.timedelta(minutes=5))
+    assert [c["lastTransitionTime"] for c in s1["conditions"]] == [c["lastTransitionTime"] for c in s2["conditions"]]
+
+
+def test_kubeconfig_parsing(tmp_path):
+    cfg = tmp_path / "config"
+    cfg.write_text("""
+apiVersion: v1
+kind: Config
+current-context: t
+contexts: [{name: t, context: {cluster: c, user: u, namespace: team}}]
+clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]
+users: [{name: u, user: {token: abc}}]
+""")
+    k = KubeConfig.from_kubeconfig(str(cfg))
+    assert (k.server, k.bearer(), k.namespace, k.ssl_context()) == ("http://127.0.0.1:1", "abc", "team", False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_entry_point_runs_operator_with_liveness(kube, tmp_path):
+    """`kvloop.operator.main:main` as a process: logs in from a kubeconfig, serves liveness, reconciles."""
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "t",
+                               "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}],
+                               "clusters": [{"name": "c", "cluster": {"server": str(kube.url).rstrip("/")}}],
+                               "users": [{"name": "u", "user": {"token": "t0k"}}]}))
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys; from kvloop.operator.main import main; sys.exit(main(sys.argv[1:]))",
+        "--kubeconfig", str(cfg), "--liveness", f"http://127.0.0.1:{port}/healthz", "--status-interval", "0.5",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, cwd=str(tmp_path))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def live() -> bool:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as rsp:
+                        return rsp.status == 200
+                except aiohttp.ClientError:
+                    return False
+            ok = False
+            for _ in range(150):
+                if await live():
+                    ok = True
+                    break
+                await asyncio.sleep(0.1)
+            assert ok, "liveness endpoint never answered"
+        body = {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "cli", "namespace": "ns"}, "spec": {}}
+        await kube.post("/apis/kvloop.io/v1alpha1/namespaces/ns/inferenceservices", json=body)
+        await eventually(lambda: kube.objects["apps/v1/deployments", "ns", "cli"], timeout=15)
+        assert any(r.headers.get("Authorization") == "Bearer t0k" for r in kube._requests)
+    finally:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
