@@ -65,3 +65,20 @@ def test_decode_split_heuristic_is_shape_only():
     assert choose_splits(1, 8, 2048, cpu) > 1  # batch 1: split the context
     assert choose_splits(64, 8, 2048, cpu) == 1  # plenty of programs already
     assert choose_splits(1, 8, 100, cpu) == 1  # too short to be worth a merge
+
+
+@pytest.mark.parametrize("splits", [None, 2])
+def test_decode_empty_context_gives_zeros(splits, launches):
+    """Padding rows (context 0, e.g. a batch padded for graph capture) come out as zeros, never NaN."""
+    gen, seed = new_generator()
+    paged = make_paged([0, 40], 16, N_KV, 64, torch.float16, gen)
+    q = torch.randn(2, N_KV * 3, 64, generator=gen).to(torch.float16)
+    with poisoned_alloc():
+        out = tk.paged_decode_attention(
+            q, paged.k_cache, paged.v_cache, paged.block_tables, torch.tensor([0, 40], dtype=torch.int32), 0.125,
+            num_splits=splits,
+        )
+    launches("decode")
+    assert torch.equal(out[0], torch.zeros_like(out[0])), f"seed {seed}"
+    ref = attention_ref(q[1:], paged.keys[1], paged.values[1], 0.125, None)
+    assert_close(out[1:], ref, torch.float16, seed)

@@ -26,7 +26,7 @@ from triton.compiler import ASTSource
 
 from ._common import dot_config, next_pow2
 from .block_copy import COPY_BLOCK, copy_blocks_kernel
-from .decode import decode_merge_kernel, decode_split_kernel, tile_tokens
+from .decode import decode_merge_kernel, decode_split_kernel, decode_warps, tile_tokens
 from .extend import extend_kernel, extend_tiles
 from .kv_write import write_kv_kernel
 
@@ -84,7 +84,7 @@ def specs() -> list[Spec]:
         dot_t, prec = dot_config(dtype)
         out.append(Spec(f"decode/{NAMES[dtype]}/g{group}/hd{hd}/split{int(split)}", decode_split_kernel, dtype, dict(
             GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(hd),
-            BLOCK_N=tile_tokens(hd, dtype), DOT_T=dot_t, PREC=prec, SPLIT=split)))
+            BLOCK_N=tile_tokens(hd, dtype), DOT_T=dot_t, PREC=prec, SPLIT=split), num_warps=decode_warps(dtype)))
     out.append(Spec("decode_merge/hd128", decode_merge_kernel, torch.bfloat16, dict(
         HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8)))
     for dtype, group, hd, bs in [(torch.bfloat16, 4, 128, 16), (torch.float16, 3, 64, 32), (torch.float32, 1, 128, 16)]:
