@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 
 import torch
 import triton
@@ -15,6 +16,7 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 BACKENDS = (None, "triton", "torch")
 
 
+@functools.cache  # fixed for the process: triton reads TRITON_INTERPRET when the kernels are decorated
 def is_interpreted() -> bool:
     """True when this process's @triton.jit functions are InterpretedFunctions (TRITON_INTERPRET=1
     was set before triton was first imported)."""
@@ -65,5 +67,10 @@ def next_pow2(n: int) -> int:
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors, to size split-K; a small fixed number off-GPU keeps the interpreter fast."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
     return 4
+
+
+@functools.cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
