@@ -20,6 +20,8 @@ class EngineConfig:
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     progress: bool = True
+    control_file: str | None = None  # shared-memory control block with the sidecar; None: no feedback loop
+    control_stale_after_s: float = 120.0  # sidecar targets older than this give way to the defaults above
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -58,6 +58,11 @@ class EngineCore:
         self._seqs: dict[str, Sequence] = {}
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else set()
         self.num_steps = 0
+        self.control = None  # the feedback loop's hook (engine.control), when a control file is configured
+        if config.control_file:
+            from kvloop.engine.control.hook import EngineControl
+
+            self.control = EngineControl.attach(self, config.control_file, config.control_stale_after_s)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -118,10 +123,15 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
+            if self.control is not None:  # idle steps still publish, so the sidecar sees a live engine
+                self.control.after_step(self, [])
             return []
         result = self.runner.execute(batch)
         self.num_steps += 1
-        return self._process(batch, result.tokens, result.logprobs)
+        outputs = self._process(batch, result.tokens, result.logprobs)
+        if self.control is not None:
+            self.control.after_step(self, outputs)
+        return outputs
 
     def _process(self, batch: ScheduledBatch, tokens: dict[int, int], logprobs: dict) -> list[RequestOutput]:
         now = time.monotonic()

@@ -1,0 +1,83 @@
+"""Binary layout of the control block: one small file shared by the engine and its sidecar.
+
+All integers little-endian. The file is FILE_SIZE bytes (4 KiB, one page) and is mmap'd by both
+processes. Offsets are fixed by this layout version; a reader checks magic and version first.
+
+Header, offset 0, 64 bytes, written once by whoever creates the file::
+
+    HEADER_FMT = "<8sIIIIII"  magic b"KVLOOPCB", layout version, header size,
+                              snapshot record offset, snapshot record size,
+                              targets record offset, targets record size   (rest zero)
+
+Each record (snapshot at SNAPSHOT_OFFSET, targets at TARGETS_OFFSET) is::
+
+    RECORD_HEAD_FMT = "<QII"  seq     u64  seqlock counter: odd while a writer is inside the record
+                              crc     u32  zlib.crc32 of the payload bytes
+                              length  u32  payload length in bytes (must equal the format's size)
+    payload                   a fixed struct, below
+
+Writer: seq += 1 (odd), write payload, length and crc, seq += 1 (even). Reader: read seq, copy the
+record, read seq again; accept the copy only when both reads are equal and even and the crc matches,
+else retry a few times and then report the record as garbled. The crc also catches torn copies on
+machines whose stores the seqlock alone would not order.
+
+Snapshot payload, written by the engine every step (SNAPSHOT_FMT; names in SNAPSHOT_FIELDS)::
+
+    start_id Q (random per engine start), step Q, time_ns q (CLOCK_REALTIME),
+    num_waiting I, num_running I, batch_cap I, kv_blocks_total I, kv_blocks_free I, _pad I,
+    watermark d, kv_use_device d, kv_use_host d, kv_use_disk d,
+    prefix_queries_device Q, prefix_queries_host Q, prefix_queries_disk Q,   (tokens, cumulative)
+    prefix_hits_device Q, prefix_hits_host Q, prefix_hits_disk Q,            (tokens, cumulative)
+    preemptions Q, rejections Q, oom_events Q, requests_finished Q, tokens_generated Q,
+    ttft_p50_s d, ttft_p99_s d  (over a recent window; NaN when no request has started yet)
+
+Targets payload, written by the sidecar or `kvloop control set` (TARGETS_FMT)::
+
+    version Q (increases with every write; a reader ignores one lower than it has applied),
+    time_ns q (CLOCK_REALTIME), writer_id Q (random per writer process),
+    flags I (bit 0: batch_cap set, bit 1: watermark set), batch_cap I, watermark d
+"""
+
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"KVLOOPCB"
+LAYOUT_VERSION = 1
+FILE_SIZE = 4096
+
+HEADER_FMT = struct.Struct("<8sIIIIII")
+HEADER_SIZE = 64
+RECORD_HEAD = struct.Struct("<QII")
+
+SNAPSHOT_FIELDS = (
+    "start_id", "step", "time_ns",
+    "num_waiting", "num_running", "batch_cap", "kv_blocks_total", "kv_blocks_free", "_pad",
+    "watermark", "kv_use_device", "kv_use_host", "kv_use_disk",
+    "prefix_queries_device", "prefix_queries_host", "prefix_queries_disk",
+    "prefix_hits_device", "prefix_hits_host", "prefix_hits_disk",
+    "preemptions", "rejections", "oom_events", "requests_finished", "tokens_generated",
+    "ttft_p50_s", "ttft_p99_s",
+)
+SNAPSHOT_FMT = struct.Struct("<QQq" + "I" * 6 + "d" * 4 + "Q" * 11 + "dd")
+
+TARGETS_FIELDS = ("version", "time_ns", "writer_id", "flags", "batch_cap", "watermark")
+TARGETS_FMT = struct.Struct("<QqQIId")
+FLAG_BATCH_CAP = 1
+FLAG_WATERMARK = 2
+
+SNAPSHOT_OFFSET = HEADER_SIZE
+SNAPSHOT_SIZE = 512  # room to grow the payload without moving the targets record
+TARGETS_OFFSET = SNAPSHOT_OFFSET + SNAPSHOT_SIZE
+TARGETS_SIZE = 128
+
+assert len(SNAPSHOT_FIELDS) == len(SNAPSHOT_FMT.unpack(bytes(SNAPSHOT_FMT.size)))
+assert RECORD_HEAD.size + SNAPSHOT_FMT.size <= SNAPSHOT_SIZE
+assert RECORD_HEAD.size + TARGETS_FMT.size <= TARGETS_SIZE
+assert TARGETS_OFFSET + TARGETS_SIZE <= FILE_SIZE
+
+
+def header_bytes() -> bytes:
+    head = HEADER_FMT.pack(MAGIC, LAYOUT_VERSION, HEADER_SIZE, SNAPSHOT_OFFSET, SNAPSHOT_SIZE,
+                           TARGETS_OFFSET, TARGETS_SIZE)
+    return head.ljust(HEADER_SIZE, b"\0")

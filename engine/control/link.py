@@ -1,0 +1,140 @@
+"""Both ends of the control block: `ControlLink` for the engine, `SidecarLink` for the coordinator.
+
+The engine publishes its snapshot every step and polls the targets; targets are validated (crc,
+ranges, version, age) and bad ones are ignored and counted. Targets older than `stale_after_s` give
+way to the engine's configured defaults, so the engine outlives its sidecar."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+
+from kvloop.engine.control import layout as L
+from kvloop.engine.control.block import ControlBlock
+from kvloop.engine.control.records import (
+    Targets,
+    pack_snapshot,
+    pack_targets,
+    unpack_snapshot,
+    unpack_targets,
+)
+
+MAX_BATCH_CAP = 1 << 16
+CLOCK_SLACK_NS = 1_000_000_000  # targets stamped this far before the engine started are still taken
+
+
+def new_id() -> int:
+    return secrets.randbits(64) or 1  # 0 reads as "no engine yet"
+
+
+class ControlLink:
+    """Engine side. `defaults` are the engine's configured batch cap and watermark."""
+
+    COUNTERS = ("garbled", "out_of_range", "old_version", "stale", "accepted")
+
+    def __init__(self, path: str | os.PathLike, defaults: Targets, stale_after_s: float = 120.0,
+                 max_batch_cap: int = MAX_BATCH_CAP, clock: Callable[[], int] = time.time_ns):
+        self.block = ControlBlock(path, create=True)
+        self.defaults = Targets(defaults.batch_cap, defaults.watermark, source="default")
+        self.stale_after_ns = int(stale_after_s * 1e9)
+        self.max_batch_cap = max_batch_cap
+        self.clock = clock
+        self.start_id = new_id()  # new on every start: the sidecar starts over when it changes
+        self.start_ns = clock()
+        self.steps = 0
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self._seen_seq = -1  # targets record seq already judged
+        self._accepted: Targets | None = None
+        self._stale = False
+
+    def close(self) -> None:
+        self.block.close()
+
+    def publish(self, snapshot: dict) -> None:
+        self.steps += 1
+        self.block.write(L.SNAPSHOT_OFFSET, pack_snapshot(snapshot, self.start_id, self.steps, self.clock()))
+
+    def poll_targets(self) -> Targets | None:
+        """The targets in force: the sidecar's last valid ones, the defaults once those are stale, or
+        None while no valid targets have ever been written (the engine keeps its configuration)."""
+        seq = self.block.seq(L.TARGETS_OFFSET)
+        if seq != self._seen_seq and seq % 2 == 0:  # a new write: judge it once
+            seq, payload = self.block.read(L.TARGETS_OFFSET, L.TARGETS_FMT.size)
+            if seq % 2 == 0:
+                self._seen_seq = seq
+                if payload is None:
+                    self.counters["garbled"] += 1
+                elif payload:
+                    self._judge(unpack_targets(payload))
+        if self._accepted is None:
+            return None
+        if self.clock() - self._accepted.time_ns > self.stale_after_ns:
+            if not self._stale:
+                self._stale = True
+                self.counters["stale"] += 1
+            return self.defaults
+        return self._accepted
+
+    def _judge(self, t: Targets) -> None:
+        now = self.clock()
+        if not self._in_range(t) or t.time_ns > now + self.stale_after_ns:
+            self.counters["out_of_range"] += 1
+        elif self._accepted is not None and t.version < self._accepted.version:
+            self.counters["old_version"] += 1
+        elif now - t.time_ns > self.stale_after_ns or t.time_ns < self.start_ns - CLOCK_SLACK_NS:
+            self.counters["stale"] += 1  # written too long ago, or for an earlier run of the engine
+        else:
+            self.counters["accepted"] += 1
+            self._accepted, self._stale = t, False
+
+    def _in_range(self, t: Targets) -> bool:
+        if t.batch_cap is None and t.watermark is None:
+            return False
+        if t.batch_cap is not None and not 1 <= t.batch_cap <= self.max_batch_cap:
+            return False
+        return t.watermark is None or (not math.isnan(t.watermark) and 0.0 <= t.watermark < 1.0)
+
+
+class SidecarLink:
+    """Sidecar (and CLI) side: reads the engine's snapshot, writes targets. The file must exist."""
+
+    def __init__(self, path: str | os.PathLike, clock: Callable[[], int] = time.time_ns):
+        self.path = path
+        self.block = ControlBlock(path)
+        self.clock = clock
+        self.writer_id = new_id()
+
+    def close(self) -> None:
+        self.block.close()
+
+    def reopen_if_replaced(self) -> bool:
+        if not self.block.replaced():
+            return False
+        fresh = ControlBlock(self.path)
+        self.block.close()
+        self.block = fresh
+        return True
+
+    def read_snapshot(self) -> dict | None:
+        """The engine's last snapshot (with `age_s`), or None when none is readable yet."""
+        _, payload = self.block.read(L.SNAPSHOT_OFFSET, L.SNAPSHOT_FMT.size)
+        if not payload:
+            return None
+        snap = unpack_snapshot(payload)
+        snap["age_s"] = max(0.0, (self.clock() - snap["time_ns"]) / 1e9)
+        return snap
+
+    def read_targets(self) -> Targets | None:
+        _, payload = self.block.read(L.TARGETS_OFFSET, L.TARGETS_FMT.size)
+        return unpack_targets(payload) if payload else None
+
+    def write_targets(self, batch_cap: int | None, watermark: float | None) -> Targets:
+        """Writes targets with the next version after the one in the file."""
+        current = self.read_targets()
+        t = Targets(batch_cap, watermark, version=(current.version if current else 0) + 1,
+                    time_ns=self.clock(), writer_id=self.writer_id)
+        self.block.write(L.TARGETS_OFFSET, pack_targets(t))
+        return t
