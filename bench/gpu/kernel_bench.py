@@ -129,9 +129,13 @@ def sweep_decode(tk, device, copy_gbps: float, shape: dict[str, int], reps: int)
     try:
         for block_n, warps, stages in [(32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]:
             decode.TUNING.update(block_n=block_n, num_warps=warps, num_stages=stages)
-            r = bench_decode(tk, device, copy_gbps, rotate=2, reps=reps, **shape)
-            rows.append({"block_n": block_n, "num_warps": warps, "num_stages": stages,
-                         "median_ms": r["median_ms"], "fraction_of_copy": r["fraction_of_copy"]})
+            row: dict[str, Any] = {"block_n": block_n, "num_warps": warps, "num_stages": stages}
+            try:
+                r = bench_decode(tk, device, copy_gbps, rotate=2, reps=reps, **shape)
+                row.update(median_ms=r["median_ms"], fraction_of_copy=r["fraction_of_copy"])
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: this row only
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            rows.append(row)
     finally:
         decode.TUNING.clear()
         decode.TUNING.update(saved)
