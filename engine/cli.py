@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("operator", help="run the InferenceService operator (kopf)")
     op.add_argument("rest", nargs=argparse.REMAINDER)
     op.set_defaults(func=cmd_operator)
+    from kvloop.engine.control.cli import add_control_parser
+    from kvloop.sidecar.cli import add_sidecar_parser
+
+    add_control_parser(sub)
+    add_sidecar_parser(sub)
     return parser
 
 

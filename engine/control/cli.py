@@ -1,0 +1,63 @@
+"""`kvloop control show|set`: read the control block, or write targets by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
+from kvloop.engine.control.link import SidecarLink
+
+
+def add_control_parser(sub) -> None:
+    p = sub.add_parser("control", help="show or set the engine/sidecar control block")
+    csub = p.add_subparsers(dest="control_command", required=True)
+    show = csub.add_parser("show", help="print the engine's snapshot and the targets in the block")
+    show.add_argument("--control", default=DEFAULT_PATH, help="control block file")
+    show.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    show.set_defaults(func=cmd_show)
+    st = csub.add_parser("set", help="write targets (as the sidecar would)")
+    st.add_argument("--control", default=DEFAULT_PATH, help="control block file")
+    st.add_argument("--batch-cap", type=int, default=None)
+    st.add_argument("--watermark", type=float, default=None)
+    st.set_defaults(func=cmd_set)
+
+
+def _clean(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        link = SidecarLink(args.control)
+    except ControlBlockError as exc:
+        print(f"error: {exc}")
+        return 1
+    snap, targets = link.read_snapshot(), link.read_targets()
+    out = {"snapshot": _clean(snap) if snap else None,
+           "targets": None if targets is None else {
+               "batch_cap": targets.batch_cap, "watermark": targets.watermark, "version": targets.version,
+               "age_s": round((link.clock() - targets.time_ns) / 1e9, 3), "writer_id": targets.writer_id}}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for section, values in out.items():
+        print(f"[{section}]" + ("" if values else " none"))
+        for key, value in (values or {}).items():
+            print(f"  {key:24} {value}")
+    return 0
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    if args.batch_cap is None and args.watermark is None:
+        print("error: give --batch-cap and/or --watermark")
+        return 2
+    try:
+        link = SidecarLink(args.control)
+    except ControlBlockError as exc:
+        print(f"error: {exc}")
+        return 1
+    t = link.write_targets(args.batch_cap, args.watermark)
+    print(f"wrote targets version {t.version}: batch_cap={t.batch_cap} watermark={t.watermark}")
+    return 0

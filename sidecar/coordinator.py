@@ -1,0 +1,185 @@
+"""The coordinator: samples the snapshot, runs the law once a period, writes targets (enforce),
+and keeps every decision with its reason. Single-threaded core; `run` is the loop around it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict
+
+from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
+from kvloop.engine.control.link import SidecarLink
+from kvloop.sidecar.law import ControlLaw, Decision
+from kvloop.sidecar.observe import PeriodWindow
+from kvloop.sidecar.settings import Settings, SettingsWatcher
+
+log = logging.getLogger("kvloop.sidecar")
+RECENT = 200  # decisions kept for /status
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+class Coordinator:
+    def __init__(self, watcher: SettingsWatcher, control_path: str | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.watcher = watcher
+        self.control_path = control_path or watcher.settings.control_path or DEFAULT_PATH
+        self.clock = clock
+        self.law = ControlLaw(watcher.settings)
+        self.link: SidecarLink | None = None
+        self.lock = threading.Lock()
+        self.recent: deque[dict] = deque(maxlen=RECENT)
+        self.decisions_total: Counter[tuple[str, str]] = Counter()
+        self.stale_reads = 0
+        self.writes = 0
+        self.last_decision: dict | None = None  # the last change, else the last decision
+        self.last_decision_ts = 0.0
+        self.start_id: int | None = None
+        self.snapshot: dict | None = None
+        self.window = PeriodWindow()
+        self.stale = True
+        self.last_obs = None
+        self.period_start = clock()
+
+    @property
+    def settings(self) -> Settings:
+        return self.watcher.settings
+
+    # ---- sampling -------------------------------------------------------------------------------
+    def _open(self) -> SidecarLink | None:
+        if self.link is None:
+            try:
+                self.link = SidecarLink(self.control_path)
+            except ControlBlockError:
+                return None
+        else:
+            try:
+                self.link.reopen_if_replaced()
+            except ControlBlockError:
+                self.link = None
+        return self.link
+
+    def sample(self) -> dict | None:
+        """Reads one snapshot; returns it when fresh, else counts a stale read and returns None."""
+        if self.watcher.poll():
+            self.law.update_settings(self.settings)
+        link = self._open()
+        snap = link.read_snapshot() if link else None
+        if snap is None or snap["age_s"] > self.settings.snapshot_stale_after:
+            self.stale_reads += 1
+            self.stale = True
+            return None
+        self.stale = False
+        self.snapshot = snap
+        if snap["start_id"] != self.start_id:
+            restarted = self.start_id is not None
+            self.start_id = snap["start_id"]
+            self.window = PeriodWindow()
+            if restarted:
+                self._start_over()
+        self.window.add(snap)
+        return snap
+
+    def _start_over(self) -> None:
+        """A new engine start: forget the old state, go back to the initial targets."""
+        old = (self.law.batch_cap, self.law.watermark)
+        self.law.reset()
+        decisions = [Decision("batch_cap", old[0], self.law.batch_cap, "engine_restart"),
+                     Decision("watermark", old[1], self.law.watermark, "engine_restart")]
+        self._record(decisions)
+        self._write()
+        self.period_start = self.clock()
+
+    # ---- the period -----------------------------------------------------------------------------
+    def tick(self) -> list[Decision]:
+        """Ends a period: decide, record, write. Holds (and records why) when the snapshot is stale."""
+        self.period_start = self.clock()
+        s = self.settings
+        if s.mode == "off":
+            self.window = self.window.next()
+            return []
+        obs = None if self.stale else self.window.observation()
+        if obs is None:
+            decisions = [Decision("batch_cap", self.law.batch_cap, self.law.batch_cap, "stale_snapshot"),
+                         Decision("watermark", self.law.watermark, self.law.watermark, "stale_snapshot")]
+        else:
+            decisions = self.law.decide(obs)
+            self.last_obs = obs
+        self.window = self.window.next()
+        self._record(decisions)
+        self._write()
+        return decisions
+
+    def _write(self) -> None:
+        """enforce: (re)write the targets every period, so the engine never sees them go stale."""
+        if self.settings.mode != "enforce" or self.link is None:
+            return
+        try:
+            self.link.write_targets(self.law.batch_cap, self.law.watermark)
+            self.writes += 1
+        except (OSError, ValueError) as exc:
+            log.warning("writing targets failed: %s", exc)
+
+    def _record(self, decisions: list[Decision]) -> None:
+        now = self.clock()
+        with self.lock:
+            for d in decisions:
+                entry = {**asdict(d), "at": rfc3339(now), "mode": self.settings.mode,
+                         "applied": self.settings.mode == "enforce" and d.changed}
+                self.recent.append(entry)
+                self.decisions_total[(d.knob, d.reason)] += 1
+                if d.changed or self.last_decision is None or not self.last_decision["changed"]:
+                    self.last_decision = {**entry, "changed": d.changed}
+            self.last_decision_ts = now
+        for d in decisions:
+            if d.changed:
+                log.info("%s %s -> %s (%s)", d.knob, d.old, d.new, d.reason)
+
+    # ---- views ----------------------------------------------------------------------------------
+    def status(self, limit: int = 50) -> dict:
+        s = self.settings
+        with self.lock:
+            recent = list(self.recent)[-limit:]
+        return {
+            "mode": s.mode, "period_s": s.period_s, "batch_cap": self.law.batch_cap,
+            "watermark": self.law.watermark, "converged": self.law.converged, "stale": self.stale,
+            "stale_reads": self.stale_reads, "writes": self.writes, "engine_start_id": self.start_id,
+            "settings_error": self.watcher.error, "last_decision": self.last_decision,
+            "snapshot": _jsonable(self.snapshot), "decisions": recent,
+        }
+
+    def annotation(self) -> dict:
+        """The pod annotation's value (kvloop.io/feedback), without updatedAt."""
+        out = {"batchCap": int(self.law.batch_cap), "watermark": float(self.law.watermark),
+               "mode": self.settings.mode, "converged": self.law.converged}
+        last = self.last_decision
+        if last:
+            out["lastDecision"] = {"knob": last["knob"], "reason": last["reason"], "at": last["at"]}
+        if self.last_obs is not None and self.last_obs.hit_rate is not None:
+            out["hitRate"] = round(self.last_obs.hit_rate, 4)  # over the last period
+        return out
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self, stop: threading.Event, on_tick: Callable[[], None] | None = None) -> None:
+        while not stop.is_set():
+            try:
+                self.sample()
+                if self.clock() - self.period_start >= self.settings.period_s:
+                    self.tick()
+                    if on_tick:
+                        on_tick()
+            except Exception:  # the loop must outlive any one bad read or write
+                log.exception("coordinator iteration failed")
+            stop.wait(min(1.0, self.settings.period_s / 4))
+
+
+def _jsonable(snap: dict | None) -> dict | None:
+    if snap is None:
+        return None
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in snap.items()}

@@ -1,0 +1,48 @@
+"""Prometheus metrics of the sidecar (kvloop:feedback_*), read live from the coordinator."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+MODES = ("off", "observe", "enforce")
+
+
+class FeedbackCollector(Collector):
+    def __init__(self, coordinator=None):
+        self.c = coordinator
+
+    def collect(self):
+        c = self.c
+        cap = GaugeMetricFamily("kvloop:feedback_batch_cap", "Batch cap the coordinator targets.")
+        mark = GaugeMetricFamily("kvloop:feedback_watermark", "Retention watermark the coordinator targets.")
+        decisions = CounterMetricFamily("kvloop:feedback_decisions", "Coordinator decisions by knob and reason.",
+                                        labels=["knob", "reason"])
+        stale = CounterMetricFamily("kvloop:feedback_stale_reads", "Snapshot reads that were missing or stale.")
+        writes = CounterMetricFamily("kvloop:feedback_target_writes", "Targets written to the control block.")
+        last = GaugeMetricFamily("kvloop:feedback_last_decision_timestamp_seconds",
+                                 "Unix time of the last decision.")
+        converged = GaugeMetricFamily("kvloop:feedback_converged", "1 when no knob moved for a few periods.")
+        mode = GaugeMetricFamily("kvloop:feedback_mode", "1 for the current mode.", labels=["mode"])
+        if c is not None:
+            cap.add_metric([], c.law.batch_cap)
+            mark.add_metric([], c.law.watermark)
+            with c.lock:
+                totals = dict(c.decisions_total)
+            for (knob, reason), n in sorted(totals.items()):
+                decisions.add_metric([knob, reason], n)
+            stale.add_metric([], c.stale_reads)
+            writes.add_metric([], c.writes)
+            last.add_metric([], c.last_decision_ts)
+            converged.add_metric([], 1.0 if c.law.converged else 0.0)
+            for m in MODES:
+                mode.add_metric([m], 1.0 if c.settings.mode == m else 0.0)
+        yield from (cap, mark, decisions, stale, writes, last, converged, mode)
+
+
+def build_registry(coordinator=None) -> CollectorRegistry:
+    """The sidecar's registry; without a coordinator it still lists every metric name (dashboards)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(FeedbackCollector(coordinator))
+    return registry

@@ -1,0 +1,174 @@
+"""Coordinator settings: the mounted YAML/JSON file (the operator renders it as sidecar.yaml).
+
+Shape (every key optional)::
+
+    mode: enforce            # off | observe | enforce
+    period_s: 30
+    stale_after_s: 120       # the engine's staleness limit for targets (the sidecar refreshes well before)
+    snapshot_stale_s: 60     # a snapshot older than this makes the coordinator hold (default 2 periods, >= 5 s)
+    batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}
+    watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}
+    targets: {ttft_p99_s: 2.0, max_queue_depth: 16}
+    law: {kv_band_low: 0.85, kv_band_high: 0.95, cut_factor: 0.75, raise_fraction: 0.25,
+          hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3}
+    control: {path: /run/kvloop/control.bin}
+    annotation: {enabled: true, key: kvloop.io/feedback, heartbeat_s: 60}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import yaml
+
+MODES = ("off", "observe", "enforce")
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Bounds:
+    min: float
+    max: float
+    max_step: float
+    initial: float
+
+    def clamp(self, value: float) -> float:
+        return min(self.max, max(self.min, value))
+
+
+@dataclass(frozen=True)
+class LawParams:
+    kv_band_low: float = 0.85  # raise the cap only below this KV use
+    kv_band_high: float = 0.95  # cut the cap above it
+    cut_factor: float = 0.75  # multiplicative decrease on pressure
+    raise_fraction: float = 0.25  # additive increase: this share of the cap (at least 1, at most max_step)
+    hit_good: float = 0.5  # hit rate that makes protecting cached prefixes worth it
+    light_kv: float = 0.5  # below this KV use with nothing queued, load is light
+    cap_binding: float = 0.9  # the cap binds when running >= this share of it
+    hysteresis_periods: int = 2  # periods a raise condition must hold (cuts act at once)
+    converged_periods: int = 3  # periods without a change that count as converged
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "enforce"
+    period_s: float = 30.0
+    stale_after_s: float = 120.0
+    snapshot_stale_s: float | None = None
+    batch_cap: Bounds = Bounds(1, 64, 8, 32)
+    watermark: Bounds = Bounds(0.0, 0.9, 0.1, 0.3)
+    ttft_p99_s: float | None = None
+    max_queue_depth: int = 0
+    law: LawParams = field(default_factory=LawParams)
+    control_path: str | None = None
+    annotation_enabled: bool = True
+    annotation_key: str = "kvloop.io/feedback"
+    heartbeat_s: float = 60.0
+
+    @property
+    def snapshot_stale_after(self) -> float:
+        return self.snapshot_stale_s if self.snapshot_stale_s else max(5.0, 2.0 * self.period_s)
+
+
+def _bounds(raw: dict, default: Bounds, integer: bool) -> Bounds:
+    conv = int if integer else float
+    b = Bounds(*(conv(raw.get(k, getattr(default, k))) for k in ("min", "max", "max_step", "initial")))
+    if not b.min <= b.max or b.max_step <= 0:
+        raise SettingsError(f"bad bounds {b}")
+    if integer and b.min < 1:
+        raise SettingsError("batch_cap.min must be >= 1")
+    if not integer and not 0.0 <= b.min <= b.max < 1.0:
+        raise SettingsError("watermark bounds must lie in [0, 1)")
+    return replace(b, initial=b.clamp(b.initial))
+
+
+def parse_settings(raw: dict | None) -> Settings:
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise SettingsError("settings must be a mapping")
+    d = Settings()
+    mode = str(raw.get("mode", d.mode))
+    if mode not in MODES:
+        raise SettingsError(f"mode must be one of {MODES}")
+    targets = raw.get("targets") or {}
+    ann = raw.get("annotation") or {}
+    law_raw = raw.get("law") or {}
+    law = LawParams(**{f.name: type(getattr(d.law, f.name))(law_raw[f.name])
+                       for f in fields(LawParams) if f.name in law_raw})
+    if not 0 < law.kv_band_low <= law.kv_band_high <= 1 or not 0 < law.cut_factor < 1:
+        raise SettingsError("law: need 0 < kv_band_low <= kv_band_high <= 1 and 0 < cut_factor < 1")
+    period = float(raw.get("period_s", d.period_s))
+    if period <= 0:
+        raise SettingsError("period_s must be > 0")
+    ttft = targets.get("ttft_p99_s")
+    return Settings(
+        mode=mode, period_s=period, stale_after_s=float(raw.get("stale_after_s", d.stale_after_s)),
+        snapshot_stale_s=float(raw["snapshot_stale_s"]) if raw.get("snapshot_stale_s") else None,
+        batch_cap=_bounds(raw.get("batch_cap") or {}, d.batch_cap, integer=True),
+        watermark=_bounds(raw.get("watermark") or {}, d.watermark, integer=False),
+        ttft_p99_s=float(ttft) if ttft else None,
+        max_queue_depth=int(targets.get("max_queue_depth") or 0),
+        law=law,
+        control_path=(raw.get("control") or {}).get("path"),
+        annotation_enabled=bool(ann.get("enabled", d.annotation_enabled)),
+        annotation_key=str(ann.get("key", d.annotation_key)),
+        heartbeat_s=float(ann.get("heartbeat_s", d.heartbeat_s)),
+    )
+
+
+def load_settings(path: str | os.PathLike | None) -> Settings:
+    if path is None:
+        return Settings()
+    text = Path(path).read_text()
+    try:
+        raw = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: {exc}") from exc
+    return parse_settings(raw)
+
+
+class SettingsWatcher:
+    """Reloads the file when it changes. A kubelet ConfigMap update swaps a symlink, so the check
+    looks at the resolved file's identity and mtime, not only the path's. A bad file keeps the old
+    settings (and records the error)."""
+
+    def __init__(self, path: str | os.PathLike | None, overrides: dict | None = None):
+        self.path = path
+        self.overrides = overrides or {}
+        self.error: str | None = None
+        self._stamp = self._stat()
+        self.settings = self._apply(load_settings(path))
+
+    def _stat(self):
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+            return (os.path.realpath(self.path), st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            return None
+
+    def _apply(self, s: Settings) -> Settings:
+        return replace(s, **self.overrides) if self.overrides else s
+
+    def poll(self) -> bool:
+        """True when new settings were loaded."""
+        stamp = self._stat()
+        if stamp == self._stamp or stamp is None:
+            return False
+        self._stamp = stamp
+        try:
+            new = self._apply(load_settings(self.path))
+        except (OSError, SettingsError, TypeError, ValueError) as exc:
+            self.error = str(exc)
+            return False
+        self.error = None
+        changed = new != self.settings
+        self.settings = new
+        return changed
