@@ -81,6 +81,12 @@ def _read_user() -> str | None:
     return None if line.strip() in ("/quit", "/exit") else line
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from kvloop.engine.server.launch import serve
+
+    return serve(args, engine_config_from_args(args))
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from kvloop.operator.main import main as operator_main
 
@@ -101,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("-m", "--message", default=None, help="send one message, print the reply, exit")
     chat.add_argument("--system", default=None, help="system prompt (default: the model template's)")
     chat.set_defaults(func=cmd_chat)
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (FastAPI + uvicorn)")
+    add_engine_args(srv)
+    from kvloop.engine.server.launch import add_server_args
+
+    add_server_args(srv)
+    srv.set_defaults(func=cmd_serve)
     op = sub.add_parser("operator", help="run the InferenceService operator (kopf)")
     op.add_argument("rest", nargs=argparse.REMAINDER)
     op.set_defaults(func=cmd_operator)

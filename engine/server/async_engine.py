@@ -1,0 +1,244 @@
+"""Runs the (not thread-safe) EngineCore in one engine thread and bridges it to asyncio.
+
+The event loop talks to the thread only through a deque inbox (adds, aborts) and an Event that wakes it.
+The thread sends each step's outputs back with a single call_soon_threadsafe, which routes them to
+per-request-group asyncio queues. Torch releases the GIL inside its kernels, so the API stays responsive
+during long prefills (measured against a separate engine process: see bench/results/api.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvloop.engine.output_processor import RequestOutput
+from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.server.metrics import EngineMetrics
+
+log = logging.getLogger("kvloop.server")
+
+
+class Overloaded(Exception):
+    """More requests in flight than the server admits; the API answers 429."""
+
+
+class EngineDead(Exception):
+    """The engine thread stopped (a bug or a fatal error); the API answers 503."""
+
+
+@dataclass
+class _Member:
+    group: RequestGroup
+    num_prompt_tokens: int
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    output_tokens: int = 0
+    first_scheduled: float | None = None
+
+
+class RequestGroup:
+    """The engine requests behind one API call (n choices, several prompts) sharing one queue."""
+
+    def __init__(self, engine: AsyncEngine):
+        self._engine = engine
+        self.queue: asyncio.Queue[tuple[str, RequestOutput | BaseException]] = asyncio.Queue()
+        self.unfinished: set[str] = set()
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, user: str | None) -> None:
+        self._engine._submit(self, request_id, prompt_token_ids, params, user)
+        self.unfinished.add(request_id)
+
+    async def next(self) -> tuple[str, RequestOutput | BaseException]:
+        rid, item = await self.queue.get()
+        if isinstance(item, BaseException) or item.finished:
+            self.unfinished.discard(rid)
+        return rid, item
+
+    def close(self) -> None:
+        """Aborts whatever has not finished (client gone, deadline, error). Idempotent."""
+        for rid in list(self.unfinished):
+            self._engine._abort(rid)
+        self.unfinished.clear()
+
+
+class AsyncEngine:
+    def __init__(self, engine, metrics: EngineMetrics | None = None, max_pending: int = 256,
+                 snapshot_interval_s: float = 0.05):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_pending = max_pending
+        self._snapshot_interval = snapshot_interval_s
+        self._inbox: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._members: dict[str, _Member] = {}  # event-loop thread only
+        self._snapshot: dict = {}
+        self._last_snapshot = 0.0
+        self.ready = False
+        self.dead: str | None = None
+
+    # ---- facts the API needs, safe to read from any thread ---------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.scheduler.config.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model_config.vocab_size
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._members)
+
+    def snapshot(self) -> dict:
+        return {**self._snapshot, "num_in_flight": len(self._members)}
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None, warmup: bool = True) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, args=(warmup,), name="kvloop-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def new_group(self) -> RequestGroup:
+        if self.dead:
+            raise EngineDead(self.dead)
+        return RequestGroup(self)
+
+    def check_capacity(self, count: int) -> None:
+        if len(self._members) + count > self.max_pending:
+            if self.metrics:
+                self.metrics.observe_rejected("queue_full")
+            raise Overloaded(f"the server has {len(self._members)} requests in flight (limit {self.max_pending})")
+
+    # ---- event-loop side --------------------------------------------------------------------------
+    def _submit(self, group: RequestGroup, rid: str, ids: list[int], params: SamplingParams, user: str | None):
+        arrival = time.monotonic()
+        self._members[rid] = _Member(group, len(ids), arrival)
+        self._inbox.append(("add", rid, ids, params, user, arrival))
+        self._wake.set()
+
+    def _abort(self, rid: str) -> None:
+        member = self._members.pop(rid, None)
+        if member is None:
+            return
+        self._inbox.append(("abort", rid))
+        self._wake.set()
+        if self.metrics:
+            now = time.monotonic()
+            queue_s = None if member.first_scheduled is None else member.first_scheduled - member.arrival
+            self.metrics.observe_finished("abort", member.num_prompt_tokens, member.output_tokens,
+                                          now - member.arrival, queue_s)
+
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        m = self.metrics
+        for out in outputs:
+            member = self._members.get(out.request_id)
+            if member is None:
+                continue  # aborted meanwhile
+            if out.new_token_ids or out.finished:
+                if member.first_token is None:
+                    member.first_token = now
+                    if m and out.first_token_time is not None:
+                        m.observe_first_token(out.first_token_time - out.arrival_time)
+                elif m:
+                    m.observe_token_gap(now - member.last_token)
+                member.last_token = now
+            member.output_tokens = out.num_output_tokens
+            member.first_scheduled = out.first_scheduled_time
+            if out.finished:
+                del self._members[out.request_id]
+                if m:
+                    end = out.finished_time or now
+                    queue_s = None if out.first_scheduled_time is None else out.first_scheduled_time - out.arrival_time
+                    m.observe_finished(out.finish_reason or "stop", out.num_prompt_tokens, out.num_output_tokens,
+                                       end - out.arrival_time, queue_s)
+            member.group.queue.put_nowait((out.request_id, out))
+
+    def _fail(self, rid: str, exc: BaseException) -> None:
+        member = self._members.pop(rid, None)
+        if member is not None:
+            if self.metrics:
+                self.metrics.observe_rejected(getattr(exc, "reason", "invalid"))
+            member.group.queue.put_nowait((rid, exc))
+
+    def _fail_all(self, reason: str) -> None:
+        for rid in list(self._members):
+            self._fail(rid, EngineDead(reason))
+
+    # ---- engine thread ----------------------------------------------------------------------------
+    def _call(self, fn: Callable, *args) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _run(self, warmup: bool) -> None:
+        try:
+            if warmup:
+                self._warmup()
+            self._publish(force=True)
+            self.ready = True
+            self._loop_forever()
+        except BaseException as exc:  # noqa: BLE001 - a dead engine must be visible, not silent
+            log.exception("engine thread died")
+            self.dead = f"engine stopped: {type(exc).__name__}: {exc}"
+            self.ready = False
+            self._call(self._fail_all, self.dead)
+
+    def _warmup(self) -> None:
+        """One tiny request, so the first client does not pay for lazy initialisation."""
+        self.engine.add_request("__warmup__", [0, 1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
+        self.engine.drain(max_steps=100)
+
+    def _loop_forever(self) -> None:
+        eng = self.engine
+        while not self._stop:
+            self._wake.clear()
+            self._drain_inbox()
+            if eng.has_unfinished():
+                outputs = eng.step()
+                if outputs:
+                    self._call(self._dispatch, outputs, time.monotonic())
+                self._publish()
+            else:
+                self._publish(force=True)
+                self._wake.wait(0.5)
+
+    def _drain_inbox(self) -> None:
+        eng = self.engine
+        while self._inbox:
+            op = self._inbox.popleft()
+            if op[0] == "abort":
+                eng.abort(op[1])
+                continue
+            _, rid, ids, params, user, arrival = op
+            try:
+                eng.add_request(rid, ids, params, user=user, arrival_time=arrival)
+            except ValueError as exc:  # RequestRejected is a ValueError too
+                self._call(self._fail, rid, exc)
+
+    def _publish(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_snapshot >= self._snapshot_interval:
+            self._snapshot = self.engine.snapshot()
+            self._last_snapshot = now

@@ -1,0 +1,120 @@
+"""/v1/chat/completions: the chat template, then one engine request per choice; JSON or SSE out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2.exceptions import TemplateError
+from kvloop.engine.output_processor import RequestOutput
+from kvloop.engine.server.async_engine import AsyncEngine
+from kvloop.engine.server.errors import APIError, bad_request, error_body
+from kvloop.engine.server.protocol import ChatCompletionRequest
+from kvloop.engine.server.serving import (
+    Call,
+    ClientGone,
+    ServerSettings,
+    api_errors,
+    check_model,
+    check_prompt,
+    check_unsupported,
+    first_output,
+    sampling_params,
+    sse,
+    usage,
+)
+
+
+def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
+    # "developer" is OpenAI's newer name for the system role; templates know only "system".
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
+    except TemplateError as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    return engine.tokenizer.encode(text)
+
+
+def token_logprobs(engine: AsyncEngine, pairs) -> list[dict]:
+    """OpenAI chat logprobs from (token id, TokenLogprob) pairs."""
+    tok = engine.tokenizer
+
+    def entry(tid: int, lp: float) -> dict:
+        text = tok.token_text(tid)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace"))}
+
+    return [{**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
+            for t, lp in pairs]
+
+
+async def create_chat_completion(req: ChatCompletionRequest, request: Request, engine: AsyncEngine,
+                                 settings: ServerSettings):
+    check_model(engine, settings, req.model)
+    check_unsupported(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    with api_errors():
+        ids = chat_prompt(engine, req)
+        wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = check_prompt(engine, ids, wanted, "messages")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = [sampling_params(req, max_tokens, logprobs, c) for c in range(req.n)]
+        call = Call(engine, settings, request)
+        call.submit([ids], [params], req.user)
+    try:
+        first = await first_output(call)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(call, req, first, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        finals = await call.collect(first)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    ordered = sorted(finals.values(), key=lambda o: call.index[o.request_id])
+    choices = [{"index": call.index[o.request_id], "message": {"role": "assistant", "content": o.text},
+                "logprobs": None, "finish_reason": o.finish_reason} for o in ordered]
+    if req.logprobs:
+        for choice, o in zip(choices, ordered, strict=True):
+            choice["logprobs"] = {"content": token_logprobs(engine, call.logprobs.get(o.request_id, []))}
+    return JSONResponse({"id": f"chatcmpl-{call.id}", "object": "chat.completion", "created": call.created,
+                         "model": req.model, "choices": choices, "usage": usage(ordered, call.prompt_of)})
+
+
+async def _stream(call: Call, req: ChatCompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
+    head = {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk", "created": call.created,
+            "model": req.model}
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(index: int, delta: dict, finish: str | None = None, logprobs=None) -> str:
+        body = {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+                **extra}
+        return sse(json.dumps(body, ensure_ascii=False))
+
+    for index in sorted(call.index.values()):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    finals: list[RequestOutput] = []
+    try:
+        async for rid, out in call.stream(first):
+            index = call.index[rid]
+            pairs = zip(out.new_token_ids, out.new_logprobs, strict=False)
+            lps = {"content": token_logprobs(call.engine, pairs)} if req.logprobs else None
+            if out.delta or (lps and lps["content"]):
+                yield chunk(index, {"content": out.delta}, None, lps)
+            if out.finished:
+                finals.append(out)
+                yield chunk(index, {}, out.finish_reason)
+    except ClientGone:
+        return
+    except APIError as exc:
+        yield sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)))
+        return
+    if include_usage:
+        yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))
+    yield sse("[DONE]")

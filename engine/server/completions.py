@@ -1,0 +1,117 @@
+"""/v1/completions: a prompt string, token ids, or a list of either; n choices per prompt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from kvloop.engine.server.async_engine import AsyncEngine
+from kvloop.engine.server.errors import APIError, bad_request, error_body
+from kvloop.engine.server.protocol import CompletionRequest
+from kvloop.engine.server.serving import (
+    MAX_CHOICES,
+    Call,
+    ClientGone,
+    ServerSettings,
+    api_errors,
+    check_model,
+    check_prompt,
+    check_unsupported,
+    first_output,
+    sampling_params,
+    sse,
+    usage,
+)
+
+
+def prompts_of(engine: AsyncEngine, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [engine.tokenizer.encode(prompt)]
+    if len(prompt) > MAX_CHOICES:
+        raise bad_request(f"at most {MAX_CHOICES} prompts per request", "prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    if isinstance(prompt[0], str):
+        return [engine.tokenizer.encode(p) for p in prompt]
+    return [list(p) for p in prompt]
+
+
+def completion_logprobs(engine: AsyncEngine, pairs, offset: int) -> dict:
+    """OpenAI's legacy completions logprobs: parallel lists, text offsets from the choice's start."""
+    tok = engine.tokenizer
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for tid, lp in pairs:
+        text = tok.token_text(tid)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp.logprob)
+        out["top_logprobs"].append({tok.token_text(i): v for i, v in lp.top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+async def create_completion(req: CompletionRequest, request: Request, engine: AsyncEngine, settings: ServerSettings):
+    check_model(engine, settings, req.model)
+    check_unsupported(req, req.echo, req.suffix)
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    with api_errors():
+        prompts = prompts_of(engine, req.prompt)
+        params = []
+        for ids in prompts:
+            max_tokens = check_prompt(engine, ids, req.max_tokens, "prompt")
+            params.append([sampling_params(req, max_tokens, req.logprobs, c) for c in range(req.n)])
+        call = Call(engine, settings, request)
+        call.submit(prompts, params, req.user)
+    try:
+        first = await first_output(call)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(call, req, first, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        finals = await call.collect(first)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    ordered = sorted(finals.values(), key=lambda o: call.index[o.request_id])
+    choices = []
+    for o in ordered:
+        lps = None
+        if req.logprobs is not None:
+            lps = completion_logprobs(engine, call.logprobs.get(o.request_id, []), 0)
+        choices.append({"index": call.index[o.request_id], "text": o.text, "logprobs": lps,
+                        "finish_reason": o.finish_reason})
+    return JSONResponse({"id": f"cmpl-{call.id}", "object": "text_completion", "created": call.created,
+                         "model": req.model, "choices": choices, "usage": usage(ordered, call.prompt_of)})
+
+
+async def _stream(call: Call, req: CompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
+    head = {"id": f"cmpl-{call.id}", "object": "text_completion", "created": call.created, "model": req.model}
+    extra = {"usage": None} if include_usage else {}
+    offsets: dict[str, int] = {}
+    finals = []
+    try:
+        async for rid, out in call.stream(first):
+            lps = None
+            if req.logprobs is not None:
+                pairs = list(zip(out.new_token_ids, out.new_logprobs, strict=False))
+                lps = completion_logprobs(call.engine, pairs, offsets.get(rid, 0))
+                offsets[rid] = offsets.get(rid, 0) + sum(len(t) for t in lps["tokens"])
+            if out.finished:
+                finals.append(out)
+            if out.delta or out.finished or (lps and lps["tokens"]):
+                choice = {"index": call.index[rid], "text": out.delta, "logprobs": lps,
+                          "finish_reason": out.finish_reason if out.finished else None}
+                yield sse(json.dumps({**head, "choices": [choice], **extra}, ensure_ascii=False))
+    except ClientGone:
+        return
+    except APIError as exc:
+        yield sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)))
+        return
+    if include_usage:
+        yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))
+    yield sse("[DONE]")

@@ -1,0 +1,58 @@
+"""`kvloop serve`: build the engine, wrap it, and run uvicorn. The heavy imports are inside the
+functions, so that building the CLI parser stays cheap."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", action="append", default=None,
+                   help="extra names the model answers to (default: 'default')")
+    p.add_argument("--max-pending", type=int, default=256, help="requests in flight before 429 (admission bound)")
+    p.add_argument("--request-timeout", type=float, default=None, help="per-request deadline in seconds")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    p.add_argument("--api-key", default=os.environ.get("KVLOOP_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $KVLOOP_API_KEY, else none)")
+    p.add_argument("--allowed-origins", action="append", default=None, help="enable CORS for these origins")
+    p.add_argument("--log-level", default="info")
+
+
+def cache_config(engine) -> dict:
+    cfg = engine.config
+    return {"block_size": cfg.block_size, "num_blocks": cfg.num_blocks, "dtype": str(engine.dtype).removeprefix("torch."),
+            "device": cfg.device, "max_num_seqs": cfg.scheduler.max_num_seqs,
+            "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
+            "max_model_len": cfg.scheduler.max_model_len}
+
+
+def build_server(engine, args: argparse.Namespace):
+    """The app and its AsyncEngine for an EngineCore and parsed serve arguments."""
+    from kvloop.engine.server.app import build_app
+    from kvloop.engine.server.async_engine import AsyncEngine
+    from kvloop.engine.server.metrics import EngineMetrics
+    from kvloop.engine.server.serving import ServerSettings
+
+    async_engine = None
+    metrics = EngineMetrics(engine.model_name, lambda: async_engine.snapshot(), cache_config(engine))
+    async_engine = AsyncEngine(engine, metrics, max_pending=args.max_pending)
+    settings = ServerSettings(request_timeout_s=args.request_timeout,
+                              served_names=tuple(args.served_model_name or ["default"]))
+    app = build_app(async_engine, metrics, settings, api_key=args.api_key, cors_origins=args.allowed_origins,
+                    max_body_bytes=args.max_body_bytes)
+    return app, async_engine
+
+
+def serve(args: argparse.Namespace, engine_config) -> int:
+    import uvicorn
+    from kvloop.engine.engine_core import EngineCore
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = EngineCore(engine_config)
+    app, _ = build_server(engine, args)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,166 @@
+"""Prometheus metrics: `kvloop:` names plus vLLM-named aliases, so routers, KEDA and dashboards built for
+vLLM work unchanged.
+
+Two sources feed one registry: engine state (queue depth, KV use, cache counters) is read from the
+latest engine snapshot at scrape time by a custom collector, and per-request latencies and token counts
+are observed by the API layer when outputs arrive. Snapshot keys that later components add are read
+with .get, so the exported names are the same before and after they land."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+# vLLM's buckets, so that dashboards and SLO rules built for vLLM read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TIERS = ("device", "host", "disk")
+FINISH_REASONS = ("stop", "length", "abort")
+
+Snapshot = Mapping[str, object]
+
+
+def _num(value, default: float = 0.0) -> float:
+    return float(value) if isinstance(value, int | float) else default
+
+
+def per_label(snap: Snapshot, key: str, label: str, values: tuple[str, ...], default: str) -> dict[str, float]:
+    """A counter split by a label, from `{key}_by_{label}` (a dict) or `{key}_{value}` keys; else the plain
+    `{key}` total under the default label value."""
+    split = snap.get(f"{key}_by_{label}")
+    if isinstance(split, Mapping):
+        return {str(k): _num(v) for k, v in split.items()}
+    flat = {v: _num(snap[f"{key}_{v}"]) for v in values if f"{key}_{v}" in snap}
+    return flat or {default: _num(snap.get(key))}
+
+
+class SnapshotCollector(Collector):
+    """Engine-state families, built from the latest snapshot on every scrape."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], model_name: str, cache_config: Mapping[str, object]):
+        self._snapshot = snapshot
+        self._model = model_name
+        self._cache_config = {k: str(v) for k, v in cache_config.items()}
+
+    def _gauge(self, name: str, doc: str, value: float, labels: dict[str, str] | None = None):
+        labels = {"model_name": self._model, **(labels or {})}
+        g = GaugeMetricFamily(name, doc, labels=list(labels))
+        g.add_metric(list(labels.values()), value)
+        return g
+
+    def _counter(self, name: str, doc: str, values: dict[str, float] | float, label: str | None = None):
+        names = ["model_name", label] if label else ["model_name"]
+        c = CounterMetricFamily(name, doc, labels=names)
+        for key, v in (values.items() if isinstance(values, dict) else [(None, values)]):
+            c.add_metric([self._model, key] if label else [self._model], v)
+        return c
+
+    def collect(self):
+        snap = self._snapshot() or {}
+        waiting, running = _num(snap.get("num_waiting")), _num(snap.get("num_running"))
+        usage = per_label(snap, "kv_usage", "tier", TIERS, "device")
+        hits = per_label(snap, "prefix_cache_hits", "tier", TIERS, "device")
+        queries = _num(snap.get("prefix_cache_queries"))
+        preempt = per_label(snap, "num_preemptions", "kind", ("swap", "recompute"), "recompute")
+        for prefix in ("kvloop", "vllm"):
+            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", running)
+            yield self._counter(f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                queries)
+        yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", usage.get("device", 0.0))
+        kv = GaugeMetricFamily("kvloop:kv_cache_usage_perc", "KV-cache use per tier, 0..1.",
+                               labels=["model_name", "tier"])
+        for tier, v in usage.items():
+            kv.add_metric([self._model, tier], v)
+        yield kv
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", sum(hits.values()))
+        yield self._counter("kvloop:prefix_cache_hits", "Prompt tokens served from the prefix cache, per tier.",
+                            hits, "tier")
+        yield self._counter("vllm:num_preemptions", "Preemptions.", sum(preempt.values()))
+        yield self._counter("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).", preempt, "kind")
+        yield self._counter("kvloop:oom_events", "Out-of-memory events (static mode reservations that failed).",
+                            _num(snap.get("oom_events")))
+        yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", _num(snap.get("batch_cap")))
+        yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
+                          _num(snap.get("watermark", snap.get("retention_watermark"))))
+        for name, key, doc in (("cache_evictions", "evictions", "Cached blocks evicted."),
+                               ("cache_demotions", "demotions", "Blocks demoted to a lower tier."),
+                               ("cache_promotions", "promotions", "Blocks promoted from a lower tier."),
+                               ("cache_admissions_refused", "admissions_refused",
+                                "Released blocks refused by the device admission gate."),
+                               ("eviction_regret", "eviction_regret",
+                                "Evicted blocks asked for again within the regret window.")):
+            yield self._counter(f"kvloop:{name}", doc, _num(snap.get(key)))
+        info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
+        extra = snap.get("cache_config")
+        labels = {**self._cache_config, **({k: str(v) for k, v in extra.items()} if isinstance(extra, Mapping) else {})}
+        info.add_metric([], {"model_name": self._model, **labels})
+        yield info
+
+
+class EngineMetrics:
+    """The server's registry. `snapshot` returns the engine's latest snapshot (called at scrape time)."""
+
+    def __init__(self, model_name: str = "default", snapshot: Callable[[], Snapshot] = dict,
+                 cache_config: Mapping[str, object] | None = None, registry: CollectorRegistry | None = None):
+        prometheus_client.disable_created_metrics()  # vLLM does the same: no *_created series
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        self.registry.register(SnapshotCollector(snapshot, model_name, cache_config or {}))
+        r, m = self.registry, ["model_name"]
+        self.ttft, self.itl, self.e2e, self.queue = ([], [], [], [])
+        for prefix in ("kvloop", "vllm"):
+            self.ttft.append(Histogram(f"{prefix}:time_to_first_token_seconds", "Time to first token.", m,
+                                       buckets=TTFT_BUCKETS, registry=r).labels(model_name))
+            self.itl.append(Histogram(f"{prefix}:inter_token_latency_seconds", "Time between output tokens.", m,
+                                      buckets=ITL_BUCKETS, registry=r).labels(model_name))
+            self.e2e.append(Histogram(f"{prefix}:e2e_request_latency_seconds", "Arrival to finish.", m,
+                                      buckets=REQUEST_BUCKETS, registry=r).labels(model_name))
+            self.queue.append(Histogram(f"{prefix}:request_queue_time_seconds", "Arrival to first scheduling.", m,
+                                        buckets=REQUEST_BUCKETS, registry=r).labels(model_name))
+        self.prompt_tokens = [Counter(f"{p}:prompt_tokens", "Prompt tokens processed.", m, registry=r).labels(model_name)
+                              for p in ("kvloop", "vllm")]
+        self.generation_tokens = [Counter(f"{p}:generation_tokens", "Tokens generated.", m, registry=r)
+                                  .labels(model_name) for p in ("kvloop", "vllm")]
+        self.success = [Counter(f"{p}:request_success", "Finished requests by finish reason.",
+                                ["model_name", "finished_reason"], registry=r) for p in ("kvloop", "vllm")]
+        self.rejected = Counter("kvloop:requests_rejected", "Requests refused before running, by reason.",
+                                ["model_name", "reason"], registry=r)
+        for reason in FINISH_REASONS:  # present from the start, so rate() has a baseline
+            for c in self.success:
+                c.labels(model_name, reason)
+        self.rejected.labels(model_name, "queue_full")
+
+    def observe_token_gap(self, seconds: float) -> None:
+        for h in self.itl:
+            h.observe(seconds)
+
+    def observe_first_token(self, seconds: float) -> None:
+        for h in self.ttft:
+            h.observe(seconds)
+
+    def observe_finished(self, reason: str, prompt_tokens: int, output_tokens: int, e2e_s: float,
+                         queue_s: float | None) -> None:
+        for i in range(2):
+            self.success[i].labels(self.model_name, reason).inc()
+            self.prompt_tokens[i].inc(prompt_tokens)
+            self.generation_tokens[i].inc(output_tokens)
+            self.e2e[i].observe(e2e_s)
+            if queue_s is not None:
+                self.queue[i].observe(queue_s)
+
+    def observe_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model_name, reason).inc()
+
+
+def build_registry() -> CollectorRegistry:
+    """A registry with every exported family (engine-free; the dashboard test lists names from it)."""
+    return EngineMetrics().registry

@@ -1,0 +1,226 @@
+"""What chat and completions share: model check, sampling parameters, prompt checks, submitting the
+engine requests of one API call, and waiting on them with client-disconnect and deadline handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from kvloop.engine.output_processor import RequestOutput
+from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.scheduler import RequestRejected
+from kvloop.engine.scheduler.sequence import TokenLogprob
+from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestGroup
+from kvloop.engine.server.errors import APIError, bad_request, param_of
+from kvloop.engine.server.protocol import _Sampling
+
+MAX_CHOICES = 64  # prompts x n in one call
+
+
+class ClientGone(Exception):
+    """The client disconnected; its requests were aborted."""
+
+
+@dataclass
+class ServerSettings:
+    request_timeout_s: float | None = None  # per-request deadline; None: no deadline
+    retry_after_s: int = 1
+    served_names: tuple[str, ...] = ("default",)
+
+
+def check_model(engine: AsyncEngine, settings: ServerSettings, name: str) -> None:
+    if name != engine.model_name and name not in settings.served_names:
+        raise APIError(404, f"The model `{name}` does not exist. Served: {engine.model_name!r} (alias 'default').",
+                       "model", "model_not_found")
+
+
+def check_unsupported(req: _Sampling, echo: bool = False, suffix: str | None = None) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise bad_request(f"{name} is not supported by this server (use 0 or leave it out)", name)
+    if echo:
+        raise bad_request("echo is not supported by this server", "echo")
+    if suffix:
+        raise bad_request("suffix is not supported by this server", "suffix")
+
+
+def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, param: str) -> int:
+    """Returns the effective max_tokens (the rest of the context when not given)."""
+    limit = engine.max_model_len
+    if not ids:
+        raise bad_request("the prompt is empty", param)
+    vocab = engine.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise bad_request(f"prompt token ids must be in [0, {vocab})", param)
+    if max_tokens is None:
+        if len(ids) >= limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has "
+                              f"{len(ids)} tokens.", param)
+        return limit - len(ids)
+    if len(ids) + max_tokens > limit:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                          "completion). Please reduce the prompt or max_tokens.", param)
+    return max_tokens
+
+
+def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+    seed = None if req.seed is None else req.seed + choice  # n choices with one seed still differ
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                              top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=seed,
+                              stop=req.stop or [], ignore_eos=req.ignore_eos, logprobs=logprobs)
+    except ValueError as exc:
+        raise bad_request(str(exc), param_of(str(exc))) from exc
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestRejected) and exc.reason == "queue_full" or isinstance(exc, Overloaded):
+        return APIError(429, f"the server is overloaded, retry later ({exc})", code="queue_full",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, EngineDead):
+        return APIError(503, str(exc), code="engine_unavailable")
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc), "prompt" if isinstance(exc, RequestRejected) else param_of(str(exc)))
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
+@dataclass
+class Call:
+    """One API call: its engine requests, and which choice index each one is."""
+
+    engine: AsyncEngine
+    settings: ServerSettings
+    request: Request
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+    index: dict[str, int] = field(default_factory=dict)
+    prompt_of: dict[str, int] = field(default_factory=dict)
+    group: RequestGroup | None = None
+    logprobs: dict[str, list[tuple[int, TokenLogprob]]] = field(default_factory=dict)
+    _listener: asyncio.Task | None = None
+    _deadline: float | None = None
+
+    def submit(self, prompts: list[list[int]], params: list[list[SamplingParams]], user: str | None) -> None:
+        total = sum(len(p) for p in params)
+        if total > MAX_CHOICES:
+            raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request, got {total}", "n")
+        if not self.engine.ready:
+            raise APIError(503, "the engine is not ready", code="not_ready")
+        try:
+            self.engine.check_capacity(total)
+            self.group = self.engine.new_group()
+        except (Overloaded, EngineDead) as exc:
+            raise to_api_error(exc) from exc
+        for p, (ids, plist) in enumerate(zip(prompts, params, strict=True)):
+            for c, sp in enumerate(plist):
+                rid = f"{self.id}-{p}-{c}"
+                self.index[rid], self.prompt_of[rid] = p * len(plist) + c, p
+                self.group.add(rid, ids, sp, user)
+        if self.settings.request_timeout_s:
+            self._deadline = time.monotonic() + self.settings.request_timeout_s
+        self._listener = asyncio.create_task(self._listen())
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                if self.group is not None and self.group.unfinished:
+                    self.group.close()
+                    self.group.queue.put_nowait(("", ClientGone()))
+                return
+
+    async def next(self) -> tuple[str, RequestOutput]:
+        """The next output of any member; raises APIError (engine rejection, deadline) or ClientGone."""
+        timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+        try:
+            async with asyncio.timeout(timeout):
+                rid, item = await self.group.next()
+        except TimeoutError:
+            raise APIError(408, f"the request exceeded the server's deadline of {self.settings.request_timeout_s} s",
+                           code="timeout") from None
+        if isinstance(item, ClientGone):
+            raise item
+        if isinstance(item, BaseException):
+            raise to_api_error(item)
+        return rid, item
+
+    @property
+    def unfinished(self) -> bool:
+        return bool(self.group and self.group.unfinished)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        if self._listener is not None:
+            self._listener.cancel()
+
+    async def collect(self, first: tuple[str, RequestOutput]) -> dict[str, RequestOutput]:
+        """Waits for every member to finish (non-streaming); the final outputs by request id. Sampled
+        (token id, logprob) pairs accumulate in self.logprobs, since each output carries only new ones."""
+        final: dict[str, RequestOutput] = {}
+        try:
+            rid, out = first
+            while True:
+                if out.new_logprobs:
+                    self.logprobs.setdefault(rid, []).extend(zip(out.new_token_ids, out.new_logprobs, strict=False))
+                if out.finished:
+                    final[rid] = out
+                if not self.unfinished:
+                    return final
+                rid, out = await self.next()
+        finally:
+            self.close()
+
+    async def stream(self, first: tuple[str, RequestOutput]) -> AsyncIterator[tuple[str, RequestOutput]]:
+        try:
+            yield first
+            while self.unfinished:
+                yield await self.next()
+        finally:
+            self.close()
+
+
+async def first_output(call: Call) -> tuple[str, RequestOutput]:
+    """Before a stream starts, so that rejections still get a proper status code."""
+    try:
+        return await call.next()
+    except BaseException:
+        call.close()
+        raise
+
+
+def sse(data: str) -> str:
+    return f"data: {data}\n\n"
+
+
+def usage(finals: list[RequestOutput], prompt_of: dict[str, int]) -> dict:
+    """prompt tokens once per distinct prompt (n choices share it), completion tokens over all choices."""
+    prompt: dict[int, int] = {}
+    cached: dict[int, int] = {}
+    for out in finals:
+        p = prompt_of.get(out.request_id, 0)
+        prompt[p] = out.num_prompt_tokens
+        cached[p] = max(cached.get(p, 0), out.num_cached_tokens)
+    completion = sum(o.num_output_tokens for o in finals)
+    total_prompt = sum(prompt.values())
+    return {"prompt_tokens": total_prompt, "completion_tokens": completion, "total_tokens": total_prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
+
+
+@contextlib.contextmanager
+def api_errors():
+    """Maps engine-side exceptions raised while preparing a call to API errors."""
+    try:
+        yield
+    except (APIError, ClientGone):
+        raise
+    except (ValueError, Overloaded, EngineDead) as exc:
+        raise to_api_error(exc) from exc
