@@ -74,6 +74,18 @@ def check_write_and_copy(tk, device, gen, dtype) -> list[dict[str, Any]]:
             {"kernel": "copy_blocks", "dtype": NAMES[dtype], "exact": True, "ok": torch.equal(dst, expect)}]
 
 
+def check_rmsnorm(tk, device, dtype, rows: int, hidden: int) -> dict[str, Any]:
+    x = torch.randn(rows, hidden, device=device, dtype=dtype)
+    res = torch.randn(rows, hidden, device=device, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(hidden, device=device)).to(dtype)
+    out, new_res = tk.rms_norm(x, w, 1e-5, res)
+    total = (x.double() + res.double()).to(dtype).double()
+    ref = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    row = _compare("rms_norm", out, ref, dtype, hidden=hidden)
+    row["ok"] = row["ok"] and torch.equal(new_res.double(), total)
+    return row
+
+
 def run_checks(tk, device: torch.device, small: bool) -> list[dict[str, Any]]:
     gen = torch.Generator().manual_seed(1234)
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
@@ -83,6 +95,7 @@ def run_checks(tk, device: torch.device, small: bool) -> list[dict[str, Any]]:
             check_decode(tk, device, gen, bf16, 2, 4, 64, 16, lens),
             check_decode(tk, device, gen, fp16, 2, 3, 64, 32, lens, splits=2),
             check_extend(tk, device, gen, bf16, 2, 4, 64, 16, seqs),
+            check_rmsnorm(tk, device, fp32, 3, 64),
             *check_write_and_copy(tk, device, gen, bf16),
         ]
     lens = [1, 15, 17, 333, 1000, 2049, 3001, 4096]
@@ -96,6 +109,8 @@ def run_checks(tk, device: torch.device, small: bool) -> list[dict[str, Any]]:
         check_extend(tk, device, gen, bf16, 8, 4, 128, 16, seqs),
         check_extend(tk, device, gen, fp16, 2, 8, 64, 32, seqs),
         check_extend(tk, device, gen, fp32, 3, 3, 128, 16, seqs[1:3]),
+        check_rmsnorm(tk, device, bf16, 64, 4096),
+        check_rmsnorm(tk, device, fp16, 7, 576),
         *check_write_and_copy(tk, device, gen, bf16),
         *check_write_and_copy(tk, device, gen, fp32),
     ]

@@ -18,6 +18,7 @@ from .block_copy import copy_blocks_triton, inner_contiguous
 from .decode import decode_triton
 from .extend import extend_triton
 from .kv_write import write_kv_triton
+from .rmsnorm import rms_norm_triton
 
 __all__ = [
     "LAUNCHES",
@@ -25,6 +26,7 @@ __all__ = [
     "is_interpreted",
     "paged_decode_attention",
     "paged_extend_attention",
+    "rms_norm",
     "torch_ops",
     "write_kv",
 ]
@@ -74,3 +76,14 @@ def copy_blocks(
         copy_blocks_triton(src, dst, src_ids, dst_ids)
     else:
         torch_ops.copy_blocks(src, dst, src_ids, dst_ids)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    *, backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Optional fused RMSNorm over the last dim. With residual: returns (norm(x + residual), x + residual),
+    the sum rounded to the input dtype as in Hugging Face Llama."""
+    if use_triton(x.device, backend):
+        return rms_norm_triton(x, weight, eps, residual)
+    return torch_ops.rms_norm(x, weight, eps, residual)

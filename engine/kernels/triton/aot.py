@@ -29,6 +29,7 @@ from .block_copy import COPY_BLOCK, copy_blocks_kernel
 from .decode import decode_merge_kernel, decode_split_kernel, decode_warps, tile_tokens
 from .extend import extend_kernel, extend_tiles
 from .kv_write import write_kv_kernel
+from .rmsnorm import rmsnorm_kernel
 
 SHARED_LIMIT = {90: 232448, 80: 166912}  # bytes of shared memory one block may use (opt-in maximum)
 PTR_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
@@ -62,7 +63,7 @@ def signature(spec: Spec) -> tuple[dict[str, str], dict[tuple[int, ...], list[li
         elif arg.endswith("_ptr"):
             sig[arg] = FIXED_PTRS.get(arg, PTR_TYPES[spec.dtype])
             attrs[(i,)] = [["tt.divisibility", 16]]
-        elif arg == "scale_log2":
+        elif arg in ("scale_log2", "eps"):
             sig[arg] = "fp32"
         else:
             sig[arg] = "i32"
@@ -93,6 +94,9 @@ def specs() -> list[Spec]:
         out.append(Spec(f"extend/{NAMES[dtype]}/g{group}/hd{hd}", extend_kernel, dtype, dict(
             GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(hd),
             DOT_T=dot_t, PREC=prec), num_warps=warps))
+    for dtype, has_res, block in [(torch.bfloat16, True, 4096), (torch.float32, False, 1024)]:
+        out.append(Spec(f"rms_norm/{NAMES[dtype]}/res{int(has_res)}", rmsnorm_kernel, dtype, dict(
+            HAS_RES=has_res, BLOCK=block), num_warps=min(block // 256, 16)))
     for dtype in (torch.bfloat16, torch.float32):
         out.append(Spec(f"copy_blocks/{NAMES[dtype]}", copy_blocks_kernel, dtype, dict(BLOCK=COPY_BLOCK), num_stages=1))
     return out

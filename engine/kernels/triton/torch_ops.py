@@ -69,3 +69,13 @@ def paged_extend_attention(
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
     blocks = src.index_select(2, src_ids.to(src.device))
     dst.index_copy_(2, dst_ids.to(dst.device), blocks.to(dst.device, non_blocking=True))
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = (x.float() + residual.float()).to(x.dtype)
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return out if residual is None else (out, x)
