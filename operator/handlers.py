@@ -7,6 +7,7 @@ resume, and on a timer that refreshes conditions and feedback and repairs drift.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from typing import Any
@@ -60,7 +61,7 @@ async def _apply_children(client: KubeClient, children: list[dict[str, Any]]) ->
     return changes, None
 
 
-async def reconcile(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, spec: Any, meta: Any,
+async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, spec: Any, meta: Any,
                     status: Any, name: str, namespace: str, uid: str, patch: kopf.Patch,
                     logger: kopf.Logger) -> None:
     full = with_defaults(dict(spec))
@@ -120,6 +121,7 @@ async def cleanup(*, client: KubeClient, body: kopf.Body, spec: Any, name: str, 
 
 def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    locks: dict[str, asyncio.Lock] = {}
     client = KubeClient(cfg.kube, timeout=cfg.request_timeout)
     res = dict(group=C.GROUP, version=C.VERSION, plural=C.PLURAL, registry=registry)
 
@@ -148,14 +150,24 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
     async def _reconcile(**kw: Any) -> None:
         await reconcile(cfg=cfg, client=client, **_pick(kw))
 
+    async def reconcile(**kw: Any) -> None:  # one reconcile at a time per object
+        lock = locks.setdefault(kw["uid"], asyncio.Lock())
+        async with lock:
+            await _reconcile_unlocked(**kw)
+
     @kopf.timer(**res, interval=cfg.status_interval, initial_delay=cfg.status_interval)
     async def _refresh(**kw: Any) -> None:
+        body = kw["body"]
+        # Timers run beside change handlers: leave a new generation and deletion to them.
+        if body.meta.get("deletionTimestamp") or (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
+            return
         await reconcile(cfg=cfg, client=client, **_pick(kw))
 
     @kopf.on.delete(**res)
     async def _delete(body: kopf.Body, spec: Any, name: str, namespace: str, uid: str, logger: kopf.Logger,
                       **_: Any) -> None:
-        await cleanup(client=client, body=body, spec=spec, name=name, namespace=namespace, uid=uid, logger=logger)
+        async with locks.setdefault(uid, asyncio.Lock()):
+            await cleanup(client=client, body=body, spec=spec, name=name, namespace=namespace, uid=uid, logger=logger)
 
     return registry
 

@@ -154,3 +154,18 @@ async def test_entry_point_runs_operator_with_liveness(kube, tmp_path):
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.parametrize("spec", [{}, {"feedback": {"mode": "observe", "intervalSeconds": 10,
+                                                    "batchCap": {"min": 4, "max": 128, "maxStep": 16}}}])
+def test_rendered_sidecar_config_parses_with_the_sidecar(spec):
+    settings_mod = pytest.importorskip("kvloop.sidecar.settings", reason="sidecar settings not written yet")
+    import yaml
+
+    cm = next(c for c in render_children("m", "ns", "u", spec) if c["kind"] == "ConfigMap")
+    parsed = settings_mod.parse_settings(yaml.safe_load(cm["data"]["sidecar.yaml"]))
+    full = with_defaults(spec)
+    assert parsed.mode == full["feedback"]["mode"]
+    assert parsed.period_s == full["feedback"]["intervalSeconds"]
+    assert parsed.batch_cap.max == full["feedback"]["batchCap"]["max"]
+    assert parsed.annotation_key == C.FEEDBACK_ANNOTATION
