@@ -47,10 +47,18 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_theta=_rope_theta(cfg),
             rms_eps=float(cfg.get("rms_norm_eps", 1e-5)),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position=int(cfg.get("max_position_embeddings", 4096)),
             attention_bias=bool(cfg.get("attention_bias", False)) or arch.startswith("Qwen2"),
             architecture=arch,
         )
+
+
+def _rope_theta(cfg: dict) -> float:
+    """transformers 5 nests it under rope_parameters; older configs keep it at the top level."""
+    params = cfg.get("rope_parameters") or {}
+    if params.get("rope_type", "default") not in ("default", None):
+        raise ValueError(f"rope scaling {params.get('rope_type')!r} is not supported")
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def load_hf_dir(path: Path, progress: bool = True) -> Checkpoint:
@@ -20,6 +21,8 @@ def load_hf_dir(path: Path, progress: bool = True) -> Checkpoint:
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{path} has no config.json")
     raw_cfg = json.loads(cfg_file.read_text())
+    if not raw_cfg.get("architectures") and raw_cfg.get("model_type") in _BY_MODEL_TYPE:
+        raw_cfg["architectures"] = [_BY_MODEL_TYPE[raw_cfg["model_type"]]]
     arch = (raw_cfg.get("architectures") or ["?"])[0]
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"unsupported architecture {arch!r}; supported: {SUPPORTED_ARCHS}")
