@@ -55,7 +55,7 @@ class Coordinator:
     def _open(self) -> SidecarLink | None:
         if self.link is None:
             try:
-                self.link = SidecarLink(self.control_path)
+                self.link = SidecarLink(self.control_path, clock=lambda: int(self.clock() * 1e9))
             except ControlBlockError:
                 return None
         else:

@@ -1,0 +1,129 @@
+"""The coordinator against a real control block (a ControlLink plays the engine): modes, holding on
+stale snapshots, starting over on a new engine start id, decisions recorded with reasons."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kvloop.engine.control.link import ControlLink
+from kvloop.engine.control.records import Targets
+from kvloop.sidecar.coordinator import Coordinator
+from kvloop.sidecar.settings import SettingsWatcher
+
+HEAVY = {"num_waiting": 20, "num_running": 8, "batch_cap": 8, "kv_usage": 0.5,
+         "prefix_queries_device": 0, "prefix_hits_device": 0}
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    def make(mode="enforce", **extra):
+        cfg = tmp_path / "sidecar.json"
+        cfg.write_text(json.dumps({"mode": mode, "period_s": 1, "snapshot_stale_s": 5,
+                                   "batch_cap": {"min": 1, "max": 64, "max_step": 8, "initial": 8},
+                                   "watermark": {"min": 0, "max": 0.9, "max_step": 0.1, "initial": 0.3}, **extra}))
+        clock = Clock()
+        engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
+        coord = Coordinator(SettingsWatcher(cfg), control_path=str(tmp_path / "c.bin"), clock=clock)
+        return engine, coord, clock
+
+    return make
+
+
+def period(engine, coord, clock, snap, hits=(0, 0)):
+    """One period: the engine publishes (its running requests fill the cap), the coordinator samples
+    twice and ticks."""
+    queries, hit = hits
+    for _ in range(2):
+        snap = {**snap, "num_running": coord.law.batch_cap, "prefix_queries_device": snap["prefix_queries_device"] + queries // 2,
+                "prefix_hits_device": snap["prefix_hits_device"] + hit // 2}
+        engine.publish(snap)
+        coord.sample()
+        clock.t += 0.5
+    return coord.tick(), snap
+
+
+def test_enforce_raises_and_engine_sees_the_targets(setup):
+    engine, coord, clock = setup()
+    snap = HEAVY
+    for _ in range(4):
+        decisions, snap = period(engine, coord, clock, snap, hits=(1000, 800))
+    t = engine.poll_targets()
+    assert t.batch_cap > 8 and t.watermark > 0.3
+    st = coord.status()
+    assert st["mode"] == "enforce" and st["batch_cap"] == t.batch_cap
+    reasons = {d["reason"] for d in st["decisions"]}
+    assert {"hysteresis", "queued_kv_headroom", "heavy_load_good_hits"} <= reasons
+    assert coord.decisions_total[("batch_cap", "queued_kv_headroom")] == 2
+    ann = coord.annotation()
+    assert ann["batchCap"] == t.batch_cap and ann["lastDecision"]["reason"] in reasons and ann["hitRate"] == 0.8
+
+
+def test_observe_decides_but_never_writes(setup):
+    engine, coord, clock = setup(mode="observe")
+    for _ in range(4):
+        decisions, _ = period(engine, coord, clock, HEAVY)
+    assert coord.law.batch_cap > 8 and coord.writes == 0
+    assert engine.poll_targets() is None
+    assert all(not d["applied"] for d in coord.status()["decisions"])
+
+
+def test_off_makes_no_decisions(setup):
+    engine, coord, clock = setup(mode="off")
+    decisions, _ = period(engine, coord, clock, HEAVY)
+    assert decisions == [] and coord.writes == 0
+
+
+def test_holds_on_stale_snapshot(setup):
+    engine, coord, clock = setup()
+    period(engine, coord, clock, HEAVY)
+    clock.t += 10  # the engine stops publishing
+    coord.sample()
+    decisions = coord.tick()
+    assert [d.reason for d in decisions] == ["stale_snapshot", "stale_snapshot"]
+    assert all(not d.changed for d in decisions) and coord.stale_reads == 1 and coord.status()["stale"]
+
+
+def test_no_control_file_yet_is_a_stale_read(tmp_path):
+    coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "missing.bin"))
+    assert coord.sample() is None and coord.stale_reads == 1
+    assert [d.reason for d in coord.tick()] == ["stale_snapshot"] * 2
+
+
+def test_new_start_id_starts_over(setup, tmp_path):
+    engine, coord, clock = setup()
+    snap = HEAVY
+    for _ in range(4):
+        _, snap = period(engine, coord, clock, snap)
+    assert coord.law.batch_cap > 8
+    engine.close()
+    restarted = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
+    restarted.publish(HEAVY)
+    coord.sample()
+    assert coord.law.batch_cap == 8 and coord.start_id == restarted.start_id
+    assert coord.status()["decisions"][-1]["reason"] == "engine_restart"
+    assert restarted.poll_targets().batch_cap == 8  # the initial targets, written for the new run
+
+
+def test_settings_change_reclamps(setup, tmp_path):
+    engine, coord, clock = setup()
+    snap = HEAVY
+    for _ in range(6):
+        _, snap = period(engine, coord, clock, snap)
+    assert coord.law.batch_cap > 12
+    cfg = tmp_path / "sidecar.json"
+    raw = json.loads(cfg.read_text())
+    raw["batch_cap"]["max"] = 12
+    cfg.write_text(json.dumps(raw))
+    import os
+    os.utime(cfg, ns=(1, 10**18))
+    coord.sample()
+    assert coord.law.batch_cap == 12 and coord.settings.batch_cap.max == 12

@@ -1,0 +1,66 @@
+"""Settings: the operator's rendered sidecar.yaml parses; bad files are refused; changes reload."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from kvloop.sidecar.settings import SettingsError, SettingsWatcher, load_settings, parse_settings
+
+
+def test_operator_rendered_config_parses(tmp_path):
+    render = pytest.importorskip("kvloop.operator.render")
+    from kvloop.operator.spec import with_defaults
+
+    raw = render.sidecar_config("chat", with_defaults({}))
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    s = load_settings(path)
+    assert s.mode == raw["mode"] and s.period_s == raw["period_s"]
+    assert s.batch_cap.max == raw["batch_cap"]["max"] and s.batch_cap.initial == raw["batch_cap"]["initial"]
+    assert s.watermark.initial == raw["watermark"]["initial"]
+    assert s.ttft_p99_s == raw["targets"]["ttft_p99_s"] and s.max_queue_depth == raw["targets"]["max_queue_depth"]
+    assert s.control_path == "/run/kvloop/control.bin" and s.annotation_key == "kvloop.io/feedback"
+
+
+@pytest.mark.parametrize("raw", [{"mode": "auto"}, {"period_s": 0}, {"batch_cap": {"min": 0}},
+                                 {"watermark": {"max": 1.0}}, {"batch_cap": {"min": 8, "max": 4}},
+                                 {"law": {"kv_band_low": 0.9, "kv_band_high": 0.8}}, [1, 2]])
+def test_bad_settings_refused(raw):
+    with pytest.raises(SettingsError):
+        parse_settings(raw)
+
+
+def test_initial_clamped_into_bounds():
+    s = parse_settings({"batch_cap": {"min": 4, "max": 8, "initial": 32}})
+    assert s.batch_cap.initial == 8
+
+
+def test_reload_on_change_keeps_old_on_error(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"mode": "observe", "period_s": 5}))
+    w = SettingsWatcher(path, overrides={"period_s": 1.0})
+    assert w.settings.mode == "observe" and w.settings.period_s == 1.0
+    assert not w.poll()
+    path.write_text(json.dumps({"mode": "enforce", "period_s": 5}))
+    os.utime(path, ns=(1, 10**18))  # a distinct mtime even on coarse clocks
+    assert w.poll() and w.settings.mode == "enforce" and w.settings.period_s == 1.0
+    path.write_text("{not json")
+    os.utime(path, ns=(1, 2 * 10**18))
+    assert not w.poll() and w.settings.mode == "enforce" and w.error
+
+
+def test_configmap_style_symlink_swap(tmp_path):
+    """The kubelet updates a ConfigMap volume by swapping a ..data symlink; the watcher sees it."""
+    for name, mode in (("v1", "observe"), ("v2", "enforce")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sidecar.yaml").write_text(yaml.safe_dump({"mode": mode}))
+    (tmp_path / "..data").symlink_to("v1")
+    (tmp_path / "sidecar.yaml").symlink_to("..data/sidecar.yaml")
+    w = SettingsWatcher(tmp_path / "sidecar.yaml")
+    assert w.settings.mode == "observe"
+    (tmp_path / "..data_tmp").symlink_to("v2")
+    os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
+    assert w.poll() and w.settings.mode == "enforce"
