@@ -16,6 +16,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64, help="batch cap (running requests)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--control-file", default=None, help="control block shared with the sidecar (feedback loop)")
+    p.add_argument("--control-stale-after", type=float, default=120.0,
+                   help="seconds after which sidecar targets give way to the configured values")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -24,7 +27,8 @@ def engine_config_from_args(args: argparse.Namespace):
 
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     return EngineConfig(model=args.model, dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
-                        block_size=args.block_size, threads=args.threads, scheduler=sched)
+                        block_size=args.block_size, threads=args.threads, scheduler=sched,
+                        control_file=args.control_file, control_stale_after_s=args.control_stale_after)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

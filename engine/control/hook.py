@@ -38,6 +38,10 @@ class EngineControl:
                 self._dirty = True
         snap = engine.snapshot()
         snap["ttft_p50_s"], snap["ttft_p99_s"] = self._percentiles()
+        for tier in ("host", "disk"):  # the KV manager reports blocks per tier; the block carries shares
+            total = snap.get(f"kv_{tier}_blocks_total")
+            if total:
+                snap[f"kv_use_{tier}"] = snap.get(f"kv_{tier}_blocks_used", 0) / total
         self.link.publish(snap)
         targets = self.link.poll_targets()
         if targets is not None and not targets.same_values(self.applied):
