@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -19,6 +20,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv: KVConfig = field(default_factory=KVConfig)  # prefix cache mode, admission, watermark, tiers
     progress: bool = True
     control_file: str | None = None  # shared-memory control block with the sidecar; None: no feedback loop
     control_stale_after_s: float = 120.0  # sidecar targets older than this give way to the defaults above

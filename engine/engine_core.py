@@ -7,6 +7,7 @@ import time
 import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.kv.tier_mover import TierMover
 from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
@@ -51,9 +52,12 @@ class EngineCore:
         self.fingerprint = fingerprint
         sched_cfg = config.scheduler
         sched_cfg.max_model_len = min(sched_cfg.max_model_len, model.cfg.max_position)
-        self.kv = KVCacheManager(config.num_blocks, config.block_size)
+        # The dtype is part of the block key too: a bf16 and an fp32 engine never share cached K/V.
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.kv, extra_key=f"{fingerprint}|{self.dtype}")
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        if self.kv.host is not None or self.kv.disk is not None:
+            self.kv.attach_mover(TierMover.for_manager(self.kv, self.runner.kv_cache, fingerprint))
         self._states: dict[str, OutputState] = {}
         self._seqs: dict[str, Sequence] = {}
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else set()
@@ -117,6 +121,7 @@ class EngineCore:
             "kv_blocks_free": self.kv.num_free_blocks,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
+            **self.kv.snapshot(),
         }
 
     # ---- the step -------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Fixed-size KV blocks with reference counts (pure Python).
 
-A block is free or referenced. The prefix cache (kv.prefix_cache) extends this with a third state,
-cached: unreferenced but still holding reusable K/V, evictable on demand."""
+A block is free or referenced here. The KV manager adds a third state, cached: unreferenced, still
+indexed by its hash and holding reusable K/V, evictable on demand (it is on no free list)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ class BlockPool:
         block = self._free.popleft()
         self.ref_counts[block] = 1
         return block
+
+    def take(self, block: int) -> None:
+        """Hands out a block that was not on the free list (an evicted cached block)."""
+        assert self.ref_counts[block] == 0
+        self.ref_counts[block] = 1
 
     def incref(self, block: int) -> None:
         self.ref_counts[block] += 1

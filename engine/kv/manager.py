@@ -1,13 +1,42 @@
-"""Per-sequence block tables over the block pool (pure Python).
+"""Per-sequence block tables over the device pool, with the shared prefix cache and its tiers (pure Python).
 
-The scheduler talks to the KV cache only through this class, so the prefix cache and the tiers extend
-it (lookup at admission, caching on release) without the scheduler changing."""
+The scheduler talks to the KV cache only through this class:
+- `lookup_prefix(seq)`: at admission, attaches the longest cached prefix of seq's tokens (device blocks
+  shared, host/disk blocks promoted by copying), never the last token; a match shorter than
+  `min_prefix_tokens` is a miss. Sets seq.num_computed_tokens, num_cached_tokens, cached_tokens_by_tier.
+- `allocate(seq, total_tokens) -> bool`: all or nothing; may evict cached blocks, but only down to the
+  retention watermark (unless no other sequence holds blocks, so the engine always makes progress).
+  A swapped-out sequence is swapped in first.
+- `release(seq)`: full blocks are indexed by chained hash; each released block stays cached on the device
+  only if its hash passed the admission gate, else it is demoted to the lower tiers whose thresholds it
+  passes, or dropped.
+- `swap_out(seq) -> bool` / `swap_in(seq) -> bool` (for preemption): swap_out copies seq's blocks to the
+  host tier (pinned there), frees its device blocks and keeps num_computed_tokens; False (nothing
+  changed) when there is no host tier or no room, in which case the caller recomputes instead.
+  swap_in brings them back (reusing device copies that are still cached); False when the device pool
+  has no room. `is_swapped(seq)` tells; release(seq) of a swapped sequence frees its host slots.
+- `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back).
+- Counts: num_blocks, num_free_blocks (not referenced: free + cached, as vLLM counts them),
+  num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats, snapshot().
+- `check_integrity(live)`: the invariants of DESIGN §2, for tests.
+
+Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; NullMover otherwise)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from kvloop.engine.kv.block_pool import BlockPool
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.kv.disk_tier import DiskTier
+from kvloop.engine.kv.eviction import make_policy
+from kvloop.engine.kv.ghost import GhostTable
+from kvloop.engine.kv.hashing import ROOT, block_hash, chain_hashes
+from kvloop.engine.kv.host_tier import HostTier
+from kvloop.engine.kv.mover_api import Mover, NullMover
+from kvloop.engine.kv.prefix_index import PrefixIndex
+from kvloop.engine.kv.stats import KVStats, RegretWindow
+from kvloop.engine.kv.swap import SwapMixin
 from kvloop.engine.scheduler.sequence import Sequence
 
 
@@ -15,52 +44,347 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return (num_tokens + block_size - 1) // block_size
 
 
-class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int):
+class KVCacheManager(SwapMixin):
+    def __init__(self, num_blocks: int, block_size: int, config: KVConfig | None = None, extra_key: str = ""):
+        # A bare manager is the plain allocator (mode continuous); the engine passes its configured mode.
+        cfg = self.config = config or KVConfig(mode="continuous")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.index = PrefixIndex()
+        self.policy = make_policy(cfg.eviction, cfg.gclock_max)
+        self.ghost = GhostTable(cfg.ghost_entries, max(cfg.admit_min_requests, cfg.host_admit_min_requests,
+                                                       cfg.disk_admit_min_requests))
+        host_slots = cfg.host_cache_tokens // block_size
+        # The host tier exists in every mode for swapping; only codesign also caches into it.
+        self.host = HostTier(host_slots, make_policy(cfg.eviction, cfg.gclock_max)) if host_slots else None
+        disk_slots = cfg.disk_cache_tokens // block_size
+        self.disk = DiskTier(disk_slots) if cfg.codesign and cfg.disk_dir and disk_slots else None
+        self.stats = KVStats()
+        self.regret = RegretWindow(cfg.regret_window)
+        self.mover: Mover = NullMover()
+        self._extra = extra_key.encode()
+        self._watermark = cfg.watermark
+        self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
 
+    def attach_mover(self, mover: Mover) -> None:
+        """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
+        self.mover = mover
+        if self.disk is not None:
+            for h in mover.disk_scan():
+                for victim in self.disk.add(h):
+                    mover.disk_delete(victim)
+
+    # ---- counts ---------------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
         return self.pool.num_blocks
 
     @property
+    def num_cached_blocks(self) -> int:
+        return len(self.policy)
+
+    @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free
+        """Blocks no sequence holds: free plus cached (evictable) ones."""
+        return self.pool.num_free + len(self.policy)
+
+    @property
+    def num_referenced_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        """Blocks an allocation can get now while other sequences hold blocks (the watermark applies)."""
+        return self.pool.num_free + self._evictable_budget(len(self.policy), self.num_referenced_blocks, 0)
 
     def usage(self) -> float:
         """Share of the device pool held by running sequences."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
+        return self.num_referenced_blocks / self.num_blocks
+
+    @property
+    def watermark(self) -> float:
+        return self._watermark
+
+    def set_watermark(self, w: float) -> None:
+        """Live knob: the share of the device pool that cached blocks keep against new allocations."""
+        if not 0.0 <= w < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+        self._watermark = float(w)
 
     def new_blocks_needed(self, seq: Sequence, total_tokens: int) -> int:
         return max(0, blocks_for(total_tokens, self.block_size) - len(seq.block_table))
 
-    def lookup_prefix(self, seq: Sequence) -> int:
-        """Attaches cached blocks of the prompt's prefix to seq; returns how many tokens they cover."""
-        return 0
+    def _evictable_budget(self, cached: int, referenced: int, own: int) -> int:
+        """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds."""
+        if not self.config.codesign or referenced <= own:
+            return cached  # no watermark, or nobody else holds blocks: keeping any back would stall
+        return max(0, cached - int(self._watermark * self.num_blocks))
 
+    def _holder_budget(self, seq: Sequence) -> int:
+        return self._evictable_budget(len(self.policy), self.num_referenced_blocks, len(set(seq.block_table)))
+
+    # ---- lookup ---------------------------------------------------------------------------------
+    def lookup_prefix(self, seq: Sequence) -> int:
+        """Attaches cached blocks of seq's prefix; returns how many tokens they cover (0 on a miss)."""
+        tokens = seq.token_ids
+        self.stats.query_tokens += len(tokens)
+        if not self.config.prefix_cache or seq.block_table or self.is_swapped(seq):
+            return 0
+        bs = self.block_size
+        hashes = chain_hashes(tokens, bs, self._extra)
+        if self.config.codesign:
+            for h in hashes:
+                self.ghost.record(h, seq.request_id)
+        usable = hashes[: (len(tokens) - 1) // bs]  # at least the last token is computed, so one is sampled
+        found = 0
+        while found < len(usable) and self._tier_of(usable[found]) is not None:
+            found += 1
+        for h in hashes:
+            if self.index.slot_of(h) is None and self.regret.asked(h):
+                self.stats.eviction_regret += 1
+        min_tokens = self.config.min_prefix_tokens if self.config.codesign else 1
+        if found == 0 or found * bs < min_tokens:
+            self.stats.short_prefix_misses += found > 0
+            return 0
+        by_tier: dict[str, int] = {}
+        parent = ROOT
+        for h in usable[:found]:
+            tier = self._attach(seq, h, parent)
+            if tier is None:
+                break
+            by_tier[tier] = by_tier.get(tier, 0) + bs
+            seq.block_hashes.append(h)
+            parent = h
+        hit = len(seq.block_table) * bs
+        if hit < min_tokens:  # promotion fell short (no room, bad disk file): give the blocks back
+            self._unref_all(seq.block_table)
+            seq.block_table, seq.block_hashes = [], []
+            self.stats.short_prefix_misses += 1
+            return 0
+        for tier, n in by_tier.items():
+            setattr(self.stats, f"hit_tokens_{tier}", getattr(self.stats, f"hit_tokens_{tier}") + n)
+        seq.num_computed_tokens = seq.num_cached_tokens = hit
+        seq.cached_tokens_by_tier = by_tier
+        return hit
+
+    def _tier_of(self, h: int) -> str | None:
+        if self.index.slot_of(h) is not None:
+            return "device"
+        if self.config.codesign and self.host is not None and self.host.has(h):
+            return "host"
+        if self.disk is not None and self.disk.has(h):
+            return "disk"
+        return None
+
+    def _attach(self, seq: Sequence, h: int, parent: int) -> str | None:
+        """Adds h's block to seq's table: shared from the device, or promoted into a new device block."""
+        block = self.index.slot_of(h)
+        if block is not None:
+            self._ref_indexed(block)
+            seq.block_table.append(block)
+            return "device"
+        if self._holder_budget(seq) + self.pool.num_free == 0:
+            return None
+        block = self._take_block(seq)
+        tier = self._tier_of(h)  # after the take: its eviction may have pushed lower-tier copies out
+        if tier is None:
+            self._free_taken(block)
+            return None
+        if tier == "host":
+            slot = self.host.slot_of(h)
+            self.mover.host_to_device(slot, block)
+            self.host.hit(slot)
+            self.stats.promotions_host += 1
+        elif self.mover.disk_read(h, block):
+            self.disk.touch(h)
+            self.stats.promotions_disk += 1
+        else:
+            self.disk.remove(h)
+            self.stats.disk_bad_files += 1
+            self._free_taken(block)
+            return None
+        self.index.add(block, h, parent)
+        self.policy.hit(block)
+        seq.block_table.append(block)
+        return tier
+
+    def _free_taken(self, block: int) -> None:
+        self.pool.decref(block)
+        self.pool.put_free(block)
+
+    def _ref_indexed(self, block: int) -> None:
+        if self.pool.ref_counts[block] == 0:
+            self.policy.remove(block)
+        self.pool.incref(block)
+        self.policy.hit(block)
+
+    # ---- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:
         """Grows seq's block table to hold total_tokens; all or nothing."""
-        needed = self.new_blocks_needed(seq, total_tokens)
-        if needed > self.num_free_blocks:
+        if self.is_swapped(seq) and not self.swap_in(seq):
             return False
-        seq.block_table.extend(self.pool.allocate() for _ in range(needed))
+        self._commit(seq)
+        needed = self.new_blocks_needed(seq, total_tokens)
+        if needed > self.pool.num_free + self._holder_budget(seq):
+            return False
+        for _ in range(needed):
+            seq.block_table.append(self._take_block(seq))
         return True
 
+    def _take_block(self, seq: Sequence) -> int:
+        """A block for seq, free first, else by evicting a cached leaf (callers checked the budget)."""
+        if self.pool.num_free:
+            return self.pool.allocate()
+        victim = self.policy.victim(self.index.is_leaf)
+        assert victim is not None, "cached blocks without a leaf"
+        self._evict(victim)
+        self.pool.take(victim)
+        return victim
+
+    def _commit(self, seq: Sequence) -> None:
+        """Indexes seq's newly completed blocks; a block someone else indexed first is shared instead."""
+        if not self.config.prefix_cache:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        i = len(seq.block_hashes)
+        parent = seq.block_hashes[-1] if i else ROOT
+        while i < full:
+            h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs], self._extra)
+            if self.config.codesign:
+                self.ghost.record(h, seq.request_id)
+            own = seq.block_table[i]
+            existing = self.index.slot_of(h)
+            if existing is None:
+                self.index.add(own, h, parent)
+            elif existing != own:  # equal keys hold equal K/V: keep one copy
+                self._ref_indexed(existing)
+                seq.block_table[i] = existing
+                self._unref(own)
+            seq.block_hashes.append(h)
+            parent = h
+            i += 1
+
+    # ---- release, demotion, eviction ------------------------------------------------------------
     def release(self, seq: Sequence) -> None:
-        for block in seq.block_table:
-            if self.pool.decref(block):
-                self.pool.put_free(block)
+        swapped = self._swapped.pop(id(seq), None)
+        if swapped is not None:
+            for slot in swapped[1]:
+                self.host.unpin(slot)
+        self._commit(seq)
+        self._unref_all(seq.block_table)
         seq.block_table = []
+        seq.block_hashes = []
+
+    def _unref_all(self, blocks: list[int]) -> None:
+        for block in reversed(blocks):  # leaves first, so tails are evicted before their parents
+            self._unref(block)
+
+    def _unref(self, block: int) -> None:
+        if not self.pool.decref(block):
+            return
+        h = self.index.hash_of(block)
+        if h is None:
+            self.pool.put_free(block)
+            return
+        cfg = self.config
+        if (not cfg.codesign or self.index.num_children(h) or
+                self.ghost.count(h) >= cfg.admit_min_requests):
+            self.policy.add(block)  # cached
+            return
+        self.stats.admissions_refused += 1
+        self._demote(block, h)
+        self.index.remove(block)
+        self.policy.forget(block)
+        self.pool.put_free(block)
+
+    def _evict(self, block: int) -> None:
+        h = self.index.remove(block)
+        self.policy.forget(block)
+        self.stats.evictions += 1
+        self.regret.evicted(h)
+        if self.config.codesign:
+            self._demote(block, h)
+
+    def _demote(self, block: int, h: int) -> None:
+        """Copies a device block leaving the pool to each lower tier whose threshold its hash passes."""
+        count = self.ghost.count(h)
+        if self.host is not None and count >= self.config.host_admit_min_requests and not self.host.has(h):
+            slot = self.host.acquire(self._host_evicted)
+            if slot is not None:
+                self.mover.device_to_host(block, slot)
+                self.host.insert(h, slot)
+                self.stats.demotions_host += 1
+        if self.disk is not None and count >= self.config.disk_admit_min_requests:
+            self._disk_write(h, "device", block)
+
+    def _host_evicted(self, slot: int, h: int) -> None:
+        self.stats.host_evictions += 1
+        if self.disk is not None and self.ghost.count(h) >= self.config.disk_admit_min_requests:
+            self._disk_write(h, "host", slot)
+
+    def _disk_write(self, h: int, tier: str, index: int) -> None:
+        if self.disk.has(h):
+            self.disk.touch(h)
+            return
+        if not self.mover.disk_write(h, tier, index):
+            self.stats.disk_writes_dropped += 1
+            return
+        self.stats.disk_writes += 1
+        self.stats.demotions_disk += 1
+        for victim in self.disk.add(h):
+            self.mover.disk_delete(victim)
+            self.stats.disk_evictions += 1
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Counters and per-tier use for the engine snapshot (keys prefixed kv_)."""
+        out = {f"kv_{k}": v for k, v in self.stats.as_dict().items()}
+        out.update(
+            kv_mode=self.config.mode,
+            kv_watermark=self._watermark,
+            kv_cached_blocks=self.num_cached_blocks,
+            kv_referenced_blocks=self.num_referenced_blocks,
+            kv_host_blocks_used=self.host.num_used if self.host is not None else 0,
+            kv_host_blocks_total=self.host.num_slots if self.host is not None else 0,
+            kv_disk_blocks_used=len(self.disk) if self.disk is not None else 0,
+            kv_disk_blocks_total=self.disk.capacity if self.disk is not None else 0,
+            kv_ghost_entries=len(self.ghost),
+        )
+        return out
+
+    def flush(self) -> None:
+        """Waits for queued disk writes (tests, shutdown)."""
+        self.mover.flush()
 
     def check_integrity(self, live: Iterable[Sequence]) -> None:
-        """Every block is free xor referenced; refcounts equal the number of tables holding the block."""
+        """Every block is in exactly one of free / referenced / cached; refcounts equal the number of
+        tables holding the block; cached blocks are indexed leaves-or-parents of a prefix-closed index."""
+        live = list(live)
         counts = [0] * self.num_blocks
         for seq in live:
             for block in seq.block_table:
                 counts[block] += 1
+            for i, h in enumerate(seq.block_hashes[: len(seq.block_table)]):
+                assert self.index.slot_of(h) == seq.block_table[i], "a committed block is not indexed"
         free = self.pool.free_blocks()
         assert len(free) == self.pool.num_free, "a block is on the free list twice"
         for block in range(self.num_blocks):
             assert counts[block] == self.pool.ref_counts[block], f"block {block}: refcount mismatch"
-            assert (block in free) == (counts[block] == 0), f"block {block}: free state wrong"
+            cached = block in self.policy
+            states = (block in free) + (counts[block] > 0) + cached
+            assert states == 1, f"block {block} is in {states} of free/referenced/cached"
+            if cached:
+                assert self.index.hash_of(block) is not None, f"cached block {block} is not indexed"
+            if block in free:
+                assert self.index.hash_of(block) is None, f"free block {block} is still indexed"
+        self.index.check()
+        if self.host is not None:
+            pins = [0] * self.host.num_slots
+            for _, slots in self._swapped.values():
+                for slot in slots:
+                    pins[slot] += 1
+            self.host.check(pins)
+        if self.disk is not None:
+            assert len(self.disk) <= self.disk.capacity
+        assert len(self.ghost) <= self.ghost.capacity

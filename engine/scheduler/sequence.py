@@ -34,6 +34,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)  # of those: "device"/"host"/"disk"
+    block_hashes: list[int] = field(default_factory=list)  # KV manager: chained keys of committed blocks
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     first_scheduled_time: float | None = None

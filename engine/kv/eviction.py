@@ -1,0 +1,95 @@
+"""Eviction orders over evictable slots (pure Python): GCLOCK and plain LRU behind one base class.
+
+Slots are added when they become evictable (cached, unreferenced) and removed when referenced again.
+`victim(can_evict)` picks and removes one slot for which can_evict holds (the caller passes "is a leaf",
+so a middle block of a cached chain is never evicted before its descendants)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+
+class EvictionPolicy(ABC):
+    def __init__(self) -> None:
+        self._ring: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def __contains__(self, slot: int) -> bool:
+        return slot in self._ring
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ring)
+
+    def add(self, slot: int) -> None:
+        self._ring[slot] = None
+        self._ring.move_to_end(slot)
+
+    def remove(self, slot: int) -> None:
+        self._ring.pop(slot, None)
+
+    @abstractmethod
+    def hit(self, slot: int) -> None:
+        """A lookup reused this slot's content."""
+
+    def forget(self, slot: int) -> None:
+        """The slot's content is gone (evicted or freed): drop any per-slot history."""
+        self.remove(slot)
+
+    @abstractmethod
+    def victim(self, can_evict: Callable[[int], bool]) -> int | None: ...
+
+
+class LRU(EvictionPolicy):
+    """Least recently released first; no frequency memory (the vLLM-style baseline)."""
+
+    def hit(self, slot: int) -> None:
+        pass  # recency is refreshed when the slot is released again (add)
+
+    def victim(self, can_evict: Callable[[int], bool]) -> int | None:
+        for slot in self._ring:
+            if can_evict(slot):
+                del self._ring[slot]
+                return slot
+        return None
+
+
+class GClock(EvictionPolicy):
+    """Generalized CLOCK: each slot has a small counter, bumped on hit; the hand decrements counters and
+    evicts the first evictable slot at zero. The ring is an ordered dict whose front is the hand."""
+
+    def __init__(self, max_count: int = 3):
+        super().__init__()
+        self.max_count = max_count
+        self.counts: dict[int, int] = {}
+
+    def hit(self, slot: int) -> None:
+        self.counts[slot] = min(self.max_count, self.counts.get(slot, 0) + 1)
+
+    def forget(self, slot: int) -> None:
+        self.remove(slot)
+        self.counts.pop(slot, None)
+
+    def victim(self, can_evict: Callable[[int], bool]) -> int | None:
+        # Every slot reaches zero within max_count + 1 turns, so this bound is never the reason for None
+        # unless no slot can be evicted at all.
+        for _ in range((self.max_count + 2) * len(self._ring)):
+            slot, _ = self._ring.popitem(last=False)
+            count = self.counts.get(slot, 0)
+            if count == 0 and can_evict(slot):
+                self.counts.pop(slot, None)
+                return slot
+            self.counts[slot] = max(0, count - 1)
+            self._ring[slot] = None
+        return None
+
+
+def make_policy(name: str, gclock_max: int = 3) -> EvictionPolicy:
+    if name == "gclock":
+        return GClock(gclock_max)
+    if name == "lru":
+        return LRU()
+    raise ValueError(f"unknown eviction policy {name!r}")

@@ -1,0 +1,34 @@
+"""Bounded ghost table: distinct requests per block hash, also for hashes not cached (pure Python).
+
+Each entry keeps at most `max_count` request ids (counting saturates there: the gate only asks "at
+least k"), and the table keeps at most `capacity` entries, dropping the least recently touched.
+Memory: about 200 bytes per entry (int key, a tuple of at most max_count shared id strings, the
+ordered-dict node), so the default 65,536 entries stay near 13 MB."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class GhostTable:
+    def __init__(self, capacity: int, max_count: int):
+        self.capacity = capacity
+        self.max_count = max_count
+        self._seen: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def record(self, h: int, request_id: str) -> None:
+        ids = self._seen.get(h)
+        if ids is None:
+            self._seen[h] = (request_id,)
+            if len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return
+        self._seen.move_to_end(h)
+        if request_id not in ids and len(ids) < self.max_count:
+            self._seen[h] = (*ids, request_id)
+
+    def count(self, h: int) -> int:
+        return len(self._seen.get(h, ()))

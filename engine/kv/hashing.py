@@ -1,0 +1,35 @@
+"""Chained block hashes: a full block's key covers its parent's key, its token ids and extra keys
+(model fingerprint, dtype), so equal keys mean equal K/V for the same model (pure Python)."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+
+ROOT = 0  # the parent of a sequence's first block
+
+
+def block_hash(parent: int, tokens: Sequence[int], extra: bytes) -> int:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent.to_bytes(16, "little"))
+    h.update(array("q", tokens).tobytes())
+    h.update(extra)
+    return int.from_bytes(h.digest(), "little")
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, extra: bytes, num_blocks: int | None = None,
+                 parent: int = ROOT, start: int = 0) -> list[int]:
+    """Keys of the full blocks start, start+1, ... (at most num_blocks of them)."""
+    end = len(tokens) // block_size
+    if num_blocks is not None:
+        end = min(end, start + num_blocks)
+    out = []
+    for i in range(start, end):
+        parent = block_hash(parent, tokens[i * block_size:(i + 1) * block_size], extra)
+        out.append(parent)
+    return out
+
+
+def hash_hex(h: int) -> str:
+    return f"{h:032x}"

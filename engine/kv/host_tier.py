@@ -1,0 +1,101 @@
+"""Host tier bookkeeping: a bounded set of CPU block slots (pure Python; the mover holds the tensor).
+
+A slot is free, pinned (held by swapped-out sequences; may also be indexed) or cached (indexed,
+unpinned, evictable). Cached slots are evicted by the same policy classes as the device pool."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from kvloop.engine.kv.eviction import EvictionPolicy
+
+
+class HostTier:
+    def __init__(self, num_slots: int, policy: EvictionPolicy):
+        self.num_slots = num_slots
+        self.policy = policy
+        self._free: deque[int] = deque(range(num_slots))
+        self.pins = [0] * num_slots
+        self._slot_of: dict[int, int] = {}
+        self._hash_of: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self._free)
+
+    @property
+    def num_available(self) -> int:
+        """Slots that acquire() can hand out now: free plus evictable cached ones."""
+        return len(self._free) + len(self.policy)
+
+    def has(self, h: int) -> bool:
+        return h in self._slot_of
+
+    def slot_of(self, h: int) -> int | None:
+        return self._slot_of.get(h)
+
+    def hash_of(self, slot: int) -> int | None:
+        return self._hash_of.get(slot)
+
+    def acquire(self, on_evict: Callable[[int, int], None]) -> int | None:
+        """A slot for new content, evicting a cached one if needed (on_evict(slot, hash) runs first,
+        while the slot still holds the old content). The slot comes back unpinned and unindexed."""
+        if self._free:
+            return self._free.popleft()
+        slot = self.policy.victim(lambda s: True)
+        if slot is None:
+            return None
+        h = self._hash_of.pop(slot)
+        del self._slot_of[h]
+        self.policy.forget(slot)
+        on_evict(slot, h)
+        return slot
+
+    def insert(self, h: int, slot: int) -> None:
+        """Indexes a slot acquired for hash h; unpinned slots become evictable."""
+        self._slot_of[h] = slot
+        self._hash_of[slot] = h
+        if self.pins[slot] == 0:
+            self.policy.add(slot)
+
+    def release_unindexed(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def hit(self, slot: int) -> None:
+        self.policy.hit(slot)
+        if slot in self.policy:
+            self.policy.add(slot)  # refresh recency (LRU order; harmless for GCLOCK)
+
+    def pin(self, slot: int) -> None:
+        if self.pins[slot] == 0:
+            self.policy.remove(slot)
+        self.pins[slot] += 1
+
+    def unpin(self, slot: int) -> None:
+        self.pins[slot] -= 1
+        assert self.pins[slot] >= 0
+        if self.pins[slot]:
+            return
+        if slot in self._hash_of:
+            self.policy.add(slot)
+        else:
+            self._free.append(slot)
+
+    def check(self, expected_pins: list[int]) -> None:
+        free = set(self._free)
+        assert len(free) == len(self._free), "a host slot is free twice"
+        assert self.pins == expected_pins, "host pin counts differ from the swapped sequences"
+        for slot in range(self.num_slots):
+            states = (slot in free) + (self.pins[slot] > 0) + (slot in self.policy)
+            assert states == 1, f"host slot {slot} is in {states} states"
+            if slot in self.policy:
+                assert slot in self._hash_of, "a cached host slot is not indexed"
+            if slot in free:
+                assert slot not in self._hash_of, "a free host slot is indexed"
+        assert all(self._hash_of[s] == h for h, s in self._slot_of.items())
+        assert len(self._slot_of) == len(self._hash_of)

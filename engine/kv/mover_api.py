@@ -1,0 +1,45 @@
+"""What the policy asks of a tier mover, and a do-nothing mover for pure-Python use (simulator,
+policy benchmarks, property tests). The real one is kv.tier_mover.TierMover (the only torch code)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Mover(Protocol):
+    def device_to_host(self, block: int, slot: int) -> None: ...
+    def host_to_device(self, slot: int, block: int) -> None: ...
+    def disk_write(self, h: int, tier: str, index: int) -> bool:
+        """Queues a write-behind of device block or host slot `index` (tier 'device'|'host') as hash h;
+        the data is copied before returning. False when the queue is full (the write is dropped)."""
+    def disk_read(self, h: int, block: int) -> bool:
+        """Reads h's file into device block; False (file deleted) when missing, corrupt or foreign."""
+    def disk_delete(self, h: int) -> None: ...
+    def disk_scan(self) -> list[int]:
+        """Hashes with files in the directory, oldest first."""
+    def flush(self) -> None: ...
+
+
+class NullMover:
+    """Moves nothing and reports success: for bookkeeping-only runs."""
+
+    def device_to_host(self, block: int, slot: int) -> None:
+        pass
+
+    def host_to_device(self, slot: int, block: int) -> None:
+        pass
+
+    def disk_write(self, h: int, tier: str, index: int) -> bool:
+        return True
+
+    def disk_read(self, h: int, block: int) -> bool:
+        return True
+
+    def disk_delete(self, h: int) -> None:
+        pass
+
+    def disk_scan(self) -> list[int]:
+        return []
+
+    def flush(self) -> None:
+        pass

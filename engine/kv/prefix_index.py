@@ -1,0 +1,65 @@
+"""Device prefix index: block hash <-> device block, with each entry's parent and child count (pure Python).
+
+The index is prefix-closed: an entry's parent is the root or another entry, because blocks are indexed
+in chain order and a block with indexed children is never dropped. A block is a leaf when no indexed
+block names it as parent; only leaves are evicted, so no cached block is ever orphaned."""
+
+from __future__ import annotations
+
+from kvloop.engine.kv.hashing import ROOT
+
+
+class PrefixIndex:
+    def __init__(self) -> None:
+        self._slot_of: dict[int, int] = {}
+        self._entry: dict[int, tuple[int, int]] = {}  # slot -> (hash, parent hash)
+        self._children: dict[int, int] = {}  # hash -> number of indexed children
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def slot_of(self, h: int) -> int | None:
+        return self._slot_of.get(h)
+
+    def hash_of(self, slot: int) -> int | None:
+        entry = self._entry.get(slot)
+        return None if entry is None else entry[0]
+
+    def add(self, slot: int, h: int, parent: int) -> None:
+        assert h not in self._slot_of and slot not in self._entry
+        self._slot_of[h] = slot
+        self._entry[slot] = (h, parent)
+        if parent != ROOT:
+            self._children[parent] = self._children.get(parent, 0) + 1
+
+    def remove(self, slot: int) -> int:
+        h, parent = self._entry.pop(slot)
+        del self._slot_of[h]
+        assert not self._children.get(h), "removing an indexed block that still has children"
+        self._children.pop(h, None)
+        if parent != ROOT:
+            left = self._children[parent] - 1
+            if left:
+                self._children[parent] = left
+            else:
+                del self._children[parent]
+        return h
+
+    def num_children(self, h: int) -> int:
+        return self._children.get(h, 0)
+
+    def is_leaf(self, slot: int) -> bool:
+        return not self._children.get(self._entry[slot][0])
+
+    def entries(self) -> dict[int, tuple[int, int]]:
+        return dict(self._entry)
+
+    def check(self) -> None:
+        children: dict[int, int] = {}
+        for slot, (h, parent) in self._entry.items():
+            assert self._slot_of[h] == slot, "hash and slot maps disagree"
+            if parent != ROOT:
+                assert parent in self._slot_of, "an indexed block's parent is not indexed (orphan)"
+                children[parent] = children.get(parent, 0) + 1
+        assert len(self._slot_of) == len(self._entry)
+        assert children == self._children, "child counts are wrong"

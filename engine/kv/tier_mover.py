@@ -1,0 +1,145 @@
+"""The only code that moves K/V tensors between tiers: device pool <-> host tier copies, and the disk
+tier's files, written behind by a background thread through a bounded queue (a full queue drops the
+write, the caller counts it; the step never waits on disk). Reads verify the file header and checksum;
+a bad file is deleted and reported as a miss."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from pathlib import Path
+
+import torch
+from kvloop.engine.kv import disk_format as fmt
+
+
+class TierMover:
+    def __init__(self, kv_cache: torch.Tensor, host_slots: int = 0, disk_dir: str | None = None,
+                 fingerprint: str = "", queue_size: int = 64):
+        self.kv = kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
+        layers, two, _, bs, heads, dim = kv_cache.shape
+        self.block_shape = [layers, two, bs, heads, dim]
+        self.dtype_name = str(kv_cache.dtype).removeprefix("torch.")
+        self.fingerprint = fingerprint
+        self.host = None
+        if host_slots:
+            # empty: pages are only touched when used; pinned on CUDA for fast copies
+            self.host = torch.empty((layers, two, host_slots, bs, heads, dim), dtype=kv_cache.dtype,
+                                    pin_memory=kv_cache.is_cuda)
+        self.dir = Path(disk_dir) if disk_dir else None
+        self._pending: dict[int, torch.Tensor] = {}  # queued writes, readable before they land
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._writer = None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
+            self._writer.start()
+
+    @classmethod
+    def for_manager(cls, kv, kv_cache: torch.Tensor, fingerprint: str) -> TierMover:
+        cfg = kv.config
+        return cls(kv_cache, kv.host.num_slots if kv.host is not None else 0, cfg.disk_dir if kv.disk is not None else None,
+                   fingerprint, cfg.disk_queue_size)
+
+    # ---- device <-> host ------------------------------------------------------------------------
+    def device_to_host(self, block: int, slot: int) -> None:
+        self.host[:, :, slot].copy_(self.kv[:, :, block])
+
+    def host_to_device(self, slot: int, block: int) -> None:
+        self.kv[:, :, block].copy_(self.host[:, :, slot])
+
+    # ---- disk -----------------------------------------------------------------------------------
+    def disk_write(self, h: int, tier: str, index: int) -> bool:
+        if self._queue.full():
+            return False
+        src = (self.kv if tier == "device" else self.host)[:, :, index]
+        data = torch.empty(self.block_shape, dtype=self.kv.dtype).copy_(src)
+        with self._lock:
+            self._pending[h] = data
+        try:
+            self._queue.put_nowait((h, data))
+        except queue.Full:
+            with self._lock:
+                self._pending.pop(h, None)
+            return False
+        return True
+
+    def disk_read(self, h: int, block: int) -> bool:
+        with self._lock:
+            data = self._pending.get(h)
+        if data is not None:
+            self.kv[:, :, block].copy_(data)
+            return True
+        path = self.dir / fmt.file_name(h)
+        try:
+            with open(path, "rb") as f:
+                buf = bytearray(os.fstat(f.fileno()).st_size)
+                f.readinto(buf)
+            payload = fmt.decode(memoryview(buf), h, self.fingerprint, self.dtype_name, self.block_shape)
+            tensor = torch.frombuffer(payload, dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
+            self.kv[:, :, block].copy_(tensor)
+            return True
+        except (OSError, fmt.BadBlockFile, RuntimeError):
+            path.unlink(missing_ok=True)
+            return False
+
+    def disk_delete(self, h: int) -> None:
+        with self._lock:
+            self._pending.pop(h, None)
+            (self.dir / fmt.file_name(h)).unlink(missing_ok=True)
+
+    def disk_scan(self) -> list[int]:
+        """Hashes with block files, oldest first; leftovers of interrupted writes are removed."""
+        if self.dir is None:
+            return []
+        found = []
+        for entry in os.scandir(self.dir):
+            if entry.name.endswith(".tmp"):
+                Path(entry.path).unlink(missing_ok=True)
+                continue
+            h = fmt.parse_name(entry.name)
+            if h is not None and entry.is_file():
+                found.append((entry.stat().st_mtime, h))
+        return [h for _, h in sorted(found)]
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._queue.join()
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = None
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except OSError:
+                pass  # a failed write is a later miss; the reader deletes what is left
+            finally:
+                self._queue.task_done()
+
+    def _write(self, h: int, data: torch.Tensor) -> None:
+        with self._lock:
+            if self._pending.get(h) is not data:
+                return  # deleted (evicted) before it was written
+        payload = memoryview(data.view(torch.uint8).numpy()).cast("B")
+        name = fmt.file_name(h)
+        tmp = self.dir / f".{name}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(fmt.encode_header(h, self.fingerprint, self.dtype_name, self.block_shape, payload))
+            f.write(payload)
+        with self._lock:
+            if self._pending.get(h) is data:
+                os.replace(tmp, self.dir / name)
+                del self._pending[h]
+            else:
+                tmp.unlink(missing_ok=True)

@@ -1,0 +1,60 @@
+"""Fixtures for KV tests: the embedded model once per session in fp32 (a small copy of the idea in
+tests/engine/conftest.py), and engines with a chosen KV config over it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
+from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.model.locate import embedded_model_path
+from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.scheduler import SchedulerConfig
+from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+torch.set_num_threads(1)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="session")
+def checkpoint() -> Checkpoint:
+    return load_checkpoint(embedded_model_path(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def fp32_model(checkpoint) -> LlamaModel:
+    return LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint) -> Tokenizer:
+    return Tokenizer.from_source(checkpoint.tokenizer_source)
+
+
+@pytest.fixture(scope="session")
+def make_engine(fp32_model, tokenizer, checkpoint):
+    """An fp32 engine with a small pool; `kv` keywords go to KVConfig (host tier off unless given)."""
+
+    def make(kv_cache_tokens: int = 2048, fingerprint: str | None = None, **kv) -> EngineCore:
+        kv.setdefault("host_cache_tokens", 0)
+        cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=kv_cache_tokens,
+                           scheduler=SchedulerConfig(max_num_batched_tokens=1024), kv=KVConfig(**kv))
+        return EngineCore(cfg, model=fp32_model, tokenizer=tokenizer,
+                          fingerprint=checkpoint.fingerprint if fingerprint is None else fingerprint,
+                          model_name=checkpoint.name)
+
+    return make
+
+
+def run(engine: EngineCore, rid: str, ids: list[int], n: int = 4):
+    """Runs one request to completion; returns (output, the sequence, engine snapshot afterwards)."""
+    seq = engine.add_request(rid, ids, greedy(n))
+    out = engine.drain(max_steps=200)[rid]
+    engine.scheduler.check_integrity()
+    return out, seq
