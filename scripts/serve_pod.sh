@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One local "pod": the engine (`kvloop serve`) and its feedback sidecar (`kvloop sidecar`) sharing a
+# control block in /dev/shm, as the two containers share an emptyDir in a cluster. Ctrl-C (or a
+# TERM) stops both; if either exits on its own, the other is stopped too.
+#   env: KVLOOP HOST PORT SIDECAR_PORT CONTROL SIDECAR_CONFIG SIDECAR_ARGS; extra arguments go to serve.
+set -uo pipefail
+KVLOOP=${KVLOOP:-.venv/bin/kvloop}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+SIDECAR_PORT=${SIDECAR_PORT:-9090}
+CONTROL=${CONTROL:-/dev/shm/kvloop-control-${PORT}.bin}
+
+"$KVLOOP" serve --host "$HOST" --port "$PORT" --control-file "$CONTROL" "$@" &
+engine=$!
+# shellcheck disable=SC2086  # SIDECAR_ARGS is a list of words on purpose
+"$KVLOOP" sidecar --control "$CONTROL" --host "$HOST" --port "$SIDECAR_PORT" \
+    ${SIDECAR_CONFIG:+--config "$SIDECAR_CONFIG"} ${SIDECAR_ARGS:-} &
+sidecar=$!
+echo "serve_pod: engine pid $engine on $HOST:$PORT, sidecar pid $sidecar on $HOST:$SIDECAR_PORT, control $CONTROL"
+
+stop() {
+    trap - INT TERM
+    kill -TERM "$engine" "$sidecar" 2>/dev/null
+    for _ in $(seq 50); do  # up to 10 s for a graceful exit, then KILL
+        kill -0 "$engine" 2>/dev/null || kill -0 "$sidecar" 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -KILL "$engine" "$sidecar" 2>/dev/null
+    wait "$engine" "$sidecar" 2>/dev/null
+}
+trap 'stop; exit 0' INT TERM
+wait -n "$engine" "$sidecar"
+rc=$?
+echo "serve_pod: a process exited ($rc); stopping the other"
+stop
+exit "$rc"
