@@ -78,20 +78,20 @@ class Coordinator:
         self.stale = False
         self.snapshot = snap
         if snap["start_id"] != self.start_id:
-            restarted = self.start_id is not None
+            first = self.start_id is None
             self.start_id = snap["start_id"]
             self.window = PeriodWindow()
-            if restarted:
-                self._start_over()
+            self._start_over(snap, first)
         self.window.add(snap)
         return snap
 
-    def _start_over(self) -> None:
+    def _start_over(self, snap: dict, first: bool) -> None:
         """A new engine start: forget the old state, go back to the initial targets."""
         old = (self.law.batch_cap, self.law.watermark)
-        self.law.reset()
-        decisions = [Decision("batch_cap", old[0], self.law.batch_cap, "engine_restart"),
-                     Decision("watermark", old[1], self.law.watermark, "engine_restart")]
+        self.law.reset(snap["batch_cap"], snap["watermark"])
+        reason = "engine_start" if first else "engine_restart"
+        decisions = [Decision("batch_cap", old[0], self.law.batch_cap, reason),
+                     Decision("watermark", old[1], self.law.watermark, reason)]
         self._record(decisions)
         self._write()
         self.period_start = self.clock()

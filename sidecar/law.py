@@ -65,11 +65,14 @@ class ControlLaw:
         self.settings = settings
         self.reset()
 
-    def reset(self) -> None:
-        """Back to the initial targets (a new engine start)."""
+    def reset(self, engine_cap: int | None = None, engine_watermark: float | None = None) -> None:
+        """Back to the initial targets (a new engine start): the settings' initial values, else the
+        engine's own (from its snapshot), else the lower bound; clamped into the bounds."""
         s = self.settings
-        self.batch_cap = int(s.batch_cap.initial)
-        self.watermark = float(s.watermark.initial)
+        cap = s.batch_cap.initial if s.batch_cap.initial is not None else engine_cap
+        mark = s.watermark.initial if s.watermark.initial is not None else engine_watermark
+        self.batch_cap = int(s.batch_cap.clamp(cap if cap else s.batch_cap.min))
+        self.watermark = float(s.watermark.clamp(mark if mark is not None and mark == mark else s.watermark.min))
         self._streak = {"cap_up": 0, "w_up": 0, "w_down": 0}
         self.quiet_periods = 0  # consecutive periods without a change
 

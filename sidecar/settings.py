@@ -6,7 +6,7 @@ Shape (every key optional)::
     period_s: 30
     stale_after_s: 120       # the engine's staleness limit for targets (the sidecar refreshes well before)
     snapshot_stale_s: 60     # a snapshot older than this makes the coordinator hold (default 2 periods, >= 5 s)
-    batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}
+    batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}   # no initial: the engine's own value
     watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}
     targets: {ttft_p99_s: 2.0, max_queue_depth: 16}
     law: {kv_band_low: 0.85, kv_band_high: 0.95, cut_factor: 0.75, raise_fraction: 0.25,
@@ -36,7 +36,7 @@ class Bounds:
     min: float
     max: float
     max_step: float
-    initial: float
+    initial: float | None  # None: take the engine's own value from its first snapshot
 
     def clamp(self, value: float) -> float:
         return min(self.max, max(self.min, value))
@@ -61,8 +61,8 @@ class Settings:
     period_s: float = 30.0
     stale_after_s: float = 120.0
     snapshot_stale_s: float | None = None
-    batch_cap: Bounds = Bounds(1, 64, 8, 32)
-    watermark: Bounds = Bounds(0.0, 0.9, 0.1, 0.3)
+    batch_cap: Bounds = Bounds(1, 64, 8, None)
+    watermark: Bounds = Bounds(0.0, 0.9, 0.1, None)
     ttft_p99_s: float | None = None
     max_queue_depth: int = 0
     law: LawParams = field(default_factory=LawParams)
@@ -78,14 +78,15 @@ class Settings:
 
 def _bounds(raw: dict, default: Bounds, integer: bool) -> Bounds:
     conv = int if integer else float
-    b = Bounds(*(conv(raw.get(k, getattr(default, k))) for k in ("min", "max", "max_step", "initial")))
+    b = Bounds(*(conv(raw.get(k, getattr(default, k))) for k in ("min", "max", "max_step")),
+               initial=None if raw.get("initial") is None else conv(raw["initial"]))
     if not b.min <= b.max or b.max_step <= 0:
         raise SettingsError(f"bad bounds {b}")
     if integer and b.min < 1:
         raise SettingsError("batch_cap.min must be >= 1")
     if not integer and not 0.0 <= b.min <= b.max < 1.0:
         raise SettingsError("watermark bounds must lie in [0, 1)")
-    return replace(b, initial=b.clamp(b.initial))
+    return b if b.initial is None else replace(b, initial=b.clamp(b.initial))
 
 
 def parse_settings(raw: dict | None) -> Settings:

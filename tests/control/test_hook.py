@@ -56,3 +56,18 @@ def test_scheduler_setter_preferred(tmp_path):
     SidecarLink(tmp_path / "c.bin").write_targets(7, None)
     hook.after_step(engine, [])
     assert calls == [7]
+
+
+def test_idle_heartbeat_publishes_and_polls(tmp_path):
+    import time
+
+    engine = FakeEngine()
+    hook = EngineControl.attach(engine, tmp_path / "c.bin", heartbeat_s=0.05)
+    side = SidecarLink(tmp_path / "c.bin")
+    side.write_targets(3, None)
+    deadline = time.monotonic() + 5
+    while engine.scheduler.config.max_num_seqs != 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.scheduler.config.max_num_seqs == 3  # applied with no step at all
+    assert side.read_snapshot()["step"] >= 1
+    hook.close()

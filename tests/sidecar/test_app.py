@@ -21,20 +21,21 @@ def test_registry_lists_names_without_a_coordinator():
 def test_endpoints(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
     coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
-    engine.publish({"num_waiting": 0, "num_running": 1, "kv_usage": 0.1})
+    engine.publish({"num_waiting": 0, "num_running": 1, "kv_usage": 0.1, "batch_cap": 8, "kv_watermark": 0.25})
     coord.sample()
     coord.tick()
     client = TestClient(build_app(coord))
     health = client.get("/healthz")
     assert health.status_code == 200 and health.json()["ok"] and not health.json()["stale"]
     text = client.get("/metrics").text
-    assert "kvloop:feedback_batch_cap 32.0" in text  # the default settings' initial cap
+    assert "kvloop:feedback_batch_cap 8.0" in text  # no initial in the settings: the engine's own cap
+    assert "kvloop:feedback_watermark 0.25" in text
     assert 'kvloop:feedback_decisions_total{knob="watermark",reason="hysteresis"} 1.0' in text
     assert "kvloop:feedback_stale_reads_total 0.0" in text
     assert "kvloop:feedback_last_decision_timestamp_seconds" in text
     status = client.get("/status", params={"limit": 5}).json()
-    assert status["mode"] == "enforce" and len(status["decisions"]) == 2
-    assert {d["knob"] for d in status["decisions"]} == {"batch_cap", "watermark"}
+    assert status["mode"] == "enforce" and len(status["decisions"]) == 4
+    assert [d["reason"] for d in status["decisions"]][:2] == ["engine_start"] * 2
     assert status["snapshot"]["num_running"] == 1 and status["snapshot"]["ttft_p99_s"] is None
     dead = TestClient(build_app(coord, alive=lambda: False))
     assert dead.get("/healthz").status_code == 503

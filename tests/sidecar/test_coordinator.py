@@ -127,3 +127,12 @@ def test_settings_change_reclamps(setup, tmp_path):
     os.utime(cfg, ns=(1, 10**18))
     coord.sample()
     assert coord.law.batch_cap == 12 and coord.settings.batch_cap.max == 12
+
+
+def test_initial_targets_from_the_engine_when_settings_have_none(tmp_path):
+    engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
+    coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
+    engine.publish({"batch_cap": 100, "kv_watermark": 0.45})
+    coord.sample()
+    assert coord.law.batch_cap == 64 and coord.law.watermark == 0.45  # clamped into the default bounds
+    assert [d["reason"] for d in coord.status()["decisions"]] == ["engine_start"] * 2
