@@ -11,15 +11,10 @@ from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.locate import embedded_model_path
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +45,3 @@ def make_engine(fp32_model, tokenizer, checkpoint):
                           model_name=checkpoint.name)
 
     return make
-
-
-def run(engine: EngineCore, rid: str, ids: list[int], n: int = 4):
-    """Runs one request to completion; returns (output, the sequence, engine snapshot afterwards)."""
-    seq = engine.add_request(rid, ids, greedy(n))
-    out = engine.drain(max_steps=200)[rid]
-    engine.scheduler.check_integrity()
-    return out, seq
