@@ -8,6 +8,7 @@ during long prefills (measured against a separate engine process: see bench/resu
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -125,6 +126,13 @@ class AsyncEngine:
             raise EngineDead(self.dead)
         return RequestGroup(self)
 
+    def call_in_engine(self, fn: Callable) -> concurrent.futures.Future:
+        """Runs fn(engine_core) on the engine thread between steps (integrity checks, live knobs)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.append(("call", fn, future))
+        self._wake.set()
+        return future
+
     def check_capacity(self, count: int) -> None:
         if len(self._members) + count > self.max_pending:
             if self.metrics:
@@ -230,6 +238,13 @@ class AsyncEngine:
             op = self._inbox.popleft()
             if op[0] == "abort":
                 eng.abort(op[1])
+                continue
+            if op[0] == "call":
+                _, fn, future = op
+                try:
+                    future.set_result(fn(eng))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    future.set_exception(exc)
                 continue
             _, rid, ids, params, user, arrival = op
             try:

@@ -20,6 +20,7 @@ from kvloop.engine.server.serving import (
     check_model,
     check_prompt,
     check_unsupported,
+    encode,
     first_output,
     sampling_params,
     sse,
@@ -34,7 +35,7 @@ def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
         text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
     except TemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-    return engine.tokenizer.encode(text)
+    return encode(engine, text, "messages")
 
 
 def token_logprobs(engine: AsyncEngine, pairs) -> list[dict]:

@@ -19,6 +19,7 @@ from kvloop.engine.server.serving import (
     check_model,
     check_prompt,
     check_unsupported,
+    encode,
     first_output,
     sampling_params,
     sse,
@@ -28,13 +29,13 @@ from kvloop.engine.server.serving import (
 
 def prompts_of(engine: AsyncEngine, prompt) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [engine.tokenizer.encode(prompt)]
-    if len(prompt) > MAX_CHOICES:
-        raise bad_request(f"at most {MAX_CHOICES} prompts per request", "prompt")
+        return [encode(engine, prompt, "prompt")]
     if isinstance(prompt[0], int):
         return [list(prompt)]
+    if len(prompt) > MAX_CHOICES:
+        raise bad_request(f"at most {MAX_CHOICES} prompts per request", "prompt")
     if isinstance(prompt[0], str):
-        return [engine.tokenizer.encode(p) for p in prompt]
+        return [encode(engine, p, "prompt") for p in prompt]
     return [list(p) for p in prompt]
 
 

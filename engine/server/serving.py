@@ -49,6 +49,15 @@ def check_unsupported(req: _Sampling, echo: bool = False, suffix: str | None = N
         raise bad_request("suffix is not supported by this server", "suffix")
 
 
+def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
+    """Tokenizes; a lone surrogate (valid JSON, not valid Unicode text) is the client's error, not ours."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"{param} is not valid Unicode text: {exc.reason} at position {exc.start}", param) from exc
+    return engine.tokenizer.encode(text)
+
+
 def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, param: str) -> int:
     """Returns the effective max_tokens (the rest of the context when not given)."""
     limit = engine.max_model_len

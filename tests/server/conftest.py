@@ -1,0 +1,122 @@
+"""One live server for the whole session: the embedded model in fp32 on one torch thread, a small KV pool,
+uvicorn on 127.0.0.1 with a free port, run in a background thread."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import torch
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.model.checkpoint import load_checkpoint
+from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.model.locate import embedded_model_path
+from kvloop.engine.scheduler.scheduler import SchedulerConfig
+from kvloop.engine.server.async_engine import AsyncEngine
+from kvloop.engine.server.launch import build_server
+from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+torch.set_num_threads(1)
+
+MAX_MODEL_LEN = 1024
+KV_TOKENS = 4096
+MAX_PENDING = 24
+
+
+@dataclass
+class LiveServer:
+    url: str
+    engine: EngineCore
+    async_engine: AsyncEngine
+    app: object
+
+    def wait_idle(self, timeout: float = 20.0) -> dict:
+        """Until nothing is in flight and the engine holds no request; returns the last snapshot."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            snap = self.in_engine(lambda e: {**e.snapshot(), "unfinished": e.has_unfinished()})
+            if self.async_engine.num_in_flight == 0 and not snap["unfinished"]:
+                return snap
+            time.sleep(0.05)
+        raise AssertionError(f"engine not idle after {timeout} s: {self.async_engine.snapshot()}")
+
+    def in_engine(self, fn):
+        return self.async_engine.call_in_engine(fn).result(timeout=30)
+
+    def assert_no_leak(self) -> None:
+        """Integrity holds and no block is referenced: every block is free or (once the prefix cache lands)
+        cached."""
+        self.wait_idle()
+
+        def check(e: EngineCore) -> tuple[int, int, int]:
+            e.scheduler.check_integrity()
+            held = sum(1 for rc in e.kv.pool.ref_counts if rc > 0) if hasattr(e.kv, "pool") else 0
+            return held, len(e.scheduler.running), len(e.scheduler.waiting)
+
+        assert self.in_engine(check) == (0, 0, 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_args(**overrides) -> argparse.Namespace:
+    base = dict(max_pending=MAX_PENDING, request_timeout=60.0, served_model_name=None, api_key=None,
+                allowed_origins=None, max_body_bytes=1 << 20)
+    return argparse.Namespace(**{**base, **overrides})
+
+
+@pytest.fixture(scope="session")
+def core_engine() -> EngineCore:
+    ckpt = load_checkpoint(embedded_model_path(), progress=False)
+    model = LlamaModel(ckpt.config, ckpt.weights, torch.float32)
+    cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS,
+                       scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256,
+                                                 max_model_len=MAX_MODEL_LEN))
+    return EngineCore(cfg, model=model, tokenizer=Tokenizer.from_source(ckpt.tokenizer_source),
+                      fingerprint=ckpt.fingerprint, model_name=ckpt.name)
+
+
+@pytest.fixture(scope="session")
+def server(core_engine) -> LiveServer:
+    import uvicorn
+
+    app, async_engine = build_server(core_engine, _serve_args())
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    else:
+        raise RuntimeError("the test server did not become ready")
+    yield LiveServer(url, core_engine, async_engine, app)
+    srv.should_exit = True
+    thread.join(timeout=15)
+
+
+@pytest.fixture(scope="session")
+def http(server) -> httpx.Client:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def oai(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)

@@ -1,0 +1,82 @@
+"""/metrics parses with prometheus_client's own parser and carries the kvloop: names and vLLM aliases."""
+
+from __future__ import annotations
+
+from kvloop.engine.server.metrics import build_registry
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+VLLM = ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"]
+KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
+          "kvloop:prefix_cache_queries", "kvloop:prefix_cache_hits", "kvloop:num_preemptions",
+          "kvloop:requests_rejected", "kvloop:oom_events", "kvloop:time_to_first_token_seconds",
+          "kvloop:inter_token_latency_seconds", "kvloop:e2e_request_latency_seconds",
+          "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
+          "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
+          "kvloop:cache_admissions_refused", "kvloop:eviction_regret", "kvloop:cache_config_info"]
+HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+              "request_queue_time_seconds"]
+
+
+def scrape(http) -> dict:
+    resp = http.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(resp.text)}
+
+
+def value(family, **labels) -> float:
+    return sum(s.value for s in family.samples
+               if s.name.endswith(("_total", "_count")) or s.name == family.name
+               if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_names_present_and_moving(http, server):
+    before = scrape(http)
+    assert set(VLLM + KVLOOP) <= set(before), sorted(set(VLLM + KVLOOP) - set(before))
+    for name in HISTOGRAMS:
+        assert before[f"vllm:{name}"].type == "histogram" and before[f"kvloop:{name}"].type == "histogram"
+    assert before["vllm:prompt_tokens"].type == "counter"
+    assert {s.labels["tier"] for s in before["kvloop:kv_cache_usage_perc"].samples} >= {"device"}
+    assert value(before["kvloop:batch_cap"]) == server.engine.scheduler.batch_cap
+    info = before["kvloop:cache_config_info"].samples[0].labels
+    assert info["block_size"] == str(server.engine.config.block_size)
+
+    resp = http.post("/v1/completions", json={"model": "default", "prompt": "Hello there", "max_tokens": 3,
+                                              "temperature": 0})
+    assert resp.status_code == 200
+    http.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    after = scrape(http)
+    assert value(after["vllm:request_success"], finished_reason="length") >= \
+        value(before["vllm:request_success"], finished_reason="length") + 1
+    assert value(after["vllm:generation_tokens"]) >= value(before["vllm:generation_tokens"]) + 3
+    assert value(after["vllm:prompt_tokens"]) > value(before["vllm:prompt_tokens"])
+    ttft = [s for s in after["vllm:time_to_first_token_seconds"].samples if s.name.endswith("_count")]
+    assert ttft and ttft[0].value >= 1
+    itl = [s for s in after["kvloop:inter_token_latency_seconds"].samples if s.name.endswith("_count")]
+    assert itl[0].value >= 2
+
+
+def test_build_registry_lists_every_name():
+    names = {f.name for f in text_string_to_metric_families(generate_latest(build_registry()).decode())}
+    assert set(VLLM + KVLOOP) <= names
+
+
+def test_metrics_read_future_snapshot_keys():
+    """Keys the KV manager and scheduler will add are picked up without code changes."""
+    from kvloop.engine.server.metrics import EngineMetrics
+
+    snap = {"num_waiting": 2, "kv_usage_by_tier": {"device": 0.5, "host": 0.25},
+            "prefix_cache_queries": 100, "prefix_cache_hits_by_tier": {"device": 40, "host": 10},
+            "num_preemptions_by_kind": {"swap": 1, "recompute": 2}, "watermark": 0.3, "evictions": 7}
+    reg = EngineMetrics("m", lambda: snap).registry
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    assert value(fams["vllm:prefix_cache_hits"]) == 50
+    assert value(fams["kvloop:prefix_cache_hits"], tier="host") == 10
+    assert value(fams["vllm:num_preemptions"]) == 3
+    assert value(fams["kvloop:kv_cache_usage_perc"], tier="host") == 0.25
+    assert value(fams["vllm:kv_cache_usage_perc"]) == 0.5
+    assert value(fams["kvloop:retention_watermark"]) == 0.3
+    assert value(fams["kvloop:cache_evictions"]) == 7
