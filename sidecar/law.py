@@ -7,7 +7,7 @@ Batch cap (KV band [low, high], default 0.85-0.95):
      (cap * cut_factor), at once;
   2. a TTFT objective is missed while requests queue and KV is below the band -> raise at once
      (queueing is what the cap can fix);
-  3. requests queue (more than max_queue_depth), the cap binds (running >= cap_binding * cap),
+  3. requests queue (more than max_queue_depth), the cap binds (running reached cap_binding * cap),
      KV is below the band, no rejections -> raise by raise_fraction of the cap once the condition
      has held for hysteresis_periods periods;
   4. otherwise hold (the reason says which condition failed).
@@ -42,6 +42,7 @@ class Observation:
     oom_events: int = 0
     hit_rate: float | None = None  # prefix-cache token hit rate over the period; None: no queries
     ttft_p99_s: float | None = None
+    running_max: float | None = None  # most running at any sample of the period (None: the mean)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ControlLaw:
         if ttft_missed and o.queue_depth > 0 and headroom and not o.rejections:
             self._streak["cap_up"] = 0
             return self._move("batch_cap", cap, up, s.batch_cap, "ttft_objective")
-        binding = o.running >= p.cap_binding * cap
+        binding = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * cap
         if not queued or not headroom or not binding or o.rejections:
             self._streak["cap_up"] = 0
             why = ("no_queue" if not queued else "kv_in_band" if not headroom

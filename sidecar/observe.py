@@ -22,6 +22,7 @@ class PeriodWindow:
         self.n = 0
         self.sums = {"num_waiting": 0.0, "num_running": 0.0, "kv_use_device": 0.0}
         self.kv_max = 0.0
+        self.running_max = 0.0
 
     def add(self, snap: dict) -> None:
         if self.first is None:
@@ -31,6 +32,7 @@ class PeriodWindow:
         for key in self.sums:
             self.sums[key] += float(snap[key])
         self.kv_max = max(self.kv_max, float(snap["kv_use_device"]))
+        self.running_max = max(self.running_max, float(snap["num_running"]))
 
     def next(self) -> PeriodWindow:
         return PeriodWindow(self.last)
@@ -52,6 +54,7 @@ class PeriodWindow:
         return Observation(
             queue_depth=self.sums["num_waiting"] / self.n,
             running=self.sums["num_running"] / self.n,
+            running_max=self.running_max,
             kv_use=self.sums["kv_use_device"] / self.n,
             preemptions=self.delta("preemptions"),
             rejections=self.delta("rejections"),
