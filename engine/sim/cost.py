@@ -1,0 +1,120 @@
+"""Roofline step-time model: bytes over bandwidth, FLOPs over peak, each scaled by an efficiency,
+plus fixed and per-sequence overheads (pure arithmetic, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama-family decoder, enough to count bytes and FLOPs."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    dtype_bytes: int = 2  # weights and KV
+    tied_embeddings: bool = False
+
+    @property
+    def layer_params(self) -> int:
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.ffn
+        return q_o + k_v + mlp
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights multiplied by every token (all layers; the output head counts per sampled token)."""
+        return self.layers * self.layer_params
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Weights streamed once per step: every layer plus the output head (the embedding table is
+        only gathered, a few rows per token, unless it is tied to the head, which is read anyway)."""
+        return (self.matmul_params + self.head_params) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    mem_bw: float  # bytes/s
+    peak_flops: float  # FLOP/s (dense, the model's dtype)
+    mem_bytes: float  # device memory
+    link_bw: float = 25e9  # device <-> host copies (swap, demotion, promotion), bytes/s
+    disk_bw: float = 2e9  # disk tier reads, bytes/s
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What the roofline leaves out: achieved shares of bandwidth and peak, and fixed costs."""
+
+    bw: float = 0.8
+    flops: float = 0.6
+    step_overhead_s: float = 0.0  # launch, scheduling, sampling per step
+    seq_overhead_s: float = 0.0  # per sequence in the step (metadata, sampler)
+    token_overhead_s: float = 0.0  # per token computed (elementwise ops that neither term covers)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    seconds: float
+    bytes: float
+    flops: float
+    memory_bound: bool
+
+
+class CostModel:
+    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency):
+        self.model, self.hw, self.eff = model, hw, eff
+        m = model
+        self._w_bytes = float(m.weight_bytes_per_step)
+        self._kv_tok = float(m.kv_bytes_per_token)
+        self._flop_tok = 2.0 * m.matmul_params
+        self._flop_head = 2.0 * m.head_params
+        # QK^T and PV: 2 FLOPs per multiply-add, two products, every query head of every layer.
+        self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim
+        self._bw = hw.mem_bw * eff.bw
+        self._peak = hw.peak_flops * eff.flops
+
+    def step(self, tokens: int, seqs: int, samples: int, ctx_read: float, attn_pairs: float) -> StepCost:
+        """tokens computed; seqs in the step; samples = rows that go through the output head;
+        ctx_read = KV tokens read (each sequence's context up to its last new token);
+        attn_pairs = sum over new tokens of the positions they attend to."""
+        byts = self._w_bytes + self._kv_tok * (ctx_read + tokens)  # read the context, write the new K/V
+        flops = self._flop_tok * tokens + self._flop_head * samples + self._flop_attn * attn_pairs
+        t_mem, t_cmp = byts / self._bw, flops / self._peak
+        e = self.eff
+        secs = max(t_mem, t_cmp) + e.step_overhead_s + e.seq_overhead_s * seqs + e.token_overhead_s * tokens
+        return StepCost(secs, byts, flops, t_mem >= t_cmp)
+
+    def transfer_seconds(self, host_blocks: int, disk_blocks: int, block_size: int) -> float:
+        """Tier traffic of one step, serialised with compute (no overlap assumed: conservative)."""
+        if not host_blocks and not disk_blocks:
+            return 0.0
+        b = self._kv_tok * block_size
+        return host_blocks * b / self.hw.link_bw + disk_blocks * b / self.hw.disk_bw
+
+    def step_for(self, items: list[tuple[int, int, bool]]) -> StepCost:
+        """items: (start, num_tokens, samples) per scheduled sequence."""
+        tokens = samples = 0
+        ctx = pairs = 0.0
+        for start, n, s in items:
+            tokens += n
+            samples += s
+            ctx += start
+            pairs += n * start + n * (n + 1) / 2  # causal within the chunk
+        return self.step(tokens, len(items), samples, ctx, pairs)

@@ -1,0 +1,74 @@
+"""Hardware + model profiles for the cost model. The CPU profile's efficiencies come from
+bench/sim_calibrate.py (real EngineCore steps on this machine); the GPU ones are stated assumptions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, ModelShape
+
+SMOLLM2_135M = ModelShape("SmolLM2-135M", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
+                          vocab=49152, dtype_bytes=2, tied_embeddings=True)
+LLAMA3_8B = ModelShape("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                       vocab=128256, dtype_bytes=2)
+
+# Nominal figures; the efficiencies carry what is actually reached.
+THIS_CPU = Hardware("this CPU (2 threads)", mem_bw=30e9, peak_flops=200e9, mem_bytes=8e9, link_bw=10e9,
+                    disk_bw=1e9)
+# PCIe Gen5 x16 moves about 50 GB/s each way in practice; a datacenter NVMe about 5 GB/s.
+H100 = Hardware("H100 SXM", mem_bw=3.35e12, peak_flops=989e12, mem_bytes=80e9, link_bw=50e9, disk_bw=5e9)
+H200 = Hardware("H200", mem_bw=4.8e12, peak_flops=989e12, mem_bytes=141e9, link_bw=50e9, disk_bw=5e9)
+
+# GPU assumptions: ~80% of bandwidth on weight/KV streaming and ~60% MFU on prefill GEMMs (what
+# vLLM-class engines reach with CUDA graphs and FlashAttention), 1 ms of launch/schedule/sample per
+# step and a few microseconds per sequence of metadata. Stated, not measured (no GPU here).
+GPU_EFF = Efficiency(bw=0.8, flops=0.6, step_overhead_s=1.0e-3, seq_overhead_s=5e-6)
+# Placeholder for this CPU until bench/sim_calibrate.py has run (its output file overrides it).
+CPU_EFF_DEFAULT = Efficiency(bw=0.45, flops=0.35, step_overhead_s=0.012, seq_overhead_s=2e-4)
+
+CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "bench" / "results" / "sim_calibration.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: ModelShape
+    hw: Hardware
+    eff: Efficiency
+    kv_pool_tokens: int  # device KV pool the engine would get
+    block_size: int = 16
+
+    def cost_model(self) -> CostModel:
+        return CostModel(self.model, self.hw, self.eff)
+
+
+def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, activations: float = 2e9) -> int:
+    """vLLM-style sizing: a share of device memory, minus weights and an activation reserve."""
+    free = hw.mem_bytes * utilization - (model.matmul_params + model.head_params * 2) * model.dtype_bytes
+    return int((free - activations) // model.kv_bytes_per_token) // 16 * 16
+
+
+def load_cpu_efficiency(path: str | Path | None = None) -> Efficiency:
+    p = Path(path) if path else CALIBRATION_FILE
+    if not p.exists():
+        return CPU_EFF_DEFAULT
+    fit = json.loads(p.read_text())["fit"]
+    return Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
+                                                    "token_overhead_s") if k in fit})
+
+
+def get_profile(name: str, calibration: str | Path | None = None, kv_pool_tokens: int | None = None) -> Profile:
+    if name == "cpu":
+        prof = Profile("cpu", SMOLLM2_135M, THIS_CPU, load_cpu_efficiency(calibration), kv_pool_tokens=24576)
+    elif name == "h100":
+        prof = Profile("h100", LLAMA3_8B, H100, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H100))
+    elif name == "h200":
+        prof = Profile("h200", LLAMA3_8B, H200, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H200))
+    else:
+        raise ValueError(f"unknown profile {name!r} (cpu, h100, h200)")
+    return replace(prof, kv_pool_tokens=kv_pool_tokens) if kv_pool_tokens else prof
+
+
+PROFILES = ("cpu", "h100", "h200")
