@@ -1,0 +1,169 @@
+"""Metrics as `vllm bench serve` reports them, plus server-side ones (pure Python).
+
+Client side, per request: TTFT (send to first token), TPOT ((E2E - TTFT) / (output tokens - 1)), ITL (gaps
+between streamed chunks), E2E. Run level: request and token throughput over the makespan (first send to
+last finish), mean/P50/P90/P99 of each latency, goodput (requests meeting the per-request SLOs, per
+second) and whether the run as a whole meets the SLOs at P99. Server side from periodic snapshots of
+the engine's counters: hit rate per tier, KV use over time, preemptions, rejections, out-of-memory events."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PERCENTILES = (50, 90, 99)
+TIERS = ("device", "host", "disk")
+
+
+@dataclass
+class SLO:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.100
+
+
+@dataclass
+class RequestRecord:
+    """What a client saw of one request. Times are seconds on one clock (the driver's)."""
+
+    request_id: str
+    kind: str = ""
+    send_s: float = 0.0
+    first_token_s: float | None = None
+    end_s: float | None = None
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each streamed chunk with tokens
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server reported as served from cache
+    error: str | None = None  # None: success; "rejected: ...", "oom: ...", other text: failure
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end_s is not None and self.first_token_s is not None
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token_s - self.send_s
+
+    @property
+    def e2e(self) -> float:
+        return self.end_s - self.send_s
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
+
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
+    out = {f"{prefix}_mean_s": sum(xs) / len(xs) if xs else math.nan}
+    for q in PERCENTILES:
+        out[f"{prefix}_p{q}_s"] = percentile(xs, q)
+    return out
+
+
+def client_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dict:
+    """The `vllm bench serve` summary of one run."""
+    slo = slo or SLO()
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    start = min((r.send_s for r in records), default=0.0)
+    end = max((r.end_s for r in ok), default=start)
+    duration = max(end - start, 1e-9)
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    tpots = [t for r in ok if (t := r.tpot) is not None]
+    good = [r for r in ok if r.ttft <= slo.ttft_s and (r.tpot is None or r.tpot <= slo.tpot_s)]
+    m = {
+        "completed": len(ok),
+        "failed": len(failed),
+        "rejections": sum(1 for r in failed if (r.error or "").startswith("rejected")),
+        "client_oom_errors": sum(1 for r in failed if "oom" in (r.error or "").lower()
+                                 or "out of memory" in (r.error or "").lower()),
+        "duration_s": duration,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput_req_s": len(ok) / duration,
+        "output_throughput_tok_s": out_tokens / duration,
+        "total_token_throughput_tok_s": (in_tokens + out_tokens) / duration,
+        "goodput_req_s": len(good) / duration,
+        "cached_prompt_share": (sum(r.cached_tokens for r in ok) / in_tokens) if in_tokens else 0.0,
+    }
+    m.update(_stats("ttft", [r.ttft for r in ok]))
+    m.update(_stats("tpot", tpots))
+    m.update(_stats("itl", [x for r in ok for x in r.itls()]))
+    m.update(_stats("e2e", [r.e2e for r in ok]))
+    m["meets_slo"] = bool(ok) and not failed and m["ttft_p99_s"] <= slo.ttft_s and (
+        not tpots or m["tpot_p99_s"] <= slo.tpot_s)
+    return m
+
+
+@dataclass
+class Sample:
+    """One snapshot of the server's counters at time t (same clock as the records)."""
+
+    t: float
+    values: dict
+
+
+def _num(d: dict, *keys: str) -> float | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def _delta(first: dict, last: dict, *keys: str) -> float | None:
+    b = _num(last, *keys)
+    if b is None:
+        return None
+    return b - (_num(first, *keys) or 0.0)
+
+
+def server_metrics(samples: list[Sample]) -> dict:
+    """Hit rate per tier, KV use over time (and its mean while requests wait), preemptions, OOM events
+    from engine snapshots (kvloop's keys; absent keys give None rather than a made-up zero)."""
+    if not samples:
+        return {"available": False}
+    first, last = samples[0].values, samples[-1].values
+    query = _delta(first, last, "kv_query_tokens")
+    out: dict = {"available": True}
+    for tier in TIERS:
+        hit = _delta(first, last, f"kv_hit_tokens_{tier}")
+        out[f"hit_rate_{tier}"] = (hit / query) if (hit is not None and query) else None
+    known = [out[f"hit_rate_{t}"] for t in TIERS if out[f"hit_rate_{t}"] is not None]
+    out["hit_rate_total"] = sum(known) if known else None
+    out["preemptions"] = _delta(first, last, "num_preemptions")
+    out["oom_events"] = _delta(first, last, "num_oom_events", "oom_events", "kv_oom_events")
+    out["server_rejections"] = _delta(first, last, "num_rejections", "num_rejected")
+    t0 = samples[0].t
+    use = [(s.t - t0, _num(s.values, "kv_usage")) for s in samples]
+    use = [(t, u) for t, u in use if u is not None]
+    out["kv_use_series"] = [[round(t, 3), round(u, 4)] for t, u in use]
+    out["kv_use_mean"] = sum(u for _, u in use) / len(use) if use else None
+    waiting = [_num(s.values, "kv_usage") for s in samples if (_num(s.values, "num_waiting") or 0) > 0]
+    waiting = [u for u in waiting if u is not None]
+    out["kv_use_mean_while_waiting"] = sum(waiting) / len(waiting) if waiting else None
+    out["kv_use_max"] = max((u for _, u in use), default=None)
+    return out
+
+
+def capacity(sweep: list[tuple[float, dict]]) -> float | None:
+    """The largest swept request rate whose run met the SLOs (None: none did). `sweep` is (rate, metrics)."""
+    ok = [rate for rate, m in sweep if m.get("meets_slo")]
+    return max(ok) if ok else None
