@@ -27,7 +27,17 @@ def cache_config(engine) -> dict:
     return {"block_size": cfg.block_size, "num_blocks": cfg.num_blocks, "dtype": str(engine.dtype).removeprefix("torch."),
             "device": cfg.device, "max_num_seqs": cfg.scheduler.max_num_seqs,
             "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
-            "max_model_len": cfg.scheduler.max_model_len}
+            "max_model_len": cfg.scheduler.max_model_len, **_kv_config(cfg)}
+
+
+def _kv_config(cfg) -> dict:
+    kv = getattr(cfg, "kv", None)  # the KV manager's config, where it exists
+    keys = ("mode", "admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests", "min_prefix_tokens",
+            "watermark", "host_cache_tokens", "disk_cache_tokens")
+    out = {k: getattr(kv, k) for k in keys if hasattr(kv, k)}
+    if kv is not None and hasattr(kv, "disk_dir"):
+        out["disk_tier"] = bool(kv.disk_dir)
+    return out
 
 
 def build_server(engine, args: argparse.Namespace):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import prometheus_client
+from kvloop.engine.server import engine_stats
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
@@ -22,24 +23,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
-TIERS = ("device", "host", "disk")
 FINISH_REASONS = ("stop", "length", "abort")
 
 Snapshot = Mapping[str, object]
-
-
-def _num(value, default: float = 0.0) -> float:
-    return float(value) if isinstance(value, int | float) else default
-
-
-def per_label(snap: Snapshot, key: str, label: str, values: tuple[str, ...], default: str) -> dict[str, float]:
-    """A counter split by a label, from `{key}_by_{label}` (a dict) or `{key}_{value}` keys; else the plain
-    `{key}` total under the default label value."""
-    split = snap.get(f"{key}_by_{label}")
-    if isinstance(split, Mapping):
-        return {str(k): _num(v) for k, v in split.items()}
-    flat = {v: _num(snap[f"{key}_{v}"]) for v in values if f"{key}_{v}" in snap}
-    return flat or {default: _num(snap.get(key))}
 
 
 class SnapshotCollector(Collector):
@@ -56,53 +42,50 @@ class SnapshotCollector(Collector):
         g.add_metric(list(labels.values()), value)
         return g
 
-    def _counter(self, name: str, doc: str, values: dict[str, float] | float, label: str | None = None):
-        names = ["model_name", label] if label else ["model_name"]
-        c = CounterMetricFamily(name, doc, labels=names)
-        for key, v in (values.items() if isinstance(values, dict) else [(None, values)]):
-            c.add_metric([self._model, key] if label else [self._model], v)
+    def _counter(self, name: str, doc: str, value: float):
+        c = CounterMetricFamily(name, doc, labels=["model_name"])
+        c.add_metric([self._model], value)
+        return c
+
+    def _split(self, name: str, doc: str, values: dict[str, float], label: str):
+        c = CounterMetricFamily(name, doc, labels=["model_name", label])
+        for key, v in values.items():
+            c.add_metric([self._model, key], v)
         return c
 
     def collect(self):
-        snap = self._snapshot() or {}
-        waiting, running = _num(snap.get("num_waiting")), _num(snap.get("num_running"))
-        usage = per_label(snap, "kv_usage", "tier", TIERS, "device")
-        hits = per_label(snap, "prefix_cache_hits", "tier", TIERS, "device")
-        queries = _num(snap.get("prefix_cache_queries"))
-        preempt = per_label(snap, "num_preemptions", "kind", ("swap", "recompute"), "recompute")
+        s = engine_stats.read(self._snapshot() or {})
         for prefix in ("kvloop", "vllm"):
-            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
-            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", running)
+            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", s.waiting)
+            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", s.running)
             yield self._counter(f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                queries)
-        yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", usage.get("device", 0.0))
+                                s.queries)
+        yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", s.usage.get("device", 0.0))
         kv = GaugeMetricFamily("kvloop:kv_cache_usage_perc", "KV-cache use per tier, 0..1.",
                                labels=["model_name", "tier"])
-        for tier, v in usage.items():
+        for tier, v in s.usage.items():
             kv.add_metric([self._model, tier], v)
         yield kv
-        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", sum(hits.values()))
-        yield self._counter("kvloop:prefix_cache_hits", "Prompt tokens served from the prefix cache, per tier.",
-                            hits, "tier")
-        yield self._counter("vllm:num_preemptions", "Preemptions.", sum(preempt.values()))
-        yield self._counter("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).", preempt, "kind")
-        yield self._counter("kvloop:oom_events", "Out-of-memory events (static mode reservations that failed).",
-                            _num(snap.get("oom_events")))
-        yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", _num(snap.get("batch_cap")))
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+                            sum(s.hits.values()))
+        yield self._split("kvloop:prefix_cache_hits", "Prompt tokens served from the prefix cache, per tier.",
+                          s.hits, "tier")
+        yield self._counter("vllm:num_preemptions", "Preemptions.", sum(s.preemptions.values()))
+        yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).", s.preemptions, "kind")
+        yield self._counter("kvloop:oom_events", "Out-of-memory events (static-mode reservations that failed).",
+                            s.oom_events)
+        yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
-                          _num(snap.get("watermark", snap.get("retention_watermark"))))
-        for name, key, doc in (("cache_evictions", "evictions", "Cached blocks evicted."),
-                               ("cache_demotions", "demotions", "Blocks demoted to a lower tier."),
-                               ("cache_promotions", "promotions", "Blocks promoted from a lower tier."),
-                               ("cache_admissions_refused", "admissions_refused",
-                                "Released blocks refused by the device admission gate."),
-                               ("eviction_regret", "eviction_regret",
-                                "Evicted blocks asked for again within the regret window.")):
-            yield self._counter(f"kvloop:{name}", doc, _num(snap.get(key)))
+                          s.watermark)
+        yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.", s.evictions, "tier")
+        yield self._split("kvloop:cache_demotions", "Blocks demoted, per destination tier.", s.demotions, "tier")
+        yield self._split("kvloop:cache_promotions", "Blocks promoted, per source tier.", s.promotions, "tier")
+        yield self._counter("kvloop:cache_admissions_refused", "Released blocks refused by the device admission gate.",
+                            s.admissions_refused)
+        yield self._counter("kvloop:eviction_regret", "Evicted blocks asked for again within the regret window.",
+                            s.eviction_regret)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
-        extra = snap.get("cache_config")
-        labels = {**self._cache_config, **({k: str(v) for k, v in extra.items()} if isinstance(extra, Mapping) else {})}
-        info.add_metric([], {"model_name": self._model, **labels})
+        info.add_metric([], {"model_name": self._model, **self._cache_config, **s.cache_config})
         yield info
 
 

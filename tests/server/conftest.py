@@ -14,6 +14,7 @@ import pytest
 import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.model.checkpoint import load_checkpoint
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.locate import embedded_model_path
@@ -78,7 +79,7 @@ def _serve_args(**overrides) -> argparse.Namespace:
 def core_engine() -> EngineCore:
     ckpt = load_checkpoint(embedded_model_path(), progress=False)
     model = LlamaModel(ckpt.config, ckpt.weights, torch.float32)
-    cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS,
+    cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS, kv=KVConfig(host_cache_tokens=KV_TOKENS),
                        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256,
                                                  max_model_len=MAX_MODEL_LEN))
     return EngineCore(cfg, model=model, tokenizer=Tokenizer.from_source(ckpt.tokenizer_source),

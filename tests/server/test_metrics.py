@@ -64,19 +64,28 @@ def test_build_registry_lists_every_name():
     assert set(VLLM + KVLOOP) <= names
 
 
-def test_metrics_read_future_snapshot_keys():
-    """Keys the KV manager and scheduler will add are picked up without code changes."""
+def test_metrics_read_kv_manager_and_future_keys():
+    """The KV manager's kv_* keys, and dict-shaped keys other components may add, feed the same families."""
     from kvloop.engine.server.metrics import EngineMetrics
 
-    snap = {"num_waiting": 2, "kv_usage_by_tier": {"device": 0.5, "host": 0.25},
-            "prefix_cache_queries": 100, "prefix_cache_hits_by_tier": {"device": 40, "host": 10},
-            "num_preemptions_by_kind": {"swap": 1, "recompute": 2}, "watermark": 0.3, "evictions": 7}
+    snap = {"num_waiting": 2, "kv_usage": 0.5, "kv_host_blocks_used": 16, "kv_host_blocks_total": 64,
+            "kv_query_tokens": 100, "kv_hit_tokens_device": 40, "kv_hit_tokens_host": 10, "kv_hit_tokens_disk": 0,
+            "num_preemptions_by_kind": {"swap": 1, "recompute": 2}, "kv_watermark": 0.3, "kv_evictions": 7,
+            "kv_demotions_host": 4, "kv_promotions_disk": 2, "kv_admissions_refused": 5, "kv_eviction_regret": 1,
+            "kv_mode": "codesign"}
     reg = EngineMetrics("m", lambda: snap).registry
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    assert value(fams["vllm:prefix_cache_queries"]) == 100
     assert value(fams["vllm:prefix_cache_hits"]) == 50
     assert value(fams["kvloop:prefix_cache_hits"], tier="host") == 10
     assert value(fams["vllm:num_preemptions"]) == 3
+    assert value(fams["kvloop:num_preemptions"], kind="swap") == 1
     assert value(fams["kvloop:kv_cache_usage_perc"], tier="host") == 0.25
     assert value(fams["vllm:kv_cache_usage_perc"]) == 0.5
     assert value(fams["kvloop:retention_watermark"]) == 0.3
-    assert value(fams["kvloop:cache_evictions"]) == 7
+    assert value(fams["kvloop:cache_evictions"], tier="device") == 7
+    assert value(fams["kvloop:cache_demotions"], tier="host") == 4
+    assert value(fams["kvloop:cache_promotions"], tier="disk") == 2
+    assert value(fams["kvloop:cache_admissions_refused"]) == 5
+    assert value(fams["kvloop:eviction_regret"]) == 1
+    assert fams["kvloop:cache_config_info"].samples[0].labels["mode"] == "codesign"
