@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml setup.py
 
 # Engine and feedback sidecar together, as one local pod (scripts/serve_pod.sh stops both on Ctrl-C).
 serve: install
+	@echo "kvloop: OpenAI-compatible API at http://$(HOST):$(PORT)/v1 (metrics /metrics, ready /ready) once the model is loaded. Try:"
+	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'"
 	KVLOOP=$(VENV)/bin/kvloop HOST=$(HOST) PORT=$(PORT) bash scripts/serve_pod.sh
 
 test: install
