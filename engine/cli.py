@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvloop.engine.config import DTYPES
+from kvloop.engine.config import DTYPES, QUANTIZATIONS
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
+                   help="weight-only quantization for decode-sized steps (none keeps the exact path)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="device KV pool size in tokens")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64, help="batch cap (running requests)")
@@ -26,7 +28,8 @@ def engine_config_from_args(args: argparse.Namespace):
     from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    return EngineConfig(model=args.model, dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
+    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
+                        kv_cache_tokens=args.kv_cache_tokens,
                         block_size=args.block_size, threads=args.threads, scheduler=sched,
                         control_file=args.control_file, control_stale_after_s=args.control_stale_after)
 
@@ -125,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_control_parser(sub)
     add_sidecar_parser(sub)
+    from kvloop.engine.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

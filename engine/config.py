@@ -8,16 +8,18 @@ from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "int4", "int8")
 
 
 @dataclass
 class EngineConfig:
     model: str | None = None  # None: the embedded SmolLM2; else a .gguf file or an HF directory
-    dtype: str = "auto"  # auto: bf16 where the CPU supports it and on GPU, else fp32
+    dtype: str = "auto"  # auto: bf16 on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 65536  # device pool size in tokens
     attention_backend: str = "auto"
+    quantization: str = "none"  # none (exact) | int4 | int8: weight-only, for decode-sized steps (model/linear.py)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)  # prefix cache mode, admission, watermark, tiers
@@ -28,6 +30,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError("block_size must be a power of two")
         if self.kv_cache_tokens < self.block_size:

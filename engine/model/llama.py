@@ -9,30 +9,34 @@ import torch
 import torch.nn.functional as F
 from kvloop.engine.kernels import ops
 from kvloop.engine.model.config import ModelConfig
+from kvloop.engine.model.linear import Linear
 from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 
 class Layer:
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device):
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device, quant: str):
         def get(name: str) -> torch.Tensor:
             return w[prefix + name]
 
-        def put(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=device, dtype=dtype).contiguous()
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+            return Linear(weight, bias, dtype, device, quant)
 
         attn = "self_attn."
-        self.qkv = put(torch.cat([get(attn + "q_proj.weight"), get(attn + "k_proj.weight"), get(attn + "v_proj.weight")]))
-        self.qkv_bias = None
+        qkv_bias = None
         if cfg.attention_bias and prefix + attn + "q_proj.bias" in w:
-            self.qkv_bias = put(torch.cat([get(attn + "q_proj.bias"), get(attn + "k_proj.bias"), get(attn + "v_proj.bias")]))
-        self.o = put(get(attn + "o_proj.weight"))
-        self.gate_up = put(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
-        self.down = put(get("mlp.down_proj.weight"))
-        self.attn_norm = put(get("input_layernorm.weight"))
-        self.ffn_norm = put(get("post_attention_layernorm.weight"))
+            qkv_bias = torch.cat([get(attn + "q_proj.bias"), get(attn + "k_proj.bias"), get(attn + "v_proj.bias")])
+        self.qkv = linear(torch.cat([get(attn + "q_proj.weight"), get(attn + "k_proj.weight"),
+                                     get(attn + "v_proj.weight")]), qkv_bias)
+        self.o = linear(get(attn + "o_proj.weight"))
+        self.gate_up = linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
+        self.down = linear(get("mlp.down_proj.weight"))
+        self.attn_norm = get("input_layernorm.weight").to(device=device, dtype=dtype)
+        self.ffn_norm = get("post_attention_layernorm.weight").to(device=device, dtype=dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op; same result in fp32
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -40,14 +44,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", attention_backend: str = "auto"):
+                 device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none"):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.attention_backend = attention_backend
-        self.embed = weights["model.embed_tokens.weight"].to(device=self.device, dtype=dtype).contiguous()
+        self.quantization = quantization
+        embed = weights["model.embed_tokens.weight"]
+        self.embed = embed.to(device=self.device, dtype=dtype).contiguous()
         lm_head = weights.get("lm_head.weight")
-        self.lm_head = self.embed if cfg.tie_embeddings or lm_head is None else lm_head.to(self.device, dtype).contiguous()
+        self.lm_head = Linear(embed if cfg.tie_embeddings or lm_head is None else lm_head, None, dtype, self.device,
+                              quantization)
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
-        self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device) for i in range(cfg.num_layers)]
+        self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device, quantization)
+                       for i in range(cfg.num_layers)]
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
         freqs = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.rope_cos = freqs.cos().to(self.device)  # [max_pos, hd/2], fp32
@@ -73,24 +81,24 @@ class LlamaModel:
         q_size, kv_size = cfg.q_size, cfg.kv_size
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, q_size : q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
+            qkv = layer.qkv(h)
+            # q and k heads sit side by side in the fused projection: rotate them in one go
+            qk = self.rotary(qkv[:, : q_size + kv_size].view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim),
+                             cos, sin)
+            q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
             v = qkv[:, q_size + kv_size :].view(n, cfg.num_kv_heads, cfg.head_dim)
-            q = self.rotary(q, cos, sin)
-            k = self.rotary(k, cos, sin)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
             ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta, self.attention_backend)
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale, self.attention_backend)
-            x = x + F.linear(attn.reshape(n, q_size), layer.o)
+            x = x + layer.o(attn.reshape(n, q_size))
             h = rms_norm(x, layer.ffn_norm, cfg.rms_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, cfg.rms_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
     def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
         cfg = self.cfg

@@ -1,0 +1,67 @@
+"""Linear layers in one of three weight formats.
+
+- "none": dense weights in the model dtype (the exact path).
+- "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
+  For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
+  per-group scale and offset are rounded to bf16.
+- "int8": per-output-channel symmetric int8 through `_weight_int8pack_mm`.
+
+On this CPU (no native bf16) the quantized kernels stream weights several times faster than dense
+fp32/bf16 GEMV, but a dense fp32 GEMM wins once enough rows share the weights. So quantized layers
+keep their dense weights too and use them for steps with more than `quant_max_rows` rows (prefill)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FORMATS = ("none", "int4", "int8")
+GROUP = 32
+
+
+def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [N, K] → (packed int4 weights, scales_and_zeros [K/32, N, 2] bf16)."""
+    n, k = w.shape
+    groups = w.float().reshape(n, k // GROUP, GROUP)
+    low, high = groups.amin(-1), groups.amax(-1)
+    scale = ((high - low) / 15).clamp_min(1e-12)
+    q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    zero = low + 8 * scale  # the kernel computes (q - 8) * scale + zero
+    scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), scales_and_zeros
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [N, K] → (int8 weights [N, K], per-row scales [N] bf16)."""
+    scale = (w.float().abs().amax(dim=1) / 127).clamp_min(1e-12)
+    q = (w.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.to(torch.bfloat16)
+
+
+class Linear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device,
+                 fmt: str = "none", quant_max_rows: int = 16):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; choose from {FORMATS}")
+        if fmt != "none" and (device.type != "cpu" or weight.shape[1] % GROUP):
+            fmt = "none"  # the packed kernels used here are CPU kernels with K a multiple of the group
+        self.fmt = fmt
+        self.weight = weight.to(device=device, dtype=dtype).contiguous()
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype).contiguous()
+        self.quant_max_rows = quant_max_rows
+        self.out_features = weight.shape[0]
+        if fmt == "int4":
+            self.packed, self.scales = quantize_int4(weight)
+        elif fmt == "int8":
+            self.packed, self.scales = quantize_int8(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "none" or x.shape[0] > self.quant_max_rows:
+            return F.linear(x, self.weight, self.bias)
+        xb = x.to(torch.bfloat16)
+        if self.fmt == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.packed, self.scales)
+        y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
