@@ -33,6 +33,7 @@ from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
 from kvloop.engine.kv.hashing import ROOT, block_hash, chain_hashes
 from kvloop.engine.kv.host_tier import HostTier
+from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.mover_api import Mover, NullMover
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.stats import KVStats, RegretWindow
@@ -65,6 +66,7 @@ class KVCacheManager(SwapMixin):
         self._extra = extra_key.encode()
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
+        self._last_query: str | None = None
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
@@ -127,7 +129,9 @@ class KVCacheManager(SwapMixin):
     def lookup_prefix(self, seq: Sequence) -> int:
         """Attaches cached blocks of seq's prefix; returns how many tokens they cover (0 on a miss)."""
         tokens = seq.token_ids
-        self.stats.query_tokens += len(tokens)
+        if seq.request_id != self._last_query:  # a head of queue waiting for memory is looked up every step
+            self.stats.query_tokens += len(tokens)
+            self._last_query = seq.request_id
         if not self.config.prefix_cache or seq.block_table or self.is_swapped(seq):
             return 0
         bs = self.block_size
@@ -359,32 +363,5 @@ class KVCacheManager(SwapMixin):
 
     def check_integrity(self, live: Iterable[Sequence]) -> None:
         """Every block is in exactly one of free / referenced / cached; refcounts equal the number of
-        tables holding the block; cached blocks are indexed leaves-or-parents of a prefix-closed index."""
-        live = list(live)
-        counts = [0] * self.num_blocks
-        for seq in live:
-            for block in seq.block_table:
-                counts[block] += 1
-            for i, h in enumerate(seq.block_hashes[: len(seq.block_table)]):
-                assert self.index.slot_of(h) == seq.block_table[i], "a committed block is not indexed"
-        free = self.pool.free_blocks()
-        assert len(free) == self.pool.num_free, "a block is on the free list twice"
-        for block in range(self.num_blocks):
-            assert counts[block] == self.pool.ref_counts[block], f"block {block}: refcount mismatch"
-            cached = block in self.policy
-            states = (block in free) + (counts[block] > 0) + cached
-            assert states == 1, f"block {block} is in {states} of free/referenced/cached"
-            if cached:
-                assert self.index.hash_of(block) is not None, f"cached block {block} is not indexed"
-            if block in free:
-                assert self.index.hash_of(block) is None, f"free block {block} is still indexed"
-        self.index.check()
-        if self.host is not None:
-            pins = [0] * self.host.num_slots
-            for _, slots in self._swapped.values():
-                for slot in slots:
-                    pins[slot] += 1
-            self.host.check(pins)
-        if self.disk is not None:
-            assert len(self.disk) <= self.disk.capacity
-        assert len(self.ghost) <= self.ghost.capacity
+        tables holding the block; the index is prefix-closed; host pins match swapped sequences."""
+        check_manager(self, list(live))
