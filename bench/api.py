@@ -1,0 +1,289 @@
+"""API-layer overhead: output tokens/s through HTTP streaming with N concurrent clients versus the same
+batch run offline in-process, and the TTFT the API adds at low load. Writes bench/results/api.json
+(top-level `http_vs_offline`) and api.md.
+
+The server runs in a child process (as in production), the clients here; both backends are measured:
+`thread` (the engine in a thread of the API process, what the server ships) and `process` (the engine in
+its own process behind a pipe, bench/engine_process.py). The machine's quietness (other processes' CPU)
+is sampled before and after, since this machine is shared.
+
+    .venv/bin/python bench/api.py                     # 64 clients, 64 tokens each, both backends
+    .venv/bin/python bench/api.py --backends thread --clients 16 --max-tokens 32   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+HERE = Path(__file__).resolve().parent
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+def prompts(n: int, length: int, vocab_offset: int = 1000) -> list[list[int]]:
+    """Distinct token-id prompts (no prefix sharing, so the cache does not flatter either side)."""
+    return [[vocab_offset + (i * 131 + j * 17) % 20000 for j in range(length)] for i in range(n)]
+
+
+def other_cpu(seconds: float = 2.0) -> dict:
+    """CPU used by processes other than this one and its children, as a share of the whole machine."""
+    me = psutil.Process()
+    mine = {me.pid, *(c.pid for c in me.children(recursive=True))}
+    procs = [p for p in psutil.process_iter() if p.pid not in mine]
+    for p in procs:
+        try:
+            p.cpu_percent(None)
+        except psutil.Error:
+            pass
+    total = psutil.cpu_percent(None)
+    time.sleep(seconds)
+    total = psutil.cpu_percent(None)
+    busy = []
+    for p in procs:
+        try:
+            busy.append((p.cpu_percent(None), p.name()))
+        except psutil.Error:
+            pass
+    others = sum(c for c, _ in busy) / psutil.cpu_count()
+    top = sorted(busy, reverse=True)[:3]
+    return {"others_cpu_pct_of_machine": round(others, 1), "machine_cpu_pct": total,
+            "load_avg_1m": os.getloadavg()[0], "top_others": [f"{n}:{c:.0f}%" for c, n in top if c > 1]}
+
+
+# ---- offline -------------------------------------------------------------------------------------------
+class Offline:
+    def __init__(self, args):
+        from kvloop.engine.cli import engine_config_from_args
+        from kvloop.engine.engine_core import EngineCore
+
+        config = engine_config_from_args(args)
+        config.progress = False
+        self.engine = EngineCore(config)
+        self.args = args
+        self.rounds = 0
+
+    def throughput(self) -> float:
+        from kvloop.engine.sampling import SamplingParams
+
+        a, eng = self.args, self.engine
+        params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)
+        self.rounds += 1
+        t0 = time.perf_counter()
+        for i, ids in enumerate(prompts(a.clients, a.prompt_tokens)):
+            eng.add_request(f"b{self.rounds}-{i}", ids, params)
+        tokens = sum(o.num_output_tokens for o in eng.drain().values())
+        return tokens / (time.perf_counter() - t0)
+
+    def ttft(self, r: int) -> float:
+        from kvloop.engine.sampling import SamplingParams
+
+        one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        self.engine.add_request(f"t{self.rounds}-{r}", prompts(1, self.args.prompt_tokens, 3000 + r)[0], one)
+        self.engine.drain()
+        return time.perf_counter() - t0
+
+
+# ---- HTTP -----------------------------------------------------------------------------------------------
+async def _stream_one(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> tuple[float, int]:
+    body = {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if first is None:
+                first = time.perf_counter() - t0
+            if '"usage": {' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    return first or 0.0, tokens
+
+
+async def _throughput(url: str, args) -> float:
+    limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*[_stream_one(client, ids, args.max_tokens)
+                                         for ids in prompts(args.clients, args.prompt_tokens)])
+        return sum(t for _, t in results) / (time.perf_counter() - t0)
+
+
+async def _ttft(url: str, args, r: int) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await client.get("/health")  # connection set up outside the timed part, as a pooled client would
+        return (await _stream_one(client, prompts(1, args.prompt_tokens, 3000 + r)[0], 1))[0]
+
+
+def start_server(backend: str, port: int, args) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--child-server", backend, "--port", str(port), *args.engine_argv]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{backend} server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"{backend} server not ready")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def child_server(args) -> None:
+    import uvicorn
+    from kvloop.engine.cli import engine_config_from_args
+    from kvloop.engine.server.launch import build_server
+
+    sargs = argparse.Namespace(max_pending=4096, request_timeout=None, served_model_name=None, api_key=None,
+                               allowed_origins=None, max_body_bytes=1 << 20)
+    config = engine_config_from_args(args)
+    if args.child_server == "thread":
+        from kvloop.engine.engine_core import EngineCore
+
+        app, _ = build_server(EngineCore(config), sargs)
+    else:
+        sys.path.insert(0, str(HERE))
+        from engine_process import ProcessAsyncEngine
+        from kvloop.engine.model.checkpoint import load_checkpoint
+        from kvloop.engine.model.locate import resolve_model_path
+        from kvloop.engine.server.app import build_app
+        from kvloop.engine.server.metrics import EngineMetrics
+        from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_source(load_checkpoint(resolve_model_path(config.model), progress=False).tokenizer_source)
+        engine = None
+        metrics = EngineMetrics("process", lambda: engine.snapshot())
+        engine = ProcessAsyncEngine(config, tok, metrics, max_pending=4096)
+        app = build_app(engine, metrics)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+def write(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    b = result["backends"]
+    lines = ["# API layer: HTTP streaming vs offline", "",
+             f"{result['workload']['clients']} concurrent streaming clients, {result['workload']['prompt_tokens']} "
+             f"prompt tokens and {result['workload']['max_tokens']} output tokens each (greedy, ignore_eos), "
+             f"dtype {result['offline']['dtype']}, {result['machine']['cpus']} CPUs. Medians of "
+             f"{result['workload']['repeats']} runs.", "",
+             "| path | output tok/s | ratio to offline | TTFT at low load (s) | TTFT added (ms) |",
+             "|---|---|---|---|---|",
+             f"| offline in-process | {result['offline']['tok_s']} | 1.00 | {result['offline']['ttft_s']} | - |"]
+    for name, r in b.items():
+        lines.append(f"| HTTP, engine {name} | {r['tok_s']} | {r['ratio']:.2f} | {r['ttft_s']} | "
+                     f"{r['ttft_added_ms']:.1f} |")
+    q = result["quietness"]
+    lines += ["", f"`http_vs_offline` = **{result['http_vs_offline']:.2f}** (backend `{result['shipped_backend']}`, "
+              f"goal >= 0.9).", "",
+              f"Machine quietness (other processes' CPU as a share of the machine): before {q['before']}, "
+              f"after {q['after']}.", "", result.get("note", "")]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kvloop.engine.cli import add_engine_args
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(p)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ttft-samples", type=int, default=10)
+    p.add_argument("--backends", default="thread,process")
+    p.add_argument("--port", type=int, default=8631)
+    p.add_argument("--out", type=Path, default=HERE / "results" / "api.json")
+    p.add_argument("--child-server", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child_server:
+        child_server(args)
+        return 0
+    engine_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+    args.engine_argv = _engine_only(engine_argv)
+    names = args.backends.split(",")
+    servers = {n: start_server(n, args.port + k, args) for k, n in enumerate(names)}
+    urls = {n: f"http://127.0.0.1:{args.port + k}" for k, n in enumerate(names)}
+    try:
+        off = Offline(args)
+        off.ttft(-1)  # warm-up
+        before = other_cpu()
+        tput: dict[str, list[float]] = {"offline": [], **{n: [] for n in names}}
+        ttft: dict[str, list[float]] = {"offline": [], **{n: [] for n in names}}
+        for r in range(args.repeats):  # interleaved, so that drifting background load hits every path alike
+            tput["offline"].append(off.throughput())
+            for n in names:
+                tput[n].append(asyncio.run(_throughput(urls[n], args)))
+            print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.1f} tok/s" for k, v in tput.items()), flush=True)
+        for r in range(args.ttft_samples):
+            ttft["offline"].append(off.ttft(r))
+            for n in names:
+                ttft[n].append(asyncio.run(_ttft(urls[n], args, r)))
+        after = other_cpu()
+    finally:
+        for proc in servers.values():
+            stop_server(proc)
+    med = {k: statistics.median(v) for k, v in tput.items()}
+    med_ttft = {k: statistics.median(v) for k, v in ttft.items()}
+    backends = {n: {"tok_s": round(med[n], 1), "tok_s_runs": [round(x, 1) for x in tput[n]],
+                    "ratio": round(med[n] / med["offline"], 3),
+                    "ratio_runs": [round(x / o, 3) for x, o in zip(tput[n], tput["offline"], strict=True)],
+                    "ttft_s": round(med_ttft[n], 4), "ttft_added_ms": round((med_ttft[n] - med_ttft["offline"]) * 1e3, 1)}
+                for n in names}
+    shipped = "thread"
+    result = {"http_vs_offline": backends.get(shipped, next(iter(backends.values())))["ratio"],
+              "shipped_backend": shipped,
+              "offline": {"tok_s": round(med["offline"], 1), "tok_s_runs": [round(x, 1) for x in tput["offline"]],
+                          "ttft_s": round(med_ttft["offline"], 4), "dtype": str(off.engine.dtype).removeprefix("torch.")},
+              "backends": backends,
+              "workload": {"clients": args.clients, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
+                           "repeats": args.repeats, "ttft_samples": args.ttft_samples, "engine_args": args.engine_argv},
+              "quietness": {"before": before, "after": after},
+              "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
+              "goal_met": backends.get(shipped, {}).get("ratio", 0) >= 0.9}
+    write(result, args.out)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _engine_only(argv: list[str]) -> list[str]:
+    """The engine flags of our own command line, passed on to the server child."""
+    keep, skip = [], {"--clients", "--prompt-tokens", "--max-tokens", "--repeats", "--ttft-samples", "--backends",
+                      "--port", "--out"}
+    it = iter(argv)
+    for a in it:
+        if a.split("=")[0] in skip:
+            if "=" not in a:
+                next(it, None)
+            continue
+        keep.append(a)
+    return keep
+
+
+if __name__ == "__main__":
+    sys.exit(main())
