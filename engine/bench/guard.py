@@ -1,0 +1,93 @@
+"""Quiet-machine guard: how much CPU other processes used while a run was measured.
+
+A background thread samples the machine's busy CPU time and our own processes' (the harness and any
+server it started, with their children) every `interval_s`; the difference is everyone else's load, in
+cores. A run whose mean outside load exceeds `max_other_cores` is flagged noisy (the caller may redo it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+
+@dataclass
+class NoiseReport:
+    other_cores_mean: float
+    other_cores_max: float
+    ours_cores_mean: float
+    cpu_count: int
+    samples: int
+    noisy: bool
+    threshold_cores: float
+    series: list[list[float]] = field(default_factory=list)  # [t, other cores]
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "series"} | {"series": self.series[-400:]}
+
+
+def _busy(ct) -> float:
+    return ct.user + ct.nice + ct.system + getattr(ct, "irq", 0.0) + getattr(ct, "softirq", 0.0) + getattr(
+        ct, "steal", 0.0)
+
+
+class NoiseGuard:
+    def __init__(self, pids: list[int] | None = None, interval_s: float = 0.5, max_other_cores: float = 0.3):
+        self.pids = set(pids or []) | {os.getpid()}
+        self.interval_s = interval_s
+        self.max_other_cores = max_other_cores
+        self._stop = threading.Event()
+        self._series: list[tuple[float, float, float]] = []
+        self._thread: threading.Thread | None = None
+
+    def add_pid(self, pid: int) -> None:
+        self.pids.add(pid)
+
+    def _ours(self) -> float:
+        total = 0.0
+        for pid in list(self.pids):
+            try:
+                p = psutil.Process(pid)
+                procs = [p, *p.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for q in procs:
+                try:
+                    t = q.cpu_times()
+                    total += t.user + t.system
+                except psutil.Error:
+                    pass
+        return total
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        last_t, last_busy, last_ours = t0, _busy(psutil.cpu_times()), self._ours()
+        while not self._stop.wait(self.interval_s):
+            t, busy, ours = time.monotonic(), _busy(psutil.cpu_times()), self._ours()
+            dt = max(t - last_t, 1e-6)
+            own = max(0.0, ours - last_ours) / dt
+            other = max(0.0, (busy - last_busy) / dt - own)
+            self._series.append((t - t0, other, own))
+            last_t, last_busy, last_ours = t, busy, ours
+
+    def __enter__(self) -> NoiseGuard:
+        self._thread = threading.Thread(target=self._run, name="noise-guard", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def report(self) -> NoiseReport:
+        s = self._series
+        other = [x[1] for x in s]
+        ours = [x[2] for x in s]
+        mean = sum(other) / len(other) if other else 0.0
+        return NoiseReport(mean, max(other, default=0.0), sum(ours) / len(ours) if ours else 0.0,
+                           psutil.cpu_count() or 1, len(s), mean > self.max_other_cores, self.max_other_cores,
+                           [[round(t, 2), round(o, 3)] for t, o, _ in s])

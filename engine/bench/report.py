@@ -1,0 +1,216 @@
+"""Report: JSON (per system: headline numbers at the main rate, medians over repetitions, capacity from the
+rate sweep, every run), ratios against codesign, goals checked, markdown with tables, PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from kvloop.engine.bench.metrics import SLO, capacity
+from kvloop.engine.bench.suite import RunRow, SuiteResult
+
+HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_throughput_tok_s",
+            "goodput_req_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
+            "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "e2e_mean_s", "e2e_p50_s",
+            "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share")
+SERVER = ("hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_total", "preemptions", "oom_events",
+          "kv_use_mean", "kv_use_mean_while_waiting", "kv_use_max")
+# (system, goal ratio of codesign / system on throughput (>=), on P99 TTFT (<=)), per the issue
+GOALS = (("static", 4.0, 0.45), ("transformers-static", 5.0, None), ("llama.cpp-bf16-np8", 1.5, 1.0),
+         ("llama.cpp-bf16-np32", 1.5, 1.0))
+
+
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, int | float) and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(suite: SuiteResult, slo: SLO) -> dict:
+    systems: dict[str, dict] = {}
+    names = list(dict.fromkeys(r.system for r in suite.rows))
+    for name in names:
+        rows = [r for r in suite.rows if r.system == name]
+        main = [r for r in rows if r.rate == suite.main_rate] or rows
+        d: dict = {k: _median([r.client.get(k) for r in main]) for k in HEADLINE}
+        d.update({k: _median([r.server.get(k) for r in main]) for k in SERVER})
+        d["throughput_tok_s"] = d["output_throughput_tok_s"]
+        # out-of-memory events: the server's counter where it has one, else client-seen OOM errors
+        d["oom_events"] = d["oom_events"] if d["oom_events"] is not None else _median(
+            [r.client.get("client_oom_errors") for r in main])
+        sweep = sorted({r.rate for r in rows})
+        per_rate = [(rate, {"meets_slo": all(r.client["meets_slo"] for r in rows if r.rate == rate)}) for rate in sweep]
+        d["capacity_req_s"] = capacity(per_rate)
+        d["capacity_note"] = (f"largest of swept rates {sweep} meeting TTFT P99 <= {slo.ttft_s} s and TPOT P99 <= "
+                              f"{slo.tpot_s * 1000:.0f} ms" + ("" if d["capacity_req_s"] else "; none did"))
+        d["sweep"] = [{"rate": rate, **{k: _median([r.client[k] for r in rows if r.rate == rate])
+                                        for k in ("output_throughput_tok_s", "ttft_p99_s", "tpot_p99_s")},
+                       "meets_slo": m["meets_slo"]} for rate, m in per_rate]
+        d["noise_other_cores_mean"] = _median([r.noise.get("other_cores_mean") for r in rows])
+        d["noisy_runs"] = sum(1 for r in rows if r.noise.get("noisy"))
+        d["info"] = rows[0].info
+        d["runs"] = [{"rate": r.rate, "rep": r.rep, "attempts": r.attempts, "client": r.client,
+                      "server": {k: v for k, v in r.server.items() if k != "kv_use_series"},
+                      "noise": {k: v for k, v in r.noise.items() if k != "series"}} for r in rows]
+        systems[name] = d
+    return systems
+
+
+def ratios(systems: dict) -> dict:
+    cd = systems.get("codesign")
+    if not cd:
+        return {}
+    out = {}
+    for name, d in systems.items():
+        if name == "codesign":
+            continue
+        thr = (cd["throughput_tok_s"] / d["throughput_tok_s"]) if d.get("throughput_tok_s") else None
+        ttft = (cd["ttft_p99_s"] / d["ttft_p99_s"]) if d.get("ttft_p99_s") else None
+        out[name] = {"codesign_throughput_x": thr, "codesign_ttft_p99_x": ttft}
+    return out
+
+
+def goals(systems: dict, rat: dict, missing: dict[str, str]) -> list[dict]:
+    out = []
+    cd = systems.get("codesign", {})
+    for name, thr_goal, ttft_goal in GOALS:
+        if name in missing or name not in rat:
+            out.append({"vs": name, "status": "not run", "why": missing.get(name, "system not in this run")})
+            continue
+        r = rat[name]
+        g = {"vs": name, "throughput_x": r["codesign_throughput_x"], "throughput_goal": thr_goal,
+             "throughput_met": r["codesign_throughput_x"] is not None and r["codesign_throughput_x"] >= thr_goal}
+        if ttft_goal is not None:
+            g.update(ttft_p99_x=r["codesign_ttft_p99_x"], ttft_goal=ttft_goal,
+                     ttft_met=r["codesign_ttft_p99_x"] is not None and (
+                         r["codesign_ttft_p99_x"] <= ttft_goal if ttft_goal < 1 else r["codesign_ttft_p99_x"] < 1))
+        out.append(g)
+    if cd:
+        out.append({"vs": "codesign itself", "oom_events": cd.get("oom_events"), "oom_met": not cd.get("oom_events")})
+    return out
+
+
+def build(suite: SuiteResult, meta: dict, slo: SLO) -> dict:
+    systems = summarize(suite, slo)
+    rat = ratios(systems)
+    return {"meta": meta, "slo": {"ttft_p99_s": slo.ttft_s, "tpot_p99_s": slo.tpot_s}, "systems": systems,
+            "missing": suite.missing, "ratios": rat, "goals": goals(systems, rat, suite.missing)}
+
+
+def _f(x, digits: int = 2, scale: float = 1.0) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x * scale:.{digits}f}"
+
+
+def markdown(report: dict, plots: list[str]) -> str:
+    m = report["meta"]
+    lines = [f"# {m.get('title', 'Benchmark report')}", "", m.get("summary", ""), "",
+             "## Systems at the main rate (medians over repetitions)", "",
+             "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | ITL p99 ms | "
+             "E2E p99 s | hit rate (dev/host/disk) | preempt | OOM | failed | capacity req/s | other CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, d in report["systems"].items():
+        hit = "/".join(_f(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
+        lines.append(f"| {name} | {_f(d['throughput_tok_s'], 1)} | {_f(d['request_throughput_req_s'], 3)} | "
+                     f"{_f(d['ttft_p50_s'])} | {_f(d['ttft_p99_s'])} | {_f(d['tpot_p50_s'], 0, 1000)} | "
+                     f"{_f(d['tpot_p99_s'], 0, 1000)} | {_f(d['itl_p99_s'], 0, 1000)} | {_f(d['e2e_p99_s'], 1)} | {hit} | "
+                     f"{_f(d['preemptions'], 0)} | {_f(d['oom_events'], 0)} | {_f(d['failed'], 0)} | "
+                     f"{_f(d['capacity_req_s'], 2)} | {_f(d['noise_other_cores_mean'])} |")
+    if report["missing"]:
+        lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
+    lines += ["", "## Ratios (codesign / system)", "", "| vs | throughput × | TTFT P99 × |", "|---|---|---|"]
+    for name, r in report["ratios"].items():
+        lines.append(f"| {name} | {_f(r['codesign_throughput_x'])} | {_f(r['codesign_ttft_p99_x'])} |")
+    lines += ["", "## Goals", ""]
+    for g in report["goals"]:
+        lines.append("- " + json.dumps(g, default=str))
+    lines += ["", "## Rate sweep", "", "| system | rate req/s | out tok/s | TTFT p99 s | TPOT p99 ms | meets SLO |",
+              "|---|---|---|---|---|---|"]
+    for name, d in report["systems"].items():
+        for s in d["sweep"]:
+            lines.append(f"| {name} | {s['rate']:g} | {_f(s['output_throughput_tok_s'], 1)} | {_f(s['ttft_p99_s'])} | "
+                         f"{_f(s['tpot_p99_s'], 0, 1000)} | {s['meets_slo']} |")
+    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    for section in ("notes", "commands"):
+        if m.get(section):
+            lines += ["", f"## {section.capitalize()}", ""]
+            lines += ([f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]])
+    return "\n".join(lines) + "\n"
+
+
+def plots(suite: SuiteResult, out_dir: Path, stem: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(r.system for r in suite.rows))
+    files = []
+
+    def save(fig, tag: str) -> None:
+        p = out_dir / f"{stem}_{tag}.png"
+        fig.tight_layout()
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        files.append(str(p))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        pts = sorted((r.rate, r.client["output_throughput_tok_s"]) for r in suite.rows if r.system == n)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+    ax.set(xlabel="request rate (req/s)", ylabel="output tokens/s", title="Throughput vs request rate")
+    ax.legend(fontsize=7)
+    save(fig, "throughput")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        ttfts = sorted(t for r in suite.rows if r.system == n and r.rate == suite.main_rate for t in r.ttfts)
+        if ttfts:
+            ax.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=n)
+    ax.set(xlabel="TTFT (s)", ylabel="fraction of requests", title=f"TTFT CDF at {suite.main_rate:g} req/s")
+    ax.set_xscale("log")
+    ax.legend(fontsize=7)
+    save(fig, "ttft_cdf")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        row = next((r for r in suite.rows if r.system == n and r.rate == suite.main_rate), None)
+        series = (row.server.get("kv_use_series") or []) if row else []
+        if series:
+            ax.plot([s[0] for s in series], [s[1] for s in series], label=n)
+    ax.set(xlabel="time (s)", ylabel="device KV pool use", title="KV use over time (in-process engine modes)")
+    ax.legend(fontsize=7)
+    save(fig, "kv_use")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottoms = [0.0] * len(names)
+    for tier in ("device", "host", "disk"):
+        vals = []
+        for n in names:
+            rows = [r for r in suite.rows if r.system == n and r.rate == suite.main_rate]
+            v = _median([r.server.get(f"hit_rate_{tier}") for r in rows])
+            if v is None:  # peers without tiers: the share of prompt tokens they reported as cached
+                v = _median([r.client.get("cached_prompt_share") for r in rows]) if tier == "device" else 0.0
+            vals.append(v or 0.0)
+        ax.bar(names, vals, bottom=bottoms, label=tier)
+        bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    ax.set(ylabel="prompt tokens from cache", title="Prefix-cache hit rate per tier")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    ax.legend(fontsize=7)
+    save(fig, "hit_rate")
+    return files
+
+
+def write(suite: SuiteResult, meta: dict, out_dir: Path, stem: str, slo: SLO | None = None) -> dict:
+    slo = slo or SLO()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = build(suite, meta, slo)
+    pngs = plots(suite, out_dir, stem)
+    report["plots"] = [Path(p).name for p in pngs]
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out_dir / f"{stem}.md").write_text(markdown(report, pngs))
+    return report
+
+
+def rows_from(report: dict) -> list[RunRow]:  # for tests and re-rendering
+    return [RunRow(n, r["rate"], r["rep"], r["client"], r["server"], r["noise"], {}) for n, d in
+            report["systems"].items() for r in d["runs"]]

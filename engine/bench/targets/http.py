@@ -1,0 +1,165 @@
+"""HTTP targets: any OpenAI-compatible server (/v1/completions, streamed) and llama.cpp's native /completion.
+
+One thread per request streams the response and queues events; poll() drains the queue. Prompts go as
+token-id lists, with temperature 0, ignore_eos and a fixed max_tokens, so every system generates the
+same number of tokens."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+
+import httpx
+from kvloop.engine.bench.targets.base import Event, Target
+
+_METRIC = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaINF]+)$')
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """name or name{labels} -> value (labels kept verbatim, minus model_name)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _METRIC.match(line.strip())
+        if not m:
+            continue
+        labels = re.sub(r'model_name="[^"]*",?', "", m.group(2) or "").replace("{}", "")
+        try:
+            out[m.group(1) + labels] = float(m.group(3))
+        except ValueError:
+            pass
+    return out
+
+
+def kvloop_snapshot(metrics: dict[str, float]) -> dict:
+    """Maps kvloop's /metrics families onto the engine snapshot keys the metrics module reads."""
+    snap: dict = {}
+    pairs = {"num_waiting": "kvloop:num_requests_waiting", "num_running": "kvloop:num_requests_running",
+             "kv_query_tokens": "kvloop:prefix_cache_queries_total", "num_preemptions": "vllm:num_preemptions_total",
+             "num_oom_events": "kvloop:oom_events_total", "kv_usage": "vllm:kv_cache_usage_perc"}
+    for key, name in pairs.items():
+        for n in (name, name.removesuffix("_total")):
+            if n in metrics:
+                snap[key] = metrics[n]
+                break
+    for tier in ("device", "host", "disk"):
+        for n in (f'kvloop:prefix_cache_hits_total{{tier="{tier}"}}', f'kvloop:prefix_cache_hits{{tier="{tier}"}}'):
+            if n in metrics:
+                snap[f"kv_hit_tokens_{tier}"] = metrics[n]
+    return snap
+
+
+class HTTPTarget(Target):
+    """flavor 'openai' (kvloop serve, vLLM, llama-server's /v1) or 'llamacpp' (/completion, which
+    returns token ids and cache counts)."""
+
+    def __init__(self, base_url: str, name: str, flavor: str = "openai", model: str | None = None,
+                 scrape_metrics: bool = True, timeout_s: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.name = name
+        self.flavor = flavor
+        self.model = model
+        self.scrape_metrics = scrape_metrics and flavor == "openai"
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._live: set[str] = set()
+        self._lock = threading.Lock()
+        self._client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=512))
+
+    def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        with self._lock:
+            self._live.add(request_id)
+        threading.Thread(target=self._stream, args=(request_id, prompt, max_tokens), daemon=True).start()
+
+    def _body(self, prompt: list[int], max_tokens: int) -> tuple[str, dict]:
+        if self.flavor == "llamacpp":
+            return "/completion", {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                                   "stream": True, "cache_prompt": True, "return_tokens": True}
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if self.model:
+            body["model"] = self.model
+        return "/v1/completions", body
+
+    def _stream(self, rid: str, prompt: list[int], max_tokens: int) -> None:
+        path, body = self._body(prompt, max_tokens)
+        done = Event(rid, 0.0, done=True, prompt_tokens=len(prompt))
+        n_out = 0
+        try:
+            with self._client.stream("POST", self.base_url + path, json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    kind = "rejected" if resp.status_code in (400, 413, 429, 503) else "http"
+                    raise RuntimeError(f"{kind}: {resp.status_code} {resp.text[:200]}")
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    n_out += self._chunk(rid, json.loads(data), done)
+        except Exception as e:  # noqa: BLE001 - any failure is this request's error, the run goes on
+            msg = str(e)
+            done.error = msg if msg.startswith(("rejected", "http")) else f"error: {type(e).__name__}: {msg}"
+        done.t = time.monotonic()
+        done.output_tokens = done.output_tokens or n_out
+        self._events.put(done)
+
+    def _chunk(self, rid: str, obj: dict, done: Event) -> int:
+        """Queues a token event for a chunk with output; fills `done` from usage/timings. Returns tokens."""
+        t = time.monotonic()
+        if "error" in obj:
+            raise RuntimeError(f"http: {obj['error']}")
+        if self.flavor == "llamacpp":
+            ids = list(obj.get("tokens") or [])
+            n = len(ids) or (1 if obj.get("content") else 0)
+            if obj.get("stop"):
+                tim = obj.get("timings") or {}
+                done.prompt_tokens = int(tim.get("prompt_n", 0) + tim.get("cache_n", 0)) or done.prompt_tokens
+                done.cached_tokens = int(tim.get("cache_n", 0))
+                done.output_tokens = int(tim.get("predicted_n", 0))
+        else:
+            choices = obj.get("choices") or []
+            ids = []
+            n = 1 if choices and choices[0].get("text") else 0
+            usage = obj.get("usage")
+            if usage:
+                done.prompt_tokens = usage.get("prompt_tokens", done.prompt_tokens)
+                done.output_tokens = usage.get("completion_tokens", 0)
+                done.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+        if n:
+            self._events.put(Event(rid, t, ids, n))
+        return n
+
+    def poll(self, timeout: float) -> list[Event]:
+        out: list[Event] = []
+        try:
+            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait())
+            while True:
+                out.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        with self._lock:
+            for ev in out:
+                if ev.done:
+                    self._live.discard(ev.request_id)
+        return out
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._live and self._events.empty()
+
+    def snapshot(self) -> dict | None:
+        if not self.scrape_metrics:
+            return None
+        try:
+            return kvloop_snapshot(parse_prometheus(self._client.get(self.base_url + "/metrics", timeout=5).text))
+        except httpx.HTTPError:
+            return None
+
+    def info(self) -> dict:
+        return {"url": self.base_url, "flavor": self.flavor}
+
+    def close(self) -> None:
+        self._client.close()
