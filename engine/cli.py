@@ -131,9 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
     from kvloop.engine.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
-    from kvloop.engine.bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
     return parser
 
 
