@@ -1,29 +1,50 @@
-"""The benchmark's modes as scheduler + KV configs. The KV side has its own mode names; `static`
-needs the scheduler's static mode (issue 4) and is refused until the scheduler has one."""
+"""The benchmark's systems as scheduler + KV configs, mirroring engine.bench.systems.engine_target:
+`static` is the scheduler's own static mode when it has one, else a static gate in front of a
+no-cache engine; host (and disk) tiers only in codesign."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 MODES = ("static", "continuous", "continuous+lru", "codesign")
+SIM_DISK_DIR = "<simulated>"  # the disk tier exists when a directory is set; the sim's NullMover never touches it
 
 
-def scheduler_supports(field: str) -> bool:
-    return any(f.name == field for f in dataclasses.fields(SchedulerConfig))
+@dataclass
+class Sizing:
+    """Pools and limits (bench.systems.Sizing's fields and defaults: WORKLOADS.md's CPU-scale values)."""
+
+    kv_cache_tokens: int = 24576
+    host_cache_tokens: int = 65536
+    disk_cache_tokens: int = 262144
+    static_batch: int = 16
+    fill_timeout_s: float = 0.5
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    disk: bool = False  # the bench leaves the disk tier off unless a directory is given
 
 
-def build_configs(mode: str, sched: dict | None = None, kv: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
+def static_field() -> str | None:
+    """The SchedulerConfig field that selects static batching, if the scheduler has one yet."""
+    names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    return next((f for f in ("mode", "policy", "batching") if f in names), None)
+
+
+def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig, bool]:
+    """(scheduler config, KV config, whether the simulator must gate static batches itself)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
-    sched = dict(sched or {})
-    kv = dict(kv or {})
-    if scheduler_supports("mode"):
-        sched.setdefault("mode", mode)
-    elif mode == "static":
-        raise ValueError("the scheduler has no static mode yet (issue 4)")
-    kv.setdefault("mode", "continuous" if mode == "static" else mode)
-    sched = {k: v for k, v in sched.items() if scheduler_supports(k)}  # options a newer scheduler takes
-    return SchedulerConfig(**sched), KVConfig(**kv)
+    sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens}
+    field = static_field() if mode == "static" else None
+    if field:
+        sched_kw[field] = "static"
+    codesign = mode == "codesign"
+    kv = KVConfig(mode="continuous" if mode == "static" else mode,
+                  host_cache_tokens=sizing.host_cache_tokens if codesign else 0,
+                  disk_dir=SIM_DISK_DIR if codesign and sizing.disk else None,
+                  disk_cache_tokens=sizing.disk_cache_tokens, **(kv_overrides or {}))
+    return SchedulerConfig(**sched_kw), kv, mode == "static" and field is None

@@ -2,7 +2,8 @@
 torch: schedule with the real Scheduler and KVCacheManager, price the step with SimRunner, advance
 the clock, then do EngineCore's bookkeeping (num_computed_tokens, append the sampled token, first
 and last token times, finish at max_tokens since outputs ignore EOS). Arrivals and closed-loop
-follow-ups come from the workload; the coordinator runs between steps at its virtual period."""
+follow-ups come from the workload as the bench driver sends them; the coordinator runs between
+steps at its virtual period; results come out in the benchmark's metrics shape."""
 
 from __future__ import annotations
 
@@ -16,45 +17,49 @@ from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.clock import virtual_clock
 from kvloop.engine.sim.control import VirtualCoordinator
-from kvloop.engine.sim.metrics import RequestRecord, RunMetrics
-from kvloop.engine.sim.modes import build_configs
+from kvloop.engine.sim.fastforward import Window, eligible
+from kvloop.engine.sim.modes import Sizing, build_configs
 from kvloop.engine.sim.profiles import Profile
+from kvloop.engine.sim.results import Recorder
 from kvloop.engine.sim.runner import SimRunner
-from kvloop.engine.sim.workload import RequestSpec, Workload
+from kvloop.engine.sim.static_gate import VirtualStaticGate
+from kvloop.engine.sim.workload import RequestSpec
 from kvloop.sidecar.settings import Settings
 
-IDLE_TICK_S = 0.005  # when work waits but nothing can run (a static batch filling), look again after this
-_MOVES = ("promotions_host", "swaps_in", "swaps_out", "demotions_host", "promotions_disk")
+IDLE_TICK_S = 0.005  # work waits but nothing can run (memory, a static batch filling): look again after this
 
 
 @dataclass
 class SimConfig:
     mode: str = "codesign"
-    scheduler: dict = field(default_factory=dict)  # SchedulerConfig fields
-    kv: dict = field(default_factory=dict)  # KVConfig fields
+    sizing: Sizing = field(default_factory=Sizing)
+    kv: dict = field(default_factory=dict)  # extra KVConfig fields (admission thresholds, watermark, ...)
     feedback: Settings | None = None  # None: no coordinator (the configured knobs stay)
-    sample_every_s: float = 1.0  # KV-use series resolution
-    until_s: float | None = None  # stop admitting and stepping at this virtual time
+    sample_every_s: float = 1.0  # server snapshots (KV use over time), virtual seconds
+    until_s: float | None = None  # stop stepping at this virtual time (unfinished requests are reported)
     check_integrity_every: int = 0  # steps; 0: never (tests)
+    fast_forward: bool = True  # replay steady decode windows without calling schedule() (fastforward.py)
 
 
 class Simulator:
-    def __init__(self, profile: Profile, workload: Workload, config: SimConfig | None = None):
+    def __init__(self, profile: Profile, workload, config: SimConfig | None = None):
         self.profile, self.workload = profile, workload
         self.config = cfg = config or SimConfig()
-        sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.scheduler, cfg.kv)
+        sched_cfg, kv_cfg, gate = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
-        self.kv = KVCacheManager(profile.kv_pool_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
+        self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner = SimRunner(profile.cost_model(), bs)
+        self.gate = VirtualStaticGate(cfg.sizing.static_batch, cfg.sizing.fill_timeout_s) if gate else None
         self.coord = VirtualCoordinator(cfg.feedback) if cfg.feedback is not None else None
-        self.metrics = RunMetrics()
+        self.rec = Recorder()
         self.now = 0.0
         self.num_steps = 0
+        self.rejections = 0
         self._specs: dict[str, RequestSpec] = {}
         self._heap: list[tuple[float, int, RequestSpec]] = []
         self._n = 0
-        self._next_kv_sample = 0.0
+        self._next_sample = 0.0
         self._moves = self._move_counts()
 
     # ---- requests -------------------------------------------------------------------------------
@@ -62,41 +67,51 @@ class Simulator:
         heapq.heappush(self._heap, (spec.arrival, self._n, spec))
         self._n += 1
 
+    def _arrive(self, spec: RequestSpec) -> None:
+        self.rec.sent(spec)
+        if self.gate is not None:
+            self.gate.submit(spec, self.now)
+        else:
+            self._add(spec)
+
     def _add(self, spec: RequestSpec) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
-        seq = Sequence(spec.request_id, list(spec.prompt), params, arrival_time=spec.arrival, user=spec.session)
-        self.metrics.records[spec.request_id] = RequestRecord(spec.request_id, spec.kind, spec.arrival,
-                                                              len(spec.prompt))
+        seq = Sequence(spec.request_id, list(spec.prompt), params, arrival_time=spec.arrival)
         try:
             self.scheduler.add(seq)
-        except RequestRejected:
-            self.metrics.rejections += 1
-            self.metrics.records.pop(spec.request_id)
+        except RequestRejected as e:
+            self.rejections += 1
+            self.rec.failed(spec.request_id, f"rejected: {e.reason}: {e}", self.now)
             return
         self._specs[spec.request_id] = spec
 
     # ---- engine mirror --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """EngineCore.snapshot()'s keys, plus the counters a newer scheduler may keep."""
+        """EngineCore.snapshot()'s keys (a gate's held requests count as waiting, as the bench's gate
+        reports them), plus the counters a newer scheduler may keep."""
         s, kv = self.scheduler, self.kv
         return {
-            "num_waiting": len(s.waiting), "num_running": len(s.running), "batch_cap": s.batch_cap,
-            "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks, "kv_blocks_free": kv.num_free_blocks,
-            "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
-            "num_rejections": self.metrics.rejections + getattr(s, "num_rejections", 0),
-            "num_oom_events": self.oom_events, **kv.snapshot(),
+            "num_waiting": len(s.waiting) + (len(self.gate) if self.gate else 0), "num_running": len(s.running),
+            "batch_cap": s.batch_cap, "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks,
+            "kv_blocks_free": kv.num_free_blocks, "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
+            "num_rejections": self.rejections + getattr(s, "num_rejections", 0),
+            "num_oom_events": int(getattr(s, "num_oom_events", 0)), **kv.snapshot(),
         }
-
-    @property
-    def oom_events(self) -> int:
-        return int(getattr(self.scheduler, "num_oom_events", 0))
 
     def _move_counts(self) -> tuple[int, int]:
         st = self.kv.stats
         return (st.promotions_host + st.swaps_in + st.swaps_out + st.demotions_host, st.promotions_disk)
 
+    def charge_moves(self) -> float:
+        """Seconds of tier traffic (swaps, demotions, promotions) since the last call."""
+        host, disk = self._move_counts()
+        moved = self.runner.cost.transfer_seconds(host - self._moves[0], disk - self._moves[1], self.kv.block_size)
+        self._moves = (host, disk)
+        return moved
+
     def _process(self, batch, tokens: dict[int, int]) -> None:
-        now, rec_of, itl = self.now, self.metrics.records, self.metrics.itl
+        now, rec = self.now, self.rec
+        gaps: dict[float, int] = {}  # inter-token gaps of this step, counted (most share one value)
         for item in batch.items:
             seq = item.seq
             seq.num_computed_tokens = item.start + item.num_tokens
@@ -105,21 +120,21 @@ class Simulator:
             seq.token_ids.append(tokens[id(seq)])
             if seq.first_token_time is None:
                 seq.first_token_time = now
-                rec_of[seq.request_id].first_token = now
+                rec.first_token(seq.request_id, now)
                 if self.coord is not None:
                     self.coord.record_ttft(now - seq.arrival_time)
             else:
-                itl.add(now - seq.last_token_time)
+                gap = now - seq.last_token_time
+                gaps[gap] = gaps.get(gap, 0) + 1
             seq.last_token_time = now
             if seq.num_output_tokens >= seq.params.max_tokens:  # ignore_eos: "length"
                 self._finish(seq)
+        for gap, count in gaps.items():
+            rec.itl.add(gap, count)
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq, "length")
-        rec = self.metrics.records[seq.request_id]
-        rec.finished = rec.last_token = self.now
-        rec.output_tokens = seq.num_output_tokens
-        rec.cached_tokens = seq.num_cached_tokens
+        self.rec.finished(seq.request_id, self.now, seq.num_output_tokens, seq.num_cached_tokens)
         spec = self._specs.pop(seq.request_id)
         for nxt in self.workload.on_finish(spec, seq.output_token_ids, self.now):
             self._push(nxt)
@@ -137,32 +152,41 @@ class Simulator:
         until = cfg.until_s if cfg.until_s is not None else math.inf
         while self.now < until:
             while heap and heap[0][0] <= self.now:
-                self._add(heapq.heappop(heap)[2])
+                self._arrive(heapq.heappop(heap)[2])
+            if self.gate is not None:
+                for spec in self.gate.release(self.now, not sched.has_work()):
+                    self._add(spec)
             self._observe()
             if not sched.has_work():
-                if not heap:
+                nxt = min(heap[0][0] if heap else math.inf, (self.gate.due() if self.gate else None) or math.inf)
+                if nxt == math.inf:
                     break
-                self._idle_to(heap[0][0])
+                self._idle_to(max(nxt, self.now))
                 continue
+            if cfg.fast_forward and not cfg.check_integrity_every and eligible(sched, self.kv):
+                if Window(self).run(self._deadline())[0]:
+                    continue
             batch = sched.schedule()
             if not batch:
                 self._idle_to(min(heap[0][0] if heap else math.inf, self.now + IDLE_TICK_S))
                 continue
             result = self.runner.execute(batch)
-            host, disk = self._move_counts()
-            moved = self.runner.cost.transfer_seconds(host - self._moves[0], disk - self._moves[1], self.kv.block_size)
-            self._moves = (host, disk)
-            self.now += self.runner.last.seconds + moved
+            self.now += self.runner.last.seconds + self.charge_moves()
             self.num_steps += 1
             self._process(batch, result.tokens)
             if cfg.check_integrity_every and self.num_steps % cfg.check_integrity_every == 0:
                 sched.check_integrity()
 
+    def _deadline(self) -> float:
+        """The next time something besides stepping happens (an arrival, a sample, a tick, the end)."""
+        t = min(self._heap[0][0] if self._heap else math.inf, self._next_sample,
+                self.coord.next_event() if self.coord else math.inf)
+        return min(t, self.config.until_s) if self.config.until_s is not None else t
+
     def _idle_to(self, t: float) -> None:
         """Jumps the clock, stopping at samples and coordinator ticks on the way (state is idle)."""
         while True:
-            nxt = min(t, self._next_kv_sample, self.coord.next_event() if self.coord else math.inf)
-            self.now = max(self.now, nxt)
+            self.now = max(self.now, min(t, self._next_sample, self.coord.next_event() if self.coord else math.inf))
             self._observe()
             if self.now >= t:
                 return
@@ -170,20 +194,27 @@ class Simulator:
     def _observe(self) -> None:
         if self.coord is not None:
             self.coord.advance(self.now, self.snapshot, self.scheduler, self.kv)
-        while self.now >= self._next_kv_sample:
-            self.metrics.kv_series.append((self._next_kv_sample, self.kv.usage(), len(self.scheduler.waiting)))
-            self._next_kv_sample += self.config.sample_every_s
+        if self.now >= self._next_sample:
+            self.rec.sample(self.now, self.snapshot())
+            while self._next_sample <= self.now:
+                self._next_sample += self.config.sample_every_s
 
     def result(self) -> dict:
-        out = self.metrics.summary(self.now, self.kv.stats.as_dict(), self.scheduler.num_preemptions,
-                                   self.oom_events)
-        out.update(mode=self.config.mode, profile=self.profile.name, model=self.profile.model.name,
-                   workload=self.workload.name, kv_pool_tokens=self.profile.kv_pool_tokens,
-                   steps=self.num_steps, runner_busy_s=self.runner.busy_s,
-                   unfinished=len(self.scheduler.waiting) + len(self.scheduler.running))
+        self.rec.sample(self.now, self.snapshot())
+        out = self.rec.summary(self.now)
+        sizing = self.config.sizing
+        out["sim"] = {
+            "mode": self.config.mode, "profile": self.profile.name, "model": self.profile.model.name,
+            "hardware": self.profile.hw.name, "steps": self.num_steps, "virtual_s": self.now,
+            "runner_busy_s": self.runner.busy_s, "static_impl": ("gate" if self.gate else "scheduler")
+            if self.config.mode == "static" else None,
+            "static_batches": len(self.gate.batches) if self.gate else None,
+            "unfinished": len(self.scheduler.waiting) + len(self.scheduler.running) + (len(self.gate) if self.gate else 0),
+            "sizing": sizing.__dict__, "cost": self.profile.eff.__dict__,
+        }
         if self.coord is not None:
             out["feedback"] = {"period_s": self.coord.settings.period_s, "ticks": len(self.coord.ticks),
                                "final_batch_cap": self.coord.law.batch_cap,
                                "final_watermark": self.coord.law.watermark,
-                               "decisions": [d for d in self.coord.decisions if d["old"] != d["new"]]}
+                               "changes": [d for d in self.coord.decisions if d["old"] != d["new"]]}
         return out

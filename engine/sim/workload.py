@@ -1,11 +1,11 @@
-"""What a workload hands the driver: requests with arrival times, and follow-ups that depend on
-how earlier requests ended (closed-loop chat). Shared by the simulator and the real-engine driver."""
+"""What the simulator's loop needs from a workload: requests with arrival times, and follow-ups that
+depend on how earlier requests ended (closed-loop chat). `BenchWorkload` adapts the benchmark's
+workloads (engine.bench.workloads / traces: the shared, seeded generators) to it."""
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 
 @dataclass
@@ -14,37 +14,48 @@ class RequestSpec:
     prompt: list[int]
     max_tokens: int
     arrival: float  # seconds from the start of the run
-    kind: str = "doc"  # "doc" | "chat" | "trace" ...
-    session: str | None = None
+    kind: str = "doc"
+    session: object | None = None  # the bench ChatSession of a chat turn
     turn: int = 0
-    meta: dict = field(default_factory=dict)
 
 
-class Workload(Protocol):
-    name: str
+class BenchWorkload:
+    """engine.bench.workloads.Workload -> initial requests + next chat turns, as the bench driver does
+    (turn k+1 is due at the end of turn k plus the session's think time; the reply as generated joins
+    the history)."""
 
-    def initial(self) -> list[RequestSpec]:
-        """Requests known up front (open-loop arrivals and first turns), any order."""
+    def __init__(self, wl):
+        self.wl = wl
+        self.name = wl.name
+        self._replies: dict[str, list[list[int]]] = {}
 
-    def on_finish(self, spec: RequestSpec, output: list[int], now: float) -> list[RequestSpec]:
-        """Follow-ups released by spec's completion at time now (arrival >= now)."""
-
-
-class OpenLoop:
-    """A fixed list of requests (traces, W4): nothing follows from completions."""
-
-    def __init__(self, name: str, specs: list[RequestSpec]):
-        self.name = name
-        self._specs = specs
+    @property
+    def num_requests(self) -> int:
+        return self.wl.num_requests
 
     def initial(self) -> list[RequestSpec]:
-        return list(self._specs)
+        out = [RequestSpec(r.request_id, r.prompt, r.max_tokens, r.arrival_s, r.kind) for r in self.wl.requests]
+        for s in self.wl.sessions:
+            self._replies[s.session_id] = []
+            out.append(RequestSpec(s.turn_id(0), s.prompt(0, []), s.reply_tokens, s.start_s, "chat", s, 0))
+        return out
 
     def on_finish(self, spec: RequestSpec, output: list[int], now: float) -> list[RequestSpec]:
-        return []
+        s = spec.session
+        if s is None:
+            return []
+        replies = self._replies[s.session_id]
+        replies.append(list(output))
+        k = spec.turn + 1
+        if k >= s.num_turns:
+            del self._replies[s.session_id]
+            return []
+        return [RequestSpec(s.turn_id(k), s.prompt(k, replies), s.reply_tokens, now + s.think_s[spec.turn],
+                            "chat", s, k)]
 
 
 def output_token(request_id: str, position: int, vocab: int) -> int:
     """The simulator's 'sampled' token: deterministic in (request, position), independent of the
-    batch, so a chat's history is the same in every mode and every run. Avoids ids 0-2 (specials)."""
-    return 3 + (zlib.crc32(request_id.encode()) + 2654435761 * position) % (vocab - 3)
+    batch, so a chat's history is the same in every mode and every run. Avoids ids below 100
+    (SmolLM2's special tokens), as the bench generators do."""
+    return 100 + (zlib.crc32(request_id.encode()) + 2654435761 * position) % (vocab - 100)

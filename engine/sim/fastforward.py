@@ -1,0 +1,101 @@
+"""Coarsening for speed: skip calls to schedule() across steps whose outcome is already known.
+
+When every running sequence is decoding (one uncomputed token, first token already out, none
+swapped), all fit the token budget, and no waiting request can be admitted (none waits, or the
+batch cap or budget is reached), the next schedule() returns the same decodes again: the only
+state it changes is a new block for each sequence whose next token starts a block (allocate,
+which also indexes the block just filled). A window of such steps is replayed here by making
+exactly those allocate() calls, in the scheduler's order (step by step, oldest sequence first),
+with each sequence advanced to the state it would have at that call. The window ends before any
+sequence finishes, before the next arrival or coordinator/KV sample is due, and at the first
+allocation that fails (the scheduler then takes over and preempts as it would). Nothing in the
+scheduler or KV manager is changed; tests check that results match step-by-step runs."""
+
+from __future__ import annotations
+
+from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.sim.workload import output_token
+
+
+def eligible(sched, kv) -> bool:
+    running = sched.running
+    if not running:
+        return False
+    n = len(running)
+    budget = sched.config.max_num_batched_tokens
+    if n > budget:
+        return False
+    if sched.waiting and n < sched.batch_cap and n < budget:
+        return False  # the scheduler would try to admit the head
+    for seq in running:
+        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.first_token_time is None or kv.is_swapped(seq):
+            return False
+    return True
+
+
+class Window:
+    """Plans and applies one window; `run` returns (steps, seconds) actually advanced."""
+
+    def __init__(self, sim):
+        self.sim = sim
+
+    def run(self, deadline: float) -> tuple[int, float]:
+        sim = self.sim
+        running: list[Sequence] = list(sim.scheduler.running)
+        n = len(running)
+        cost, bs = sim.runner.cost, sim.kv.block_size
+        # Steps until the first sequence would sample its last token (that step runs normally).
+        max_steps = min(s.params.max_tokens - s.num_output_tokens for s in running) - 1
+        if max_steps < 1:
+            return 0, 0.0
+        base = [s.num_computed_tokens for s in running]
+        ctx0 = float(sum(base))
+        # Block crossings: sequence i needs a new block at the 0-based steps j where its
+        # num_computed at the step's start is a block multiple.
+        crossings: dict[int, list[int]] = {}
+        for i, c in enumerate(base):
+            for j in range((-c) % bs, max_steps, bs):
+                crossings.setdefault(j, []).append(i)
+        times: list[float] = []
+        t = sim.now
+        done = 0
+        for j in range(max_steps):
+            if t >= deadline:  # step j may start only while nothing else is due
+                break
+            failed = False
+            for i in crossings.get(j, ()):  # ascending i: the scheduler's order within a step
+                seq = running[i]
+                self._advance(seq, base[i] + j)
+                if not sim.kv.allocate(seq, base[i] + j + 1):
+                    failed = True  # the scheduler redoes step j itself (and preempts)
+                    break
+            if failed:
+                break
+            ctx = ctx0 + n * j
+            dt = cost.step(n, n, n, ctx, ctx + n).seconds + sim.charge_moves()
+            times.append(dt)
+            t += dt
+            done = j + 1
+        for i, seq in enumerate(running):
+            self._advance(seq, base[i] + done)
+        elapsed = sum(times[:done])
+        now = sim.now
+        for dt in times[:done]:
+            now += dt
+            sim.rec.itl.add(dt, n)
+        sim.runner.busy_s += elapsed
+        sim.runner.steps += done
+        sim.num_steps += done
+        sim.now = now
+        for seq in running:
+            seq.last_token_time = now
+        return done, elapsed
+
+    def _advance(self, seq: Sequence, computed: int) -> None:
+        """Brings seq to `computed` tokens computed, with the token sampled at the last step appended."""
+        toks = seq.token_ids
+        want = computed + 1
+        if len(toks) < want:
+            rid, vocab = seq.request_id, self.sim.runner.vocab
+            toks.extend(output_token(rid, p, vocab) for p in range(len(toks), want))
+        seq.num_computed_tokens = computed
