@@ -71,6 +71,25 @@ def workload_factory(args: argparse.Namespace):
     return make
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The exact `kvloop bench` command (options that differ from their defaults), for the report."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_bench_parser(sub)
+    defaults = vars(sub.choices["bench"].parse_args([]))
+    parts = ["kvloop", "bench"]
+    for key, value in vars(args).items():
+        if key in ("func", "command") or key not in defaults or value == defaults[key]:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts += [x for v in value for x in (flag, shlex.quote(str(v)))]
+        else:
+            parts += [flag, shlex.quote(str(value))]
+    return " ".join(parts)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from kvloop.engine.bench import report
     from kvloop.engine.bench.suite import run_suite
@@ -96,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "num_requests": probe.num_requests, "rates": rates, "main_rate": args.rate, "reps": args.reps,
             "sizing": dataclasses.asdict(sizing), "wall_s": round(time.time() - t0, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-            "commands": ["kvloop " + " ".join(shlex.quote(a) for a in sys.argv[1:])], "notes": args.note,
+            "commands": [command_line(args)], "notes": args.note,
             "throughput_definition": "output tokens / makespan (first send to last finish)"}
     out = report.write(suite, meta, Path(args.out), args.name or probe.name.lower(), slo)
     print(report.markdown(out, []).split("## Plots")[0])
