@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvloop.engine.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
+    from kvloop.engine.sim.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

@@ -50,18 +50,22 @@ def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, a
     return int((free - activations) // model.kv_bytes_per_token) // 16 * 16
 
 
-def load_cpu_efficiency(path: str | Path | None = None) -> Efficiency:
+def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, int]:
+    """(efficiency, dtype bytes) fitted by bench/sim_calibrate.py; placeholders when it has not run."""
     p = Path(path) if path else CALIBRATION_FILE
     if not p.exists():
-        return CPU_EFF_DEFAULT
-    fit = json.loads(p.read_text())["fit"]
-    return Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
-                                                    "token_overhead_s") if k in fit})
+        return CPU_EFF_DEFAULT, 4
+    data = json.loads(p.read_text())
+    fit = data["fit"]
+    eff = Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
+                                                   "token_overhead_s") if k in fit})
+    return eff, int(data.get("dtype_bytes", 4))
 
 
 def get_profile(name: str, calibration: str | Path | None = None, kv_pool_tokens: int | None = None) -> Profile:
-    if name == "cpu":
-        prof = Profile("cpu", SMOLLM2_135M, THIS_CPU, load_cpu_efficiency(calibration), kv_pool_tokens=24576)
+    if name == "cpu":  # the engine's dtype here ('auto' resolves to float32 on this CPU) comes with the fit
+        eff, dtype_bytes = load_cpu_calibration(calibration)
+        prof = Profile("cpu", replace(SMOLLM2_135M, dtype_bytes=dtype_bytes), THIS_CPU, eff, kv_pool_tokens=24576)
     elif name == "h100":
         prof = Profile("h100", LLAMA3_8B, H100, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H100))
     elif name == "h200":

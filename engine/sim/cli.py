@@ -1,0 +1,110 @@
+"""`kvloop simulate`: run workloads through the simulator and write the benchmark's metrics JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", "azure", "mooncake")
+
+
+def add_simulate_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="GPU-scale simulator: real scheduler/KV manager/control law, roofline time")
+    p.add_argument("--workload", default="w1", choices=WORKLOADS)
+    p.add_argument("--trace", default=None, help="CSV (azure) or JSONL (mooncake) trace file")
+    p.add_argument("--profile", default="cpu", choices=("cpu", "h100", "h200"))
+    p.add_argument("--calibration", default=None, help="CPU calibration JSON (default bench/results/sim_calibration.json)")
+    p.add_argument("--modes", default="static,continuous,continuous+lru,codesign", help="comma-separated")
+    p.add_argument("--rate", type=float, default=None, help="requests/s (w1-gpu: all requests; else the open stream)")
+    p.add_argument("--duration", type=float, default=3600.0, help="w1-gpu: seconds of arrivals")
+    p.add_argument("--scale", type=float, default=1.0, help="length scale (w1/w2/w4 lengths, trace lengths)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="trace inter-arrival scale")
+    p.add_argument("--limit", type=int, default=None, help="trace rows at most")
+    p.add_argument("--w4-ratio", type=float, default=1.0, help="w4: documents' KV / device pool")
+    p.add_argument("--w4-oneoff", type=float, default=0.0, help="w4: share of one-off documents")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-tokens", type=int, default=None)
+    p.add_argument("--host-cache-tokens", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--static-batch", type=int, default=None)
+    p.add_argument("--feedback", default=None, help="'default' or a sidecar settings file: run the coordinator")
+    p.add_argument("--period", type=float, default=None, help="coordinator period (s)")
+    p.add_argument("--until", type=float, default=None, help="stop at this virtual time")
+    p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def build_workload(args):
+    from kvloop.engine.bench import traces
+    from kvloop.engine.bench import workloads as bw
+    from kvloop.engine.sim import scenarios
+
+    kw = {"seed": args.seed}
+    if args.rate is not None and args.workload != "w1-gpu":
+        kw["rate"] = args.rate
+    if args.workload == "w1":
+        return bw.w1(args.scale, **kw)
+    if args.workload == "w1-smoke":
+        return bw.w1_smoke(**kw)
+    if args.workload == "w2":
+        return bw.w2(args.scale, **kw)
+    if args.workload == "w4":
+        return bw.w4(args.kv_cache_tokens or 24576, args.w4_ratio, args.w4_oneoff, args.scale, **kw)
+    if args.workload == "w1-gpu":
+        return scenarios.gpu_w1(args.rate or 20.0, args.duration, args.seed)
+    if not args.trace:
+        raise SystemExit(f"--trace is required for {args.workload}")
+    reader = traces.read_azure_csv if args.workload == "azure" else traces.read_mooncake_jsonl
+    return reader(args.trace, args.limit, args.time_scale, args.scale, args.seed)
+
+
+def build_sizing(args, profile):
+    from kvloop.engine.sim import scenarios
+
+    sizing = scenarios.cpu_sizing() if profile.name == "cpu" else scenarios.gpu_sizing(profile)
+    over = {"kv_cache_tokens": args.kv_cache_tokens, "host_cache_tokens": args.host_cache_tokens,
+            "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+            "static_batch": args.static_batch}
+    return replace(sizing, **{k: v for k, v in over.items() if v is not None})
+
+
+def feedback_settings(args):
+    if args.feedback is None:
+        return None
+    from kvloop.sidecar.settings import Settings, load_settings
+
+    s = Settings() if args.feedback == "default" else load_settings(args.feedback)
+    return replace(s, period_s=args.period) if args.period else s
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.simulator import SimConfig, Simulator
+    from kvloop.engine.sim.workload import BenchWorkload
+
+    profile = get_profile(args.profile, args.calibration)
+    sizing = build_sizing(args, profile)
+    fb = feedback_settings(args)
+    runs = []
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        wl = build_workload(args)  # fresh per mode: chat sessions consume their replies
+        t = time.perf_counter()
+        res = Simulator(profile, BenchWorkload(wl), SimConfig(mode=mode, sizing=sizing, until_s=args.until,
+                                                              feedback=fb if mode == "codesign" else None)).run()
+        res["sim"]["wall_s"] = time.perf_counter() - t
+        runs.append({"system": mode, "workload": wl.name, "rate": args.rate, **res})
+        c = res["client"]
+        print(f"{mode:15s} {c['output_throughput_tok_s']:10.1f} tok/s  TTFT p50 {c['ttft_p50_s']:.3f} s "
+              f"p99 {c['ttft_p99_s']:.3f} s  ({res['sim']['wall_s']:.1f} s wall)", file=sys.stderr)
+    text = json.dumps({"simulated": True, "profile": args.profile, "runs": runs}, indent=1, default=str)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
