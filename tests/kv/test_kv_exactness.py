@@ -93,8 +93,12 @@ def test_multi_turn_chat_is_token_identical(make_engine):
     chat.cached = []
     expected = chat(make_engine(mode="continuous"))
     chat.cached = []
-    got = chat(make_engine(admit_min_requests=2, host_cache_tokens=1024))
+    engine = make_engine(admit_min_requests=2, host_cache_tokens=1024)
+    got = chat(engine)
     assert got == expected
     assert chat.cached[0] == {}
     assert set(chat.cached[1]) == {"host"}  # turn 2: the history came back from host memory
     assert set(chat.cached[2]) == {"device", "host"}  # turn 3: turn 1 passed the gate (2 requests)
+    snap = engine.snapshot()  # the counters the metrics and the control block read
+    assert snap["kv_hit_tokens_host"] > 0 and snap["kv_hit_tokens_device"] > 0 and snap["kv_demotions_host"] > 0
+    assert snap["kv_query_tokens"] == sum(64 + 24 * (t + 1) + 8 * t for t in range(3))
