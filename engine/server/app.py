@@ -42,6 +42,8 @@ def build_app(engine: AsyncEngine, metrics: EngineMetrics, settings: ServerSetti
     app = FastAPI(title="kvloop", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible API of the kvloop engine")
     errors.install(app)
+    app.state.settings = settings  # live: tests and operators may change the deadline
+    app.state.engine = engine
 
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": int(started), "owned_by": "kvloop",

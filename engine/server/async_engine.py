@@ -21,6 +21,7 @@ from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.server.metrics import EngineMetrics
 
 log = logging.getLogger("kvloop.server")
+IDLE_TICK_S = 0.5  # while idle the engine thread still ticks, below the control hook's 1 s heartbeat
 
 
 class Overloaded(Exception):
@@ -230,7 +231,8 @@ class AsyncEngine:
                 self._publish()
             else:
                 self._publish(force=True)
-                self._wake.wait(0.5)
+                if not self._wake.wait(IDLE_TICK_S):
+                    eng.step()  # an empty step: the control block still gets published and polled, from this thread
 
     def _drain_inbox(self) -> None:
         eng = self.engine

@@ -31,3 +31,16 @@ def test_non_streaming_client_timeout_aborts(server):
     server.assert_no_leak()
     snap = server.async_engine.snapshot()
     assert snap["num_in_flight"] == 0
+
+
+def test_deadline_aborts_and_answers_408(server, http):
+    settings = server.app.state.settings
+    old = settings.request_timeout_s
+    settings.request_timeout_s = 0.3
+    try:
+        resp = http.post(COMP, json=comp(prompt="Write an essay.", max_tokens=400, temperature=0, ignore_eos=True))
+        assert resp.status_code == 408, resp.text
+        assert resp.json()["error"]["code"] == "timeout"
+    finally:
+        settings.request_timeout_s = old
+    server.assert_no_leak()
