@@ -51,6 +51,11 @@ def test_hf_directory_loads_the_same_model(tmp_path, hf_model, checkpoint, fp32_
     loaded = load_checkpoint(tmp_path, progress=False)
     assert loaded.config.num_layers == 30 and loaded.config.tie_embeddings
     assert not list(tmp_path.glob("*.bin"))
+    from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+    from_json = Tokenizer.from_source(loaded.tokenizer_source)
+    text = "Tokenizers from tokenizer.json: 42 ünïcode"
+    assert from_json.encode(text) == tokenizer.encode(text)
     model = LlamaModel(loaded.config, loaded.weights, torch.float32)
     ids = tokenizer.encode("Paris is the capital of")
     assert (one_prompt_logits(model, ids) - one_prompt_logits(fp32_model, ids)).abs().max().item() <= 1e-5
