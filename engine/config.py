@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.scheduler.scheduler import SchedulerConfig
+from kvloop.engine.scheduler.config import SCHED_MODES, SchedulerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4", "int8")
@@ -26,6 +26,9 @@ class EngineConfig:
     progress: bool = True
     control_file: str | None = None  # shared-memory control block with the sidecar; None: no feedback loop
     control_stale_after_s: float = 120.0  # sidecar targets older than this give way to the defaults above
+    # static | continuous | continuous+lru | codesign: sets scheduler.mode and kv.mode together (static runs
+    # without a prefix cache); None leaves both as configured
+    mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -36,6 +39,11 @@ class EngineConfig:
             raise ValueError("block_size must be a power of two")
         if self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.mode is not None:
+            if self.mode not in SCHED_MODES[1:]:
+                raise ValueError(f"mode must be one of {SCHED_MODES[1:]}")
+            self.scheduler.mode = self.mode
+            self.kv.mode = "continuous" if self.mode == "static" else self.mode
 
     @property
     def num_blocks(self) -> int:

@@ -129,6 +129,10 @@ class EngineCore:
             "kv_blocks_total": self.kv.num_blocks,
             "kv_blocks_free": self.kv.num_free_blocks,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_preemptions_by_kind": self.scheduler.preemptions_by_kind,  # swap / recompute
+            "num_rejections": self.scheduler.num_rejections,
+            "num_oom_events": self.scheduler.num_oom_events,  # static mode's reservations that did not fit
+            "scheduler_mode": self.scheduler.mode,
             "num_steps": self.num_steps,
             **self.kv.snapshot(),
         }
@@ -136,15 +140,29 @@ class EngineCore:
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        failed = self._failed_outputs()
         if not batch:
             if self.control is not None:  # idle steps still publish, so the sidecar sees a live engine
-                self.control.after_step(self, [])
-            return []
+                self.control.after_step(self, failed)
+            return failed
         result = self.runner.execute(batch)
         self.num_steps += 1
-        outputs = self._process(batch, result.tokens, result.logprobs)
+        outputs = failed + self._process(batch, result.tokens, result.logprobs)
         if self.control is not None:
             self.control.after_step(self, outputs)
+        return outputs
+
+    def _failed_outputs(self) -> list[RequestOutput]:
+        """Requests the scheduler failed this step (static mode's out-of-memory): finish_reason 'error'."""
+        outputs = []
+        for seq in self.scheduler.take_failed():
+            self._seqs.pop(seq.request_id, None)
+            state = self._states.pop(seq.request_id, None)
+            self.runner.sampler.forget(seq.request_id)
+            if state is not None:
+                out = state.output(True, "error")
+                out.error = seq.error
+                outputs.append(out)
         return outputs
 
     def _process(self, batch: ScheduledBatch, tokens: dict[int, int], logprobs: dict) -> list[RequestOutput]:

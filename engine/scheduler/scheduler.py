@@ -1,76 +1,139 @@
 """Continuous batching with a token budget and chunked prefill, running requests first (pure Python).
 
 Each step: running sequences get their next token (or their next prefill chunk) oldest first; when the
-pool cannot hold that growth, the newest running sequence is preempted (its blocks freed, recomputed
-later) instead of failing. Then waiting sequences are admitted in arrival order while the batch cap,
-the token budget and free blocks allow."""
+pool cannot hold that growth, the newest running sequence is preempted (swapped to the host tier when
+there is room, else freed and recomputed later) instead of failing. Then waiting sequences are admitted
+while the batch cap, the token budget and memory allow:
+- continuous, continuous+lru: in arrival order; the head waits for memory (FCFS).
+- codesign: in prefix-grouping order with aging (grouping.py), each through the cache-aware
+  admission gate (admission.py).
+- static: fixed batches instead of admission (static.py).
+
+Time comes from `clock` (default time.monotonic, looked up at each call so the simulator can swap it):
+aging and the static fill timeout run on it."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
+from kvloop.engine.scheduler.admission import AdmissionGate
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig
+from kvloop.engine.scheduler.grouping import order_waiting
+from kvloop.engine.scheduler.preemption import Preemptor
+from kvloop.engine.scheduler.prefix import PrefixView
 from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
+from kvloop.engine.scheduler.static import StaticBatcher
+
+__all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
 
 
-@dataclass
-class SchedulerConfig:
-    max_num_seqs: int = 64  # batch cap: running sequences at most
-    max_num_batched_tokens: int = 512  # token budget of one step
-    max_model_len: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-
-
-class RequestRejected(ValueError):
-    """The request can never run here; `reason` says why."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
+def _monotonic() -> float:
+    return time.monotonic()  # resolved per call: engine.sim.clock patches this module's `time`
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Callable[[], float] | None = None):
         self.config = config
         self.kv = kv
+        self.clock = clock or _monotonic
+        self.mode = kv.config.mode if config.mode == "auto" else config.mode
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
+        self.view = PrefixView(kv)
+        self.gate = AdmissionGate(kv, self.view, config.decode_reserve_tokens)
+        self.preemptor = Preemptor(kv)
+        self.static = (StaticBatcher(config.static_batch_size, config.static_fill_timeout_s, config.static_oom)
+                       if self.mode == "static" else None)
+        self.rejections: dict[str, int] = {}
+        self.failed: list[Sequence] = []  # finished by the scheduler itself (static OOM); the engine reports them
+        self._enqueued: dict[Sequence, float] = {}
 
+    # ---- knobs and counters ---------------------------------------------------------------------
     @property
     def batch_cap(self) -> int:
-        return self.config.max_num_seqs
+        return self.static.batch_size if self.static else self.config.max_num_seqs
+
+    def set_batch_cap(self, n: int) -> None:
+        """Live batch cap (the feedback loop's knob). Lowering it preempts nobody: admission waits."""
+        if int(n) < 1:
+            raise ValueError("batch cap must be >= 1")
+        self.config.max_num_seqs = int(n)
+
+    @property
+    def codesign(self) -> bool:
+        return self.mode == "codesign"
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.preemptor.total
+
+    @property
+    def preemptions_by_kind(self) -> dict[str, int]:
+        return dict(self.preemptor.counts)
+
+    @property
+    def num_rejections(self) -> int:
+        return sum(self.rejections.values())
+
+    @property
+    def num_oom_events(self) -> int:
+        return self.static.oom_events if self.static else 0
+
+    def enqueued(self, seq: Sequence) -> float:
+        """When seq (last) entered the waiting queue, on the scheduler's clock."""
+        return self._enqueued.get(seq, seq.arrival_time)
+
+    # ---- requests -------------------------------------------------------------------------------
+    def _reject(self, reason: str, message: str) -> None:
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+        raise RequestRejected(reason, message)
 
     def add(self, seq: Sequence) -> None:
-        total = seq.num_prompt_tokens + (0 if seq.params is None else seq.params.max_tokens)
+        max_tokens = 0 if seq.params is None else seq.params.max_tokens
+        total = seq.num_prompt_tokens + max_tokens
         if seq.num_prompt_tokens == 0:
-            raise RequestRejected("empty_prompt", "the prompt is empty")
+            self._reject("empty_prompt", "the prompt is empty")
         if total > self.config.max_model_len:
-            raise RequestRejected(
-                "too_long",
-                f"this model's maximum context length is {self.config.max_model_len} tokens; the request has "
-                f"{seq.num_prompt_tokens} prompt tokens and asks for {seq.params.max_tokens} more ({total} in all)",
-            )
-        if blocks_for(seq.num_prompt_tokens + 1, self.kv.block_size) > self.kv.num_blocks:
-            raise RequestRejected(
-                "too_long", f"the prompt ({seq.num_prompt_tokens} tokens) does not fit the KV cache "
-                f"({self.kv.num_blocks * self.kv.block_size} tokens)")
+            self._reject("too_long",
+                         f"this model's maximum context length is {self.config.max_model_len} tokens; the request has "
+                         f"{seq.num_prompt_tokens} prompt tokens and asks for {max_tokens} more ({total} in all)")
+        # Must fit the pool alone at its full length, or it could never finish (preempting itself forever).
+        if blocks_for(total, self.kv.block_size) > self.kv.num_blocks:
+            self._reject("too_long", f"the request ({seq.num_prompt_tokens} prompt + {max_tokens} output tokens) "
+                         f"does not fit the KV cache ({self.kv.num_blocks * self.kv.block_size} tokens)")
+        if len(self.waiting) >= self.config.max_waiting:
+            self._reject("queue_full", f"{len(self.waiting)} requests are waiting (the bound is "
+                         f"{self.config.max_waiting}); retry later")
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
+        self._enqueued[seq] = self.clock()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def take_failed(self) -> list[Sequence]:
+        out, self.failed = self.failed, []
+        return out
+
+    # ---- the step -------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
+        now = self.clock()
         batch = ScheduledBatch()
-        budget = self.config.max_num_batched_tokens
-        scheduled: list[Sequence] = []
+        if self.static is not None:
+            self.static.form(self, now)
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if self.static is None and budget > 0 and self.waiting:
+            if self.codesign:
+                self._admit_codesign(batch, budget, now)
+            else:
+                self._admit_fcfs(batch, budget, now)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -78,24 +141,63 @@ class Scheduler:
             if not self._grow(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next sequence
             self._place(batch, seq, n)
-            scheduled.append(seq)
             budget -= n
             i += 1
+        return budget
+
+    def _admit_fcfs(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.batch_cap:
-            seq = self.waiting[0]
-            if seq.num_computed_tokens == 0 and not seq.block_table:
-                self.kv.lookup_prefix(seq)
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not self.kv.allocate(seq, seq.num_computed_tokens + n):
+            n = self._try_start(self.waiting[0], budget, now)
+            if not n:
                 break  # FCFS: the head of the queue waits for memory
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
+            self._place(batch, self.running[-1], n)
+            budget -= n
+
+    def _admit_codesign(self, batch: ScheduledBatch, budget: int, now: float) -> None:
+        cfg = self.config
+        order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued, cfg.aging_s,
+                                        cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
+                                                                    self.kv.block_size))
+        headroom = self.gate.headroom(self.running)
+        for seq in order:
+            if budget <= 0 or len(self.running) >= self.batch_cap:
+                return
+            need = self.gate.need(seq)
+            # A lone request always gets its chance (progress); otherwise the gate decides.
+            n = self._try_start(seq, budget, now) if need <= headroom or not self.running else 0
+            if not n:
+                if id(seq) in priority:
+                    return  # hold memory for a request that has waited its bound (or was preempted)
+                continue
+            headroom -= need
             self._place(batch, seq, n)
             budget -= n
-        return batch
+
+    def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
+        """Attaches seq's cached prefix (or swaps it in) and allocates its first chunk; on success seq runs.
+        Returns the chunk's tokens; 0 when memory is short, and then seq holds no device blocks: a waiting
+        request that kept blocks could starve the running ones (or, with none running, deadlock)."""
+        kv = self.kv
+        was_swapped = kv.is_swapped(seq)
+        if seq.num_computed_tokens == 0 and not seq.block_table and not was_swapped:
+            kv.lookup_prefix(seq)
+        n = min(seq.num_uncomputed_tokens, budget)
+        if kv.allocate(seq, seq.num_computed_tokens + n):
+            self.waiting.remove(seq)
+            self.start_running(seq, now)
+            return n
+        if seq.block_table and not (was_swapped and kv.swap_out(seq)):  # swapped in, then short: back out
+            kv.release(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens = 0
+            seq.cached_tokens_by_tier = {}
+        return 0
+
+    def start_running(self, seq: Sequence, now: float) -> None:
+        self._enqueued.pop(seq, None)
+        seq.status = SeqStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+        self.running.append(seq)
 
     def _grow(self, seq: Sequence, n: int) -> bool:
         """Finds blocks for n more tokens of seq, preempting the newest running sequences as needed."""
@@ -106,16 +208,13 @@ class Scheduler:
                 return False
         return True
 
-    def preempt(self, seq: Sequence) -> None:
-        """Recompute-style preemption: free its blocks; it goes back to the head of the queue."""
+    def preempt(self, seq: Sequence) -> str:
+        """Swap (host room) or recompute; seq goes back to the head of the queue. Returns the kind."""
         self.running.remove(seq)
-        self.kv.release(seq)
-        seq.num_computed_tokens = 0
-        seq.num_cached_tokens = 0
-        seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
+        kind = self.preemptor.preempt(seq)
         self.waiting.appendleft(seq)
+        self._enqueued[seq] = self.clock()
+        return kind
 
     @staticmethod
     def _place(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
@@ -129,10 +228,17 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._enqueued.pop(seq, None)
         self.kv.release(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
-        seq.finished_time = time.monotonic()
+        seq.finished_time = self.clock()
+
+    def fail(self, seq: Sequence, error: str) -> None:
+        """Finishes seq with finish_reason 'error' and hands it to the engine to report."""
+        self.finish(seq, "error")
+        seq.error = error
+        self.failed.append(seq)
 
     def check_integrity(self) -> None:
         self.kv.check_integrity([*self.running, *self.waiting])

@@ -43,6 +43,7 @@ class Sequence:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    error: str | None = None  # why the scheduler failed it (finish_reason 'error'), e.g. static OOM
 
     def __post_init__(self) -> None:
         if not self.token_ids:

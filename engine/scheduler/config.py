@@ -1,0 +1,51 @@
+"""Scheduler settings and the request-rejection error (pure Python).
+
+`mode` selects the batching policy: `static` (static.py), or continuous batching whose co-design
+policies (cache-aware admission, prefix grouping) switch on in `codesign`. `auto` follows the KV
+manager's mode, so a KVConfig(mode=...) alone picks continuous / continuous+lru / codesign."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHED_MODES = ("auto", "static", "continuous", "continuous+lru", "codesign")
+STATIC_OOM = ("fail", "retry")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64  # batch cap: running sequences at most (live: Scheduler.set_batch_cap)
+    max_num_batched_tokens: int = 512  # token budget of one step
+    max_model_len: int = 8192
+    mode: str = "auto"
+    max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
+    # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence
+    decode_reserve_tokens: int = 64
+    # codesign grouping: a request waiting this long goes first (FCFS among the aged); above
+    # grouping_max_queue waiting requests the order is plain FCFS (overload: fairness and O(1) per step)
+    aging_s: float = 5.0
+    grouping_max_queue: int = 64
+    # static mode: fixed batches, filled for up to the timeout, prompt + max_tokens reserved up front
+    static_batch_size: int = 16
+    static_fill_timeout_s: float = 0.5
+    static_oom: str = "fail"  # a reservation that does not fit: fail the request ('error') or retry next batch
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.mode not in SCHED_MODES:
+            raise ValueError(f"scheduler mode must be one of {SCHED_MODES}")
+        if self.static_oom not in STATIC_OOM:
+            raise ValueError(f"static_oom must be one of {STATIC_OOM}")
+        if min(self.max_waiting, self.static_batch_size, self.grouping_max_queue) < 1:
+            raise ValueError("max_waiting, static_batch_size and grouping_max_queue must be >= 1")
+        if min(self.decode_reserve_tokens, self.aging_s, self.static_fill_timeout_s) < 0:
+            raise ValueError("decode_reserve_tokens, aging_s and static_fill_timeout_s must be >= 0")
+
+
+class RequestRejected(ValueError):
+    """The request is refused before it runs; `reason` says why ('queue_full' maps to HTTP 429)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,42 @@
+"""Prefix grouping with aging (codesign): the order in which waiting requests are offered for admission.
+
+1. Requests admitted before (preempted: swapped or to recompute) first, then aged requests (waiting at
+   least `aging_s`), both oldest first. They are `priority`: if one does not fit, admission stops there
+   and holds the memory for it, so no request is passed over once it has waited the bound.
+2. The rest by longest cached-or-in-flight prefix hit (same document, same system prompt: they share
+   blocks and need little prefill), ties oldest first.
+3. A non-priority request whose prompt shares at least `min_share` more blocks with a running request
+   that is still prefilling than the cache holds now is deferred for this step: once that prefill
+   commits its blocks, the request gets them as a hit instead of computing the same prefix twice.
+Above `max_queue` waiting requests the order is plain FCFS (overload: fairness first, and no per-step
+scan of a long queue)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+
+from kvloop.engine.scheduler.prefix import PrefixView
+from kvloop.engine.scheduler.sequence import Sequence
+
+
+def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixView, now: float,
+                  enqueued: Callable[[Sequence], float], aging_s: float, max_queue: int,
+                  min_share: int) -> tuple[list[Sequence], set[int]]:
+    """(candidates in offer order, ids of the priority ones)."""
+    if len(waiting) > max_queue:
+        return list(waiting), {id(s) for s in waiting}  # FCFS: every one holds its place
+    priority = [s for s in waiting if s.num_preemptions or now - enqueued(s) >= aging_s]
+    prio_ids = {id(s) for s in priority}
+    first = sorted(priority, key=lambda s: (not s.num_preemptions, enqueued(s)))
+    prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
+    rest = []
+    for s in waiting:
+        if id(s) in prio_ids:
+            continue
+        hit = view.peek(s).blocks
+        if prefilling and any(view.common_blocks(s, r) - hit >= min_share for r in prefilling):
+            continue  # deferred: its prefix is being computed right now
+        rest.append((-hit, enqueued(s), s))
+    rest.sort(key=lambda x: (x[0], x[1]))
+    return first + [s for _, _, s in rest], prio_ids

@@ -1,0 +1,73 @@
+"""What the prefix cache holds for a waiting sequence, read without attaching anything (pure Python).
+
+Admission and grouping look at many waiting requests every step; `KVCacheManager.lookup_prefix` would
+pin blocks for each of them. This view only reads the index. A sequence's block keys are hashed once
+and kept while its token count is unchanged."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+from kvloop.engine.kv.hashing import chain_hashes
+from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.scheduler.sequence import Sequence
+
+
+@dataclass
+class PrefixHit:
+    shared: int = 0  # device blocks that running sequences already hold (free to share)
+    cached: int = 0  # device blocks cached but unreferenced (sharing them takes them from the cache)
+    lower: int = 0  # blocks in the host or disk tier (promoted into new device blocks)
+
+    @property
+    def blocks(self) -> int:
+        return self.shared + self.cached + self.lower
+
+
+class PrefixView:
+    def __init__(self, kv: KVCacheManager):
+        self.kv = kv
+        self._keys: weakref.WeakKeyDictionary[Sequence, tuple[int, list[int]]] = weakref.WeakKeyDictionary()
+        # the manager's key salt (model fingerprint, dtype): equal keys only within one model
+        self._extra: bytes = getattr(kv, "_extra", b"")
+
+    def keys(self, seq: Sequence) -> list[int]:
+        """Chained keys of seq's full blocks (cached per token count)."""
+        hit = self._keys.get(seq)
+        if hit is None or hit[0] != seq.num_tokens:
+            hit = (seq.num_tokens, chain_hashes(seq.token_ids, self.kv.block_size, self._extra))
+            self._keys[seq] = hit
+        return hit[1]
+
+    def peek(self, seq: Sequence) -> PrefixHit:
+        """The hit lookup_prefix(seq) would find now (same rules: never the last token, min prefix)."""
+        kv = self.kv
+        cfg = kv.config
+        if not cfg.prefix_cache or seq.block_table or seq.num_computed_tokens or kv.is_swapped(seq):
+            return PrefixHit()
+        usable = self.keys(seq)[: (seq.num_tokens - 1) // kv.block_size]
+        hit = PrefixHit()
+        refs = kv.pool.ref_counts
+        for h in usable:
+            block = kv.index.slot_of(h)
+            if block is not None:
+                if refs[block] > 0:
+                    hit.shared += 1
+                else:
+                    hit.cached += 1
+            elif (cfg.codesign and kv.host is not None and kv.host.has(h)) or (kv.disk is not None and kv.disk.has(h)):
+                hit.lower += 1
+            else:
+                break
+        min_tokens = cfg.min_prefix_tokens if cfg.codesign else 1
+        return hit if hit.blocks and hit.blocks * kv.block_size >= min_tokens else PrefixHit()
+
+    def common_blocks(self, a: Sequence, b: Sequence) -> int:
+        """Leading full blocks two sequences share (equal chained keys)."""
+        n = 0
+        for x, y in zip(self.keys(a), self.keys(b), strict=False):
+            if x != y:
+                break
+            n += 1
+        return n
