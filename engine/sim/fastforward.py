@@ -25,8 +25,9 @@ def eligible(sched, kv) -> bool:
     budget = sched.config.max_num_batched_tokens
     if n > budget:
         return False
-    if sched.waiting and n < sched.batch_cap and n < budget:
-        return False  # the scheduler would try to admit the head
+    static = getattr(sched, "static", None) is not None  # static mode: nobody joins a running batch
+    if sched.waiting and not static and n < sched.batch_cap and n < budget:
+        return False  # the scheduler would try to admit from the queue
     for seq in running:
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.first_token_time is None or kv.is_swapped(seq):
             return False

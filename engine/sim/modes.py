@@ -42,6 +42,7 @@ def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -
     field = static_field() if mode == "static" else None
     if field:
         sched_kw[field] = "static"
+        sched_kw.update(static_batch_size=sizing.static_batch, static_fill_timeout_s=sizing.fill_timeout_s)
     codesign = mode == "codesign"
     kv = KVConfig(mode="continuous" if mode == "static" else mode,
                   host_cache_tokens=sizing.host_cache_tokens if codesign else 0,

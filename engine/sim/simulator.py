@@ -48,7 +48,7 @@ class Simulator:
         sched_cfg, kv_cfg, gate = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
         self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
-        self.scheduler = Scheduler(sched_cfg, self.kv)
+        self.scheduler = Scheduler(sched_cfg, self.kv, clock=lambda: self.now)
         self.runner = SimRunner(profile.cost_model(), bs)
         self.gate = VirtualStaticGate(cfg.sizing.static_batch, cfg.sizing.fill_timeout_s) if gate else None
         self.coord = VirtualCoordinator(cfg.feedback) if cfg.feedback is not None else None
@@ -94,7 +94,7 @@ class Simulator:
             "num_waiting": len(s.waiting) + (len(self.gate) if self.gate else 0), "num_running": len(s.running),
             "batch_cap": s.batch_cap, "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks,
             "kv_blocks_free": kv.num_free_blocks, "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
-            "num_rejections": self.rejections + getattr(s, "num_rejections", 0),
+            "num_rejections": getattr(s, "num_rejections", self.rejections),
             "num_oom_events": int(getattr(s, "num_oom_events", 0)), **kv.snapshot(),
         }
 
@@ -132,6 +132,14 @@ class Simulator:
         for gap, count in gaps.items():
             rec.itl.add(gap, count)
 
+    def _take_failed(self) -> None:
+        """As EngineCore: requests the scheduler failed (static mode's out-of-memory) end with an error;
+        a failed chat turn ends its session (as the bench driver does)."""
+        take = getattr(self.scheduler, "take_failed", None)
+        for seq in take() if take else ():
+            self.rec.failed(seq.request_id, getattr(seq, "error", None) or "error", self.now)
+            self._specs.pop(seq.request_id, None)
+
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq, "length")
         self.rec.finished(seq.request_id, self.now, seq.num_output_tokens, seq.num_cached_tokens)
@@ -167,6 +175,7 @@ class Simulator:
                 if Window(self).run(self._deadline())[0]:
                     continue
             batch = sched.schedule()
+            self._take_failed()
             if not batch:
                 self._idle_to(min(heap[0][0] if heap else math.inf, self.now + IDLE_TICK_S))
                 continue

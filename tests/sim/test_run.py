@@ -71,3 +71,14 @@ def test_rejection_counted(simulate):
     wl = bw.Workload("big", requests=[bw.RequestSpec("r0", "doc", 0.0, list(range(100, 5100)), 4)])
     _, res = simulate("continuous", wl=wl)
     assert res["client"]["rejections"] == 1 and res["client"]["completed"] == 0
+
+
+def test_static_oom_fails_requests(simulate):
+    from kvloop.engine.sim.modes import Sizing
+
+    sizing = Sizing(kv_cache_tokens=512, max_num_seqs=16, max_num_batched_tokens=256, static_batch=4)
+    _, res = simulate("static", sizing=sizing)
+    c, s = res["client"], res["server"]
+    assert s["oom_events"] > 0
+    assert c["failed"] == s["oom_events"] and c["completed"] > 0
+    assert res["sim"]["unfinished"] == 0

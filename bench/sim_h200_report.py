@@ -1,0 +1,151 @@
+"""Renders bench/results/sim_h200.json and sim_h200.md (+ plots) from the parts sim_h200.py wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ARTICLE = {"throughput_ratio": 2.8, "ttft_p99_static_ms": 420, "ttft_p99_codesign_ms": 185,
+           "oom_per_hour_static": 6, "oom_per_hour_codesign": 0, "kv_use_codesign": 0.85}
+
+
+def _load(results: Path, part: str) -> dict | None:
+    p = results / f"sim_h200_{part}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _ms(x) -> str:
+    return "–" if x is None else f"{1000 * x:.0f}"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def physics(profile_name: str = "h200") -> dict:
+    """The numbers that bound what W1 can do on this GPU, from the cost model and the workload shape."""
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.scenarios import gpu_sizing
+
+    prof = get_profile(profile_name)
+    m, cm = prof.model, prof.cost_model()
+    sizing = gpu_sizing(prof)
+    # a full static batch of W1 requests reserves prompt + max tokens each: ~2,050+150 (QA) or up to ~1,070+200 (chat)
+    mean_reserve = 0.5 * (2050 + 150) + 0.5 * (100 + 4 * 70 + 3 * 200 / 2 + 200)
+    return {
+        "kv_pool_tokens": prof.kv_pool_tokens, "weights_gb": m.weight_bytes_per_step / 1e9,
+        "decode_step_ms_batch1": 1000 * cm.step_for([(2000, 1, True)]).seconds,
+        "decode_step_ms_batch256_ctx2000": 1000 * cm.step_for([(2000, 1, True)] * 256).seconds,
+        "mean_w1_reservation_tokens": mean_reserve,
+        "static_batch_for_reservation_oom": int(prof.kv_pool_tokens / mean_reserve),
+        "hot_document_kv_share": 200 * 2000 / prof.kv_pool_tokens,
+        "max_num_seqs": sizing.max_num_seqs,
+    }
+
+
+def write_report(results: Path) -> dict:
+    compare, sweep, speed = (_load(results, p) for p in ("compare", "sweep", "speed"))
+    phys = physics()
+    report = {"article": ARTICLE, "physics": phys, "compare": compare, "period_sweep": sweep, "speed": speed}
+    lines = ["# W1 on a simulated H200 (Llama-3-8B, bf16)", "",
+             "Simulated: the real scheduler, KV manager and sidecar control law on a roofline cost model "
+             "(engine/sim; H200 4.8 TB/s, 989 TFLOP/s, 141 GB; 80% of bandwidth, 60% of peak, 1 ms per step "
+             "assumed, not measured). Pool "
+             f"{phys['kv_pool_tokens']:,} tokens of KV (90% of memory minus weights and 2 GB), 256 running "
+             "sequences at most, 2,048-token chunked-prefill budget, 128 GiB host tier (codesign). `static` is "
+             "the bench's static gate (batches of up to 256, 0.5 s fill, next batch when the last has "
+             "finished) over the no-cache engine: the scheduler has no static mode yet (issue 4), so there "
+             "is no up-front reservation and no out-of-memory event counting in it.", ""]
+    if compare:
+        lines += [f"## Modes (W1-gpu, {compare['duration_s']:g} s of Poisson arrivals per run, then the drain)", "",
+                  "| rate req/s | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | OOM/h | preempt | KV use mean / max | hit rate | × static |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for rate, row in compare["rates"].items():
+            base = row.get("static", {}).get("throughput_tok_s")
+            for mode, s in row.items():
+                ratio = f"{s['throughput_tok_s'] / base:.2f}" if base else "–"
+                lines.append(f"| {rate} | {mode} | {s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
+                             f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['oom_per_hour']:.1f} | "
+                             f"{s['preemptions']:.0f} | {_pct(s['kv_use_mean'])} / {_pct(s['kv_use_max'])} | "
+                             f"{_pct(s['hit_rate_total'])} | {ratio} |")
+        lines += ["", "## Against the article", "", ARTICLE_TEXT.format(**phys), ""]
+    if sweep:
+        lines += [f"## Coordinator period (codesign; load {' / '.join(f'{r:g}' for r in sweep['rates'])} req/s, "
+                  f"switching every {sweep['phase_s']:g} s)", "",
+                  "| period s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 s | preempt | cap changes | final cap |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p, s in sweep["runs"].items():
+            caps = [c for c in s.get("changes", []) if c["knob"] == "batch_cap"]
+            final = caps[-1]["new"] if caps else ("256 (fixed)" if p == "none" else "32")
+            lines.append(f"| {p} | {s['throughput_tok_s']:.0f} | {_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | "
+                         f"{s['e2e_p99_s']:.1f} | {s['preemptions']:.0f} | {len(caps)} | {final} |")
+        lines += ["", SWEEP_TEXT, ""]
+    if speed:
+        lines += ["## Speed", "", f"One simulated hour of W1-gpu at {speed['rate']:g} req/s (codesign): "
+                  f"{speed['wall_s']:.0f} s of wall time here ({speed['steps']:,} steps).", ""]
+    (results / "sim_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (results / "sim_h200.md").write_text("\n".join(lines) + "\n")
+    _plots(results, compare, sweep)
+    return report
+
+
+ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio is a property of the load, not of the system: below static's
+  capacity every mode serves the offered load (ratio ≈ 1); past it, static's throughput stays at its
+  own capacity while the others keep up, so the ratio grows with the offered rate until they saturate
+  too. In this model codesign's capacity is several times static's (see the table), so 2.8× is
+  *possible* at H200 scale — at a load between the two capacities — but it is not a fixed number.
+- **P99 TTFT 420 → 185 ms**: physically plausible only where static is not overloaded (an overloaded
+  static gate queues for tens of seconds). At a load static sustains, its P99 TTFT is dominated by the
+  0.5 s fill timeout plus waiting for the previous batch, and codesign's by one chunked prefill
+  (a 2,000-token prompt is ~{decode_step_ms_batch1:.0f}-60 ms of compute), so codesign's P99 in the tens
+  of milliseconds is what the model gives; 185 ms is slower than the hardware needs.
+- **OOM about 6/h → 0**: a static batch only runs out of memory if its up-front reservations
+  (prompt + max tokens, ~{mean_w1_reservation_tokens:.0f} tokens per W1 request) exceed the pool:
+  that needs about {static_batch_for_reservation_oom} W1 requests in one batch, beyond the 256-sequence
+  cap. With W1's lengths on 141 GB an out-of-memory event is not physically possible at these batch
+  sizes; codesign (and every continuous mode) preempts instead and never fails a request.
+- **KV use above 85%**: the pool holds {kv_pool_tokens:,} tokens; the 200 hot documents are
+  {hot_document_kv_share:.0%} of it and are shared, and 256 sequences of ~2,000 tokens reference at most
+  ~60% even without sharing. Above 85% of an H200's pool is not reachable with W1 at a 256-sequence cap;
+  it would take several hundred concurrent distinct long contexts."""
+
+SWEEP_TEXT = """The coordinator starts at a batch cap of 32 (bounds 16–512, step ≤ 64, P99 TTFT objective 0.5 s);
+'none' is codesign with a fixed cap of 256 and no coordinator. On W1 at H200 scale the pool is never
+under pressure, so the law only ever raises the cap (TTFT objective missed or queue with KV headroom)
+and never cuts it: a shorter period reaches a sufficient cap sooner and loses less in the first heavy
+phase. Nothing here makes a longer period better, so the article's claim that 30 s is best does not
+hold for this load; a period matters for stability only when cuts (preemptions, OOM, KV above the
+band) and raises alternate, which W1 on an H200 does not produce."""
+
+
+def _plots(results: Path, compare: dict | None, sweep: dict | None) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    if compare:
+        rates = list(compare["rates"])
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        modes = list(compare["rates"][rates[0]])
+        for mode in modes:
+            ax[0].plot([float(r) for r in rates], [compare["rates"][r][mode]["throughput_tok_s"] for r in rates],
+                       "o-", label=mode)
+            ax[1].plot([float(r) for r in rates], [compare["rates"][r][mode]["ttft_p99_s"] for r in rates],
+                       "o-", label=mode)
+        ax[0].set(xlabel="offered req/s", ylabel="output tok/s", title="throughput")
+        ax[1].set(xlabel="offered req/s", ylabel="P99 TTFT (s)", yscale="log", title="P99 TTFT")
+        ax[0].legend()
+        fig.tight_layout()
+        fig.savefig(results / "sim_h200_modes.png", dpi=80)
+        plt.close(fig)
+    if sweep:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        keys = list(sweep["runs"])
+        ax.bar(keys, [sweep["runs"][k]["ttft_p99_s"] for k in keys])
+        ax.set(xlabel="coordinator period (s)", ylabel="P99 TTFT (s)", title="period sweep (codesign)")
+        fig.tight_layout()
+        fig.savefig(results / "sim_h200_period.png", dpi=80)
+        plt.close(fig)
