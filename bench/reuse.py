@@ -62,7 +62,8 @@ class NoiseMeter:
             now_all, now_me, now_t = psutil.cpu_times(), self._me.cpu_times(), time.monotonic()
             busy = (sum(now_all) - now_all.idle - now_all.iowait) - (sum(last_all) - last_all.idle - last_all.iowait)
             mine = (now_me.user + now_me.system) - (last_me.user + last_me.system)
-            self.samples.append(max(0.0, (busy - mine) / (now_t - last_t)))
+            # clamped to the core count: a VM's counters can jump once in a while
+            self.samples.append(min(psutil.cpu_count(), max(0.0, (busy - mine) / (now_t - last_t))))
             last_all, last_me, last_t = now_all, now_me, now_t
 
     def __enter__(self) -> NoiseMeter:
@@ -214,7 +215,10 @@ def markdown(res: dict) -> str:
         n = m["noise"]
         lines.append(f"Machine noise during the TTFT runs: other processes used {n['other_cpu_cores_mean']} CPU cores "
                      f"on average (p90 {n['other_cpu_cores_p90']}, max {n['other_cpu_cores_max']}) of "
-                     f"{n['cpu_count']}; the machine was shared with other developers, so absolute times are noisy.")
+                     f"{n['cpu_count']} (load average {m.get('load_average_start', [0])[0]:.1f} at the start, "
+                     f"{m.get('load_average_end', [0])[0]:.1f} at the end). The machine was shared with other "
+                     f"developers and saturated, so absolute times are several times what a quiet machine gives; "
+                     f"the tiers were interleaved per rep, so the ratios are the meaningful numbers.")
     return "\n".join(lines) + "\n"
 
 
