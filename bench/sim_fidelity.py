@@ -36,7 +36,7 @@ def sim_sizing() -> Sizing:
                    disk_cache_tokens=s(d.disk_cache_tokens))
 
 
-def run_real(modes: list[str], threads: int | None) -> dict:
+def run_real(modes: list[str], threads: int | None, save=None) -> dict:
     from kvloop.engine.bench.driver import run_workload
     from kvloop.engine.bench.guard import NoiseGuard
     from kvloop.engine.bench.metrics import client_metrics, server_metrics
@@ -56,6 +56,8 @@ def run_real(modes: list[str], threads: int | None) -> dict:
         out[mode] = {"client": client_metrics(res.records), "server": server, "noise": res.noise.as_dict() | {
             "series": []}, "info": res.info, "wall_s": res.wall_s}
         c = out[mode]["client"]
+        if save:
+            save(mode, out[mode])  # each mode as soon as it is measured (these runs are slow here)
         print(f"real {mode:15s} {c['output_throughput_tok_s']:8.1f} tok/s TTFT p50 {c['ttft_p50_s']:.3f} "
               f"p99 {c['ttft_p99_s']:.3f} other cores {res.noise.other_cores_mean:.2f}", flush=True)
     return out
@@ -81,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     real_file = RESULTS / "sim_fidelity_real.json"
     saved = json.loads(real_file.read_text()) if real_file.exists() else {}
     if not args.sim_only:
-        saved.update(run_real(modes, args.threads))
-        real_file.write_text(json.dumps(saved, indent=1, default=str) + "\n")
+        def save(mode: str, row: dict) -> None:
+            saved[mode] = row
+            real_file.write_text(json.dumps(saved, indent=1, default=str) + "\n")
+
+        run_real(modes, args.threads, save)
     modes = [m for m in modes if m in saved]
     sim = run_sim(modes, args.calibration)
     table = {}
