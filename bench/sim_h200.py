@@ -49,17 +49,18 @@ def summary(res: dict) -> dict:
         "preemptions": s["preemptions"], "kv_use_mean": s["kv_use_mean"], "kv_use_max": s["kv_use_max"],
         "kv_use_mean_while_waiting": s["kv_use_mean_while_waiting"], "hit_rate_total": s["hit_rate_total"],
         "hit_rate_device": s["hit_rate_device"], "hit_rate_host": s["hit_rate_host"],
-        "virtual_s": sim["virtual_s"], "steps": sim["steps"], "wall_s": sim.get("wall_s"),
+        "virtual_s": sim["virtual_s"], "steps": sim["steps"], "wall_s": sim.get("wall_s"), "cpu_s": sim.get("cpu_s"),
         "static_impl": sim.get("static_impl"),
     }
 
 
 def run(mode: str, wl, fb: Settings | None = None, sample_every: float = 1.0) -> dict:
     prof = get_profile("h200")
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     res = Simulator(prof, BenchWorkload(wl), SimConfig(mode=mode, sizing=gpu_sizing(prof), feedback=fb,
                                                        sample_every_s=sample_every)).run()
     res["sim"]["wall_s"] = time.perf_counter() - t
+    res["sim"]["cpu_s"] = time.process_time() - cpu  # this process's CPU time: what a quiet machine would take
     return res
 
 
@@ -80,7 +81,7 @@ def part_compare(args) -> dict:
 def part_sweep(args) -> dict:
     rates = (args.rates * args.phases)[: args.phases] if len(args.rates) < args.phases else args.rates
     out = {"rates": rates, "phase_s": args.phase, "runs": {}}
-    periods = [None, *args.periods]
+    periods = ([] if args.no_baseline else [None]) + list(args.periods)
     for p in periods:
         wl = phased_w1(rates, args.phase, args.seed)
         res = run("codesign", wl, feedback(p) if p else None)
@@ -97,7 +98,8 @@ def part_sweep(args) -> dict:
 def part_speed(args) -> dict:
     res = run("codesign", gpu_w1(args.rate, 3600.0, args.seed), sample_every=5.0)
     s = summary(res)
-    print("one simulated hour:", {k: s[k] for k in ("wall_s", "virtual_s", "steps", "throughput_tok_s")}, flush=True)
+    print("one simulated hour:", {k: s[k] for k in ("wall_s", "cpu_s", "virtual_s", "steps", "throughput_tok_s")},
+          flush=True)
     return {"rate": args.rate, "mode": "codesign", **s}
 
 
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--periods", default=",".join(f"{p:g}" for p in PERIODS))
     ap.add_argument("--rate", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-baseline", action="store_true", help="sweep: skip codesign without the coordinator")
     ap.add_argument("--tag", default="", help="suffix for the part's file (parallel runs)")
     args = ap.parse_args(argv)
     args.rates = [float(x) for x in args.rates.split(",")]
