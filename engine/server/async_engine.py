@@ -28,6 +28,10 @@ class Overloaded(Exception):
     """More requests in flight than the server admits; the API answers 429."""
 
 
+class RequestFailed(Exception):
+    """The engine gave up on one request (e.g. static mode out of memory); the API answers 503."""
+
+
 class EngineDead(Exception):
     """The engine thread stopped (a bug or a fatal error); the API answers 503."""
 
@@ -173,6 +177,12 @@ class AsyncEngine:
                 elif m:
                     m.observe_token_gap(now - member.last_token)
                 member.last_token = now
+            if out.finished and out.finish_reason == "error":  # the scheduler failed it (static-mode OOM)
+                del self._members[out.request_id]
+                if m:
+                    m.observe_rejected("engine_error")
+                member.group.queue.put_nowait((out.request_id, RequestFailed(out.error or "the engine failed")))
+                continue
             member.output_tokens = out.num_output_tokens
             member.first_scheduled = out.first_scheduled_time
             if out.finished:

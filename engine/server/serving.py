@@ -15,7 +15,7 @@ from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected
 from kvloop.engine.scheduler.sequence import TokenLogprob
-from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestGroup
+from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestFailed, RequestGroup
 from kvloop.engine.server.errors import APIError, bad_request, param_of
 from kvloop.engine.server.protocol import _Sampling
 
@@ -96,6 +96,9 @@ def to_api_error(exc: BaseException) -> APIError:
                         headers={"Retry-After": "1"})
     if isinstance(exc, EngineDead):
         return APIError(503, str(exc), code="engine_unavailable")
+    if isinstance(exc, RequestFailed):
+        return APIError(503, f"the engine could not serve this request: {exc}", code="engine_error",
+                        headers={"Retry-After": "1"})
     if isinstance(exc, ValueError):
         return bad_request(str(exc), "prompt" if isinstance(exc, RequestRejected) else param_of(str(exc)))
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")

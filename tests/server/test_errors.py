@@ -164,3 +164,26 @@ def test_api_key_and_not_ready(server, core_engine):
             assert "access-control-allow-origin" not in (await c.get("/health", headers={"Origin": "http://x"})).headers
 
     asyncio.run(run())
+
+
+def test_engine_failed_request_is_503_not_500(server, core_engine):
+    """A request the scheduler fails (static mode's out-of-memory) comes back as an OpenAI-shaped 503."""
+    from kvloop.engine.output_processor import RequestOutput
+    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.server.async_engine import AsyncEngine
+    from kvloop.engine.server.serving import to_api_error
+
+    eng = AsyncEngine(core_engine)
+    group = eng.new_group()
+
+    async def run():
+        eng._loop = asyncio.get_running_loop()
+        group.add("r1", [1, 2, 3], SamplingParams(), None)
+        eng._inbox.clear()  # never reaches the engine: the failure is injected below
+        eng._dispatch([RequestOutput("r1", "", "", [], [], True, "error", 3, 0, error="out of memory")], 0.0)
+        _, item = await group.next()
+        return to_api_error(item)
+
+    err = asyncio.run(run())
+    assert err.status == 503 and "out of memory" in err.message and err.headers["Retry-After"] == "1"
+    assert eng.num_in_flight == 0
