@@ -11,7 +11,7 @@ from kvloop.engine.kv.tier_mover import TierMover
 from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.model.locate import resolve_model_path
+from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.model_runner import ModelRunner
 from kvloop.engine.sampling import SamplingParams
@@ -52,7 +52,8 @@ class EngineCore:
                                config.attention_backend, config.quantization)
             tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
             fingerprint = checkpoint.fingerprint
-            self.model_name = checkpoint.name
+            # the API serves the model under this name: the embedded default gets its plain, space-free name
+            self.model_name = EMBEDDED_NAME if config.model in (None, "", "default") else checkpoint.name
         else:
             self.model_name = model_name
         self.model = model
