@@ -67,6 +67,14 @@ class HTTPTarget(Target):
         self._lock = threading.Lock()
         self._client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_connections=512))
 
+    def start(self) -> None:
+        """OpenAI servers require `model`: take the first one /v1/models lists when none was given."""
+        if self.flavor == "openai" and not self.model:
+            try:
+                self.model = self._client.get(self.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+            except (httpx.HTTPError, KeyError, IndexError, ValueError):
+                self.model = "default"
+
     def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
         with self._lock:
             self._live.add(request_id)
