@@ -91,6 +91,15 @@ def _read_user() -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from kvloop.engine.server.launch import serve
 
+    if args.config:
+        from kvloop.engine.settings_file import load_engine_settings
+
+        config, extras = load_engine_settings(args.config)
+        if extras["served_name"] and not args.served_model_name:
+            args.served_model_name = [extras["served_name"], "default"]
+        if extras["log_level"]:
+            args.log_level = extras["log_level"]
+        return serve(args, config)
     return serve(args, engine_config_from_args(args))
 
 
@@ -119,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     from kvloop.engine.server.launch import add_server_args
 
     add_server_args(srv)
+    srv.add_argument("--config", default=None,
+                     help="engine settings file (the operator's engine.yaml); replaces the engine flags")
     srv.set_defaults(func=cmd_serve)
     op = sub.add_parser("operator", help="run the InferenceService operator (kopf)")
     op.add_argument("rest", nargs=argparse.REMAINDER)

@@ -18,6 +18,11 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 65536  # device pool size in tokens
+    # Pool sizes in memory units (the operator's spec); when set they override the token counts, converted
+    # with the model's KV bytes per token once the model is known (EngineCore.apply_pool_sizes).
+    device_pool_mib: float | None = None
+    host_pool_mib: float | None = None
+    disk_pool_gib: float | None = None
     attention_backend: str = "auto"
     quantization: str = "none"  # none (exact) | int4 | int8: weight-only, for decode-sized steps (model/linear.py)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default

@@ -38,12 +38,27 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def apply_pool_sizes(config: EngineConfig, kv_bytes_per_token: int) -> None:
+    """Turns pool sizes given in memory units into token counts (whole blocks) for this model and dtype."""
+    def tokens(nbytes: float) -> int:
+        return int(nbytes // kv_bytes_per_token) // config.block_size * config.block_size
+
+    if config.device_pool_mib is not None:
+        config.kv_cache_tokens = max(config.block_size, tokens(config.device_pool_mib * 2**20))
+    if config.host_pool_mib is not None:
+        config.kv.host_cache_tokens = tokens(config.host_pool_mib * 2**20)
+    if config.disk_pool_gib is not None:
+        config.kv.disk_cache_tokens = tokens(config.disk_pool_gib * 2**30)
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None,
                  model: LlamaModel | None = None, tokenizer: Tokenizer | None = None, fingerprint: str = "",
                  model_name: str = "random"):
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.device == "auto":  # the operator's default: the GPU when there is one
+            config.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.config = config
         self.dtype = resolve_dtype(config.dtype, config.device)
         if model is None:
@@ -60,6 +75,7 @@ class EngineCore:
         self.model_config: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
+        apply_pool_sizes(config, model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.dtype).element_size()))
         sched_cfg = config.scheduler
         sched_cfg.max_model_len = min(sched_cfg.max_model_len, model.cfg.max_position)
         # The dtype is part of the block key too: a bf16 and an fp32 engine never share cached K/V.
