@@ -7,3 +7,31 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402  (after the environment above, which must be set before torch/triton load)
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    """The embedded SmolLM2 checkpoint, loaded once for the whole run and shared by every test folder."""
+    from kvloop.engine.model.checkpoint import load_checkpoint
+    from kvloop.engine.model.locate import embedded_model_path
+
+    return load_checkpoint(embedded_model_path(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(checkpoint):
+    from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+    return Tokenizer.from_source(checkpoint.tokenizer_source)
+
+
+@pytest.fixture(scope="session")
+def fp32_model(checkpoint):
+    """The model in fp32 (the exactness tests' dtype), with one torch thread for determinism."""
+    import torch
+    from kvloop.engine.model.llama import LlamaModel
+
+    torch.set_num_threads(1)
+    return LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)

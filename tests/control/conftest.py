@@ -1,4 +1,4 @@
-"""A real fp32 engine over the embedded model, loaded once per session (pattern of tests/engine)."""
+"""A real fp32 engine over the embedded model (the shared session fixtures of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,12 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def make_engine():
-    torch = pytest.importorskip("torch")
+def make_engine(checkpoint, fp32_model, tokenizer):
     from kvloop.engine.config import EngineConfig
     from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.model.checkpoint import load_checkpoint
-    from kvloop.engine.model.llama import LlamaModel
-    from kvloop.engine.model.locate import embedded_model_path
     from kvloop.engine.scheduler.scheduler import SchedulerConfig
-    from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(embedded_model_path(), progress=False)
-    model = LlamaModel(ckpt.config, ckpt.weights, torch.float32)
-    tok = Tokenizer.from_source(ckpt.tokenizer_source)
+    ckpt, model, tok = checkpoint, fp32_model, tokenizer
 
     def make(**kwargs) -> EngineCore:
         sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in SchedulerConfig.__dataclass_fields__})

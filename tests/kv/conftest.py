@@ -8,28 +8,9 @@ import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
-from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.model.locate import embedded_model_path
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
-from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="session")
-def checkpoint() -> Checkpoint:
-    return load_checkpoint(embedded_model_path(), progress=False)
-
-
-@pytest.fixture(scope="session")
-def fp32_model(checkpoint) -> LlamaModel:
-    return LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tokenizer(checkpoint) -> Tokenizer:
-    return Tokenizer.from_source(checkpoint.tokenizer_source)
 
 
 @pytest.fixture(scope="session")

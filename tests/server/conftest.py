@@ -15,13 +15,9 @@ import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.model.checkpoint import load_checkpoint
-from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.model.locate import embedded_model_path
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.launch import build_server
-from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
 
@@ -76,13 +72,12 @@ def _serve_args(**overrides) -> argparse.Namespace:
 
 
 @pytest.fixture(scope="session")
-def core_engine() -> EngineCore:
-    ckpt = load_checkpoint(embedded_model_path(), progress=False)
-    model = LlamaModel(ckpt.config, ckpt.weights, torch.float32)
+def core_engine(checkpoint, fp32_model, tokenizer) -> EngineCore:
+    ckpt, model = checkpoint, fp32_model
     cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS, kv=KVConfig(host_cache_tokens=KV_TOKENS),
                        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256,
                                                  max_model_len=MAX_MODEL_LEN))
-    return EngineCore(cfg, model=model, tokenizer=Tokenizer.from_source(ckpt.tokenizer_source),
+    return EngineCore(cfg, model=model, tokenizer=tokenizer,
                       fingerprint=ckpt.fingerprint, model_name=ckpt.name)
 
 
