@@ -66,6 +66,10 @@ def engine_target(mode: str, sizing: Sizing, threads: int | None = None) -> Targ
     static_field = engine_static_field() if mode == "static" else None
     if static_field:
         sched_kw[static_field] = "static"
+        fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        for key, value in (("static_batch_size", sizing.static_batch), ("static_fill_timeout_s", sizing.fill_timeout_s)):
+            if key in fields:
+                sched_kw[key] = value
     kv_mode = "continuous" if mode == "static" else mode
     kv = KVConfig(mode=kv_mode, host_cache_tokens=sizing.host_cache_tokens if mode == "codesign" else 0,
                   disk_dir=sizing.disk_dir if mode == "codesign" else None,
