@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 from kvloop.engine.bench.metrics import SLO, capacity
@@ -141,7 +142,11 @@ def markdown(report: dict, plots: list[str]) -> str:
 
 
 def plots(suite: SuiteResult, out_dir: Path, stem: str) -> list[str]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # plots are optional: `pip install kvloop[bench]` brings matplotlib
+        print("matplotlib is not installed: writing the report without plots", file=sys.stderr)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
