@@ -72,6 +72,7 @@ def part_compare(args) -> dict:
             res = run(mode, gpu_w1(rate, args.duration, args.seed))
             row[mode] = summary(res)
             row[mode]["kv_series"] = res["server"]["kv_use_series"][::5]
+            row[mode]["duration_s"] = args.duration
             print(f"rate {rate:g} {mode:15s}", {k: round(v, 3) if isinstance(v, float) else v
                                                  for k, v in row[mode].items() if k != "kv_series"}, flush=True)
         out["rates"][f"{rate:g}"] = row

@@ -68,14 +68,14 @@ def write_report(results: Path) -> dict:
              "finished) over the no-cache engine: the scheduler has no static mode yet (issue 4), so there "
              "is no up-front reservation and no out-of-memory event counting in it.", ""]
     if compare:
-        lines += [f"## Modes (W1-gpu, {compare['duration_s']:g} s of Poisson arrivals per run, then the drain)", "",
-                  "| rate req/s | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | OOM/h | preempt | KV use mean / max | hit rate | × static |",
+        lines += ["## Modes (W1-gpu: Poisson arrivals for the stated seconds, then the drain)", "",
+                  "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | OOM/h | preempt | KV use mean / max | hit rate | × static |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rate, row in compare["rates"].items():
             base = row.get("static", {}).get("throughput_tok_s")
             for mode, s in row.items():
                 ratio = f"{s['throughput_tok_s'] / base:.2f}" if base else "–"
-                lines.append(f"| {rate} | {mode} | {s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
+                lines.append(f"| {rate} ({s.get('duration_s', compare.get('duration_s', 0)):g}) | {mode} | {s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
                              f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['oom_per_hour']:.1f} | "
                              f"{s['preemptions']:.0f} | {_pct(s['kv_use_mean'])} / {_pct(s['kv_use_max'])} | "
                              f"{_pct(s['hit_rate_total'])} | {ratio} |")
