@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from jinja2.exceptions import TemplateError
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.server.async_engine import AsyncEngine
@@ -21,7 +21,7 @@ from kvloop.engine.server.serving import (
     check_prompt,
     check_unsupported,
     encode,
-    first_output,
+    respond,
     sampling_params,
     sse,
     usage,
@@ -66,19 +66,9 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, e
         params = [sampling_params(req, max_tokens, logprobs, c) for c in range(req.n)]
         call = Call(engine, settings, request)
         call.submit([ids], [params], req.user)
-    try:
-        first = await first_output(call)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(call, req, first, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        finals = await call.collect(first)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    ordered = sorted(finals.values(), key=lambda o: call.index[o.request_id])
+    ordered = await respond(call, req, _stream)
+    if isinstance(ordered, Response):
+        return ordered
     choices = [{"index": call.index[o.request_id], "message": {"role": "assistant", "content": o.text},
                 "logprobs": None, "finish_reason": o.finish_reason} for o in ordered]
     if req.logprobs:

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.errors import APIError, bad_request, error_body
 from kvloop.engine.server.protocol import CompletionRequest
@@ -20,7 +20,7 @@ from kvloop.engine.server.serving import (
     check_prompt,
     check_unsupported,
     encode,
-    first_output,
+    respond,
     sampling_params,
     sse,
     usage,
@@ -66,19 +66,9 @@ async def create_completion(req: CompletionRequest, request: Request, engine: As
             params.append([sampling_params(req, max_tokens, req.logprobs, c) for c in range(req.n)])
         call = Call(engine, settings, request)
         call.submit(prompts, params, req.user)
-    try:
-        first = await first_output(call)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(call, req, first, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        finals = await call.collect(first)
-    except ClientGone:
-        return JSONResponse({}, status_code=499)
-    ordered = sorted(finals.values(), key=lambda o: call.index[o.request_id])
+    ordered = await respond(call, req, _stream)
+    if isinstance(ordered, Response):
+        return ordered
     choices = []
     for o in ordered:
         lps = None

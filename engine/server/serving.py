@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected
@@ -207,6 +208,22 @@ async def first_output(call: Call) -> tuple[str, RequestOutput]:
     except BaseException:
         call.close()
         raise
+
+
+async def respond(call: Call, req: _Sampling, stream) -> Response | list[RequestOutput]:
+    """Shared by chat and completions: waits for the first output, then either returns the SSE response
+    (`stream(call, req, first, include_usage)` makes its body) or the finished outputs in choice order.
+    A client gone before that gets a bare 499."""
+    try:
+        first = await first_output(call)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(stream(call, req, first, include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finals = await call.collect(first)
+    except ClientGone:
+        return JSONResponse({}, status_code=499)
+    return sorted(finals.values(), key=lambda o: call.index[o.request_id])
 
 
 def sse(data: str) -> str:
