@@ -20,7 +20,7 @@ def test_tiny_pool_nothing_lost_nothing_hangs(mode):
     s = make(num_blocks=40, kv=kv, clock=clock, mode=mode, max_waiting=12, max_num_batched_tokens=64,
              aging_s=0.5)
     seqs, rejected = [], {}
-    for i in range(200):
+    for _tick in range(200):
         for _ in range(rng.choice([0, 0, 1, 2, 3])):  # bursts
             prompt = rng.choice(DOCS) + toks(1000 + len(seqs), rng.randint(2, 12)) if rng.random() < 0.6 else \
                 toks(2000 + len(seqs), rng.randint(4, 60))
