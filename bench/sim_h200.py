@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t = time.perf_counter()
     data = {"compare": part_compare, "sweep": part_sweep, "speed": part_speed}[args.part](args)
-    data["wall_s"] = time.perf_counter() - t
+    data["part_wall_s"] = time.perf_counter() - t
     data["args"] = {k: v for k, v in vars(args).items()}
     (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return 0

@@ -46,6 +46,7 @@ def physics(profile_name: str = "h200") -> dict:
     return {
         "kv_pool_tokens": prof.kv_pool_tokens, "weights_gb": m.weight_bytes_per_step / 1e9,
         "decode_step_ms_batch1": 1000 * cm.step_for([(2000, 1, True)]).seconds,
+        "prefill_ms_2000": 1000 * cm.step_for([(0, 2000, True)]).seconds,
         "decode_step_ms_batch256_ctx2000": 1000 * cm.step_for([(2000, 1, True)] * 256).seconds,
         "mean_w1_reservation_tokens": mean_reserve,
         "static_batch_for_reservation_oom": int(prof.kv_pool_tokens / mean_reserve),
@@ -64,9 +65,9 @@ def write_report(results: Path) -> dict:
              "assumed, not measured). Pool "
              f"{phys['kv_pool_tokens']:,} tokens of KV (90% of memory minus weights and 2 GB), 256 running "
              "sequences at most, 2,048-token chunked-prefill budget, 128 GiB host tier (codesign). `static` is "
-             "the bench's static gate (batches of up to 256, 0.5 s fill, next batch when the last has "
-             "finished) over the no-cache engine: the scheduler has no static mode yet (issue 4), so there "
-             "is no up-front reservation and no out-of-memory event counting in it.", ""]
+             "the scheduler's static mode: batches of up to 256 formed when 256 wait or the oldest has "
+             "waited 0.5 s, no joining mid-batch, prompt + max_tokens reserved up front, a reservation "
+             "that does not fit is an out-of-memory event (the request fails).", ""]
     if compare:
         lines += ["## Modes (W1-gpu: Poisson arrivals for the stated seconds, then the drain)", "",
                   "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | OOM/h | preempt | KV use mean / max | hit rate | × static |",
@@ -94,32 +95,44 @@ def write_report(results: Path) -> dict:
     if speed:
         lines += ["## Speed", "", f"One simulated hour of W1-gpu at {speed['rate']:g} req/s (codesign): "
                   f"{speed['cpu_s']:.0f} s of CPU time ({speed['wall_s']:.0f} s of wall time on this shared, loaded "
-                  f"machine; {speed['steps']:,} steps, virtual end {speed['virtual_s']:.0f} s).", "", SPEED_TEXT, ""]
+                  f"machine; {speed['steps']:,} steps, virtual end {speed['virtual_s']:.0f} s).", ""]
+        rows = [(r, m, x) for r, row in (compare or {}).get("rates", {}).items() for m, x in row.items() if x.get("cpu_s")]
+        if rows:
+            lines += ["CPU seconds per simulated hour, from the runs above (CPU time over virtual time × 3600):", "",
+                      "| rate | mode | CPU s / simulated h |", "|---|---|---|"]
+            lines += [f"| {r} | {m} | {3600 * x['cpu_s'] / x['virtual_s']:.0f} |" for r, m, x in rows]
+            lines.append("")
+        lines += [SPEED_TEXT, ""]
     (results / "sim_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (results / "sim_h200.md").write_text("\n".join(lines) + "\n")
     _plots(results, compare, sweep)
     return report
 
 
-ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio is a property of the load, not of the system: below static's
-  capacity every mode serves the offered load (ratio ≈ 1); past it, static's throughput stays at its
-  own capacity while the others keep up, so the ratio grows with the offered rate until they saturate
-  too. In this model codesign's capacity is several times static's (see the table), so 2.8× is
-  *possible* at H200 scale — at a load between the two capacities — but it is not a fixed number.
-- **P99 TTFT 420 → 185 ms**: physically plausible only where static is not overloaded (an overloaded
-  static gate queues for tens of seconds). At a load static sustains, its P99 TTFT is dominated by the
-  0.5 s fill timeout plus waiting for the previous batch, and codesign's by one chunked prefill
-  (a 2,000-token prompt is ~{decode_step_ms_batch1:.0f}-60 ms of compute), so codesign's P99 in the tens
-  of milliseconds is what the model gives; 185 ms is slower than the hardware needs.
-- **OOM about 6/h → 0**: a static batch only runs out of memory if its up-front reservations
-  (prompt + max tokens, ~{mean_w1_reservation_tokens:.0f} tokens per W1 request) exceed the pool:
-  that needs about {static_batch_for_reservation_oom} W1 requests in one batch, beyond the 256-sequence
-  cap. With W1's lengths on 141 GB an out-of-memory event is not physically possible at these batch
-  sizes; codesign (and every continuous mode) preempts instead and never fails a request.
+ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load, not only on the system. Below
+  static's capacity every mode serves the offered load (ratio ≈ 1, rows at 8 and 20 req/s); past it
+  static stays at its own capacity (about 20 req/s here) while the others keep up, so the ratio grows
+  with the load until they saturate too. See the highest rate in the table for the largest ratio this
+  model gives; 2.8× needs codesign to sustain 2.8 times static's capacity.
+- **P99 TTFT 420 → 185 ms**: codesign's side is physically possible and then some: with the
+  documents and the system prompt cached, a request's prefill is its ~50-token question or last turn,
+  and its P99 TTFT stays near 100 ms until saturation (a cold 2,000-token prefill is
+  ~{prefill_ms_2000:.0f} ms on this roofline). Static's 420 ms is not possible with W1's output
+  lengths: a static batch runs until its longest member has produced 150-200 tokens (about 1 s at
+  ~{decode_step_ms_batch1:.0f} ms a step), and a request that arrives meanwhile waits for it, so static's
+  P99 TTFT is above a second even at light load (1.8 s at 8 req/s here) and tens of seconds past its
+  capacity.
+- **OOM about 6/h → 0**: a static batch runs out of memory only if its up-front reservations
+  (prompt + max tokens, ~{mean_w1_reservation_tokens:.0f} tokens per W1 request on average) exceed the
+  pool: that takes about {static_batch_for_reservation_oom} W1 requests in one batch, more than twice
+  the 256-sequence cap. With W1's lengths on 141 GB an out-of-memory event is not physically possible at
+  these batch sizes (0 in every run here); codesign and the other continuous modes preempt instead and
+  never fail a request.
 - **KV use above 85%**: the pool holds {kv_pool_tokens:,} tokens; the 200 hot documents are
-  {hot_document_kv_share:.0%} of it and are shared, and 256 sequences of ~2,000 tokens reference at most
-  ~60% even without sharing. Above 85% of an H200's pool is not reachable with W1 at a 256-sequence cap;
-  it would take several hundred concurrent distinct long contexts."""
+  {hot_document_kv_share:.0%} of it and are shared between requests, and 256 sequences of ~2,000 tokens
+  would reference ~60% of it even without sharing. KV use above 85% of an H200's pool is not reachable
+  with W1 at a 256-sequence cap (the runs here peak near 50% in static, which shares nothing, and near
+  10% in codesign); it would take several hundred concurrent distinct long contexts."""
 
 SWEEP_TEXT = """The coordinator starts at a batch cap of 32 (bounds 16–512, step ≤ 64, P99 TTFT objective 0.5 s);
 'none' is codesign with a fixed cap of 256 and no coordinator. On W1 at H200 scale the pool is never
@@ -135,8 +148,7 @@ running sequences, plus the simulator's own bookkeeping. Steady decode windows (
 nobody admitted or finishing) are replayed without calling schedule(), with exactly the allocations the
 scheduler would make (tests check results are identical to step-by-step runs); this makes moderate
 loads cheap. Near saturation every step admits or finishes someone and a prefill chunk is in flight,
-so each of ~150,000 steps an hour costs ~256 sequences' worth of scheduler work: roughly 5-10 minutes
-of CPU per simulated hour there. Meeting 2 minutes at saturation would need a coarser model (for
+so most steps cost a pass of the scheduler over every running sequence (table above). Meeting 2 minutes at saturation would need a coarser model (for
 example admission every few steps, as multi-step scheduling does), which changes the scheduler's
 timing; it was not done."""
 
