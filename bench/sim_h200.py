@@ -50,7 +50,7 @@ def summary(res: dict) -> dict:
         "kv_use_mean_while_waiting": s["kv_use_mean_while_waiting"], "hit_rate_total": s["hit_rate_total"],
         "hit_rate_device": s["hit_rate_device"], "hit_rate_host": s["hit_rate_host"],
         "virtual_s": sim["virtual_s"], "steps": sim["steps"], "wall_s": sim.get("wall_s"), "cpu_s": sim.get("cpu_s"),
-        "static_impl": sim.get("static_impl"),
+        "static_batches": sim.get("static_batches"),
     }
 
 

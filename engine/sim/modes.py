@@ -1,10 +1,9 @@
 """The benchmark's systems as scheduler + KV configs, mirroring engine.bench.systems.engine_target:
-`static` is the scheduler's own static mode when it has one, else a static gate in front of a
-no-cache engine; host (and disk) tiers only in codesign."""
+`static` is the scheduler's static mode over the no-cache KV manager; host (and disk) tiers only in
+codesign."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from kvloop.engine.kv.config import KVConfig
@@ -28,24 +27,15 @@ class Sizing:
     disk: bool = False  # the bench leaves the disk tier off unless a directory is given
 
 
-def static_field() -> str | None:
-    """The SchedulerConfig field that selects static batching, if the scheduler has one yet."""
-    names = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    return next((f for f in ("mode", "policy", "batching") if f in names), None)
-
-
-def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig, bool]:
-    """(scheduler config, KV config, whether the simulator must gate static batches itself)."""
+def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens}
-    field = static_field() if mode == "static" else None
-    if field:
-        sched_kw[field] = "static"
-        sched_kw.update(static_batch_size=sizing.static_batch, static_fill_timeout_s=sizing.fill_timeout_s)
+    if mode == "static":
+        sched_kw.update(mode="static", static_batch_size=sizing.static_batch, static_fill_timeout_s=sizing.fill_timeout_s)
     codesign = mode == "codesign"
     kv = KVConfig(mode="continuous" if mode == "static" else mode,
                   host_cache_tokens=sizing.host_cache_tokens if codesign else 0,
                   disk_dir=SIM_DISK_DIR if codesign and sizing.disk else None,
                   disk_cache_tokens=sizing.disk_cache_tokens, **(kv_overrides or {}))
-    return SchedulerConfig(**sched_kw), kv, mode == "static" and field is None
+    return SchedulerConfig(**sched_kw), kv

@@ -22,7 +22,6 @@ from kvloop.engine.sim.modes import Sizing, build_configs
 from kvloop.engine.sim.profiles import Profile
 from kvloop.engine.sim.results import Recorder
 from kvloop.engine.sim.runner import SimRunner
-from kvloop.engine.sim.static_gate import VirtualStaticGate
 from kvloop.engine.sim.workload import RequestSpec
 from kvloop.sidecar.settings import Settings
 
@@ -45,12 +44,11 @@ class Simulator:
     def __init__(self, profile: Profile, workload, config: SimConfig | None = None):
         self.profile, self.workload = profile, workload
         self.config = cfg = config or SimConfig()
-        sched_cfg, kv_cfg, gate = build_configs(cfg.mode, cfg.sizing, cfg.kv)
+        sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
         self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
         self.scheduler = Scheduler(sched_cfg, self.kv, clock=lambda: self.now)
         self.runner = SimRunner(profile.cost_model(), bs)
-        self.gate = VirtualStaticGate(cfg.sizing.static_batch, cfg.sizing.fill_timeout_s) if gate else None
         self.coord = VirtualCoordinator(cfg.feedback) if cfg.feedback is not None else None
         self.rec = Recorder()
         self.now = 0.0
@@ -69,10 +67,7 @@ class Simulator:
 
     def _arrive(self, spec: RequestSpec) -> None:
         self.rec.sent(spec)
-        if self.gate is not None:
-            self.gate.submit(spec, self.now)
-        else:
-            self._add(spec)
+        self._add(spec)
 
     def _add(self, spec: RequestSpec) -> None:
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True)
@@ -87,11 +82,10 @@ class Simulator:
 
     # ---- engine mirror --------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """EngineCore.snapshot()'s keys (a gate's held requests count as waiting, as the bench's gate
-        reports them), plus the counters a newer scheduler may keep."""
+        """EngineCore.snapshot()'s keys, with the scheduler's rejection and out-of-memory counters."""
         s, kv = self.scheduler, self.kv
         return {
-            "num_waiting": len(s.waiting) + (len(self.gate) if self.gate else 0), "num_running": len(s.running),
+            "num_waiting": len(s.waiting), "num_running": len(s.running),
             "batch_cap": s.batch_cap, "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks,
             "kv_blocks_free": kv.num_free_blocks, "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
             "num_rejections": getattr(s, "num_rejections", self.rejections),
@@ -161,15 +155,11 @@ class Simulator:
         while self.now < until:
             while heap and heap[0][0] <= self.now:
                 self._arrive(heapq.heappop(heap)[2])
-            if self.gate is not None:
-                for spec in self.gate.release(self.now, not sched.has_work()):
-                    self._add(spec)
             self._observe()
             if not sched.has_work():
-                nxt = min(heap[0][0] if heap else math.inf, (self.gate.due() if self.gate else None) or math.inf)
-                if nxt == math.inf:
+                if not heap:
                     break
-                self._idle_to(max(nxt, self.now))
+                self._idle_to(heap[0][0])
                 continue
             if cfg.fast_forward and not cfg.check_integrity_every and eligible(sched, self.kv):
                 if Window(self).run(self._deadline())[0]:
@@ -215,10 +205,9 @@ class Simulator:
         out["sim"] = {
             "mode": self.config.mode, "profile": self.profile.name, "model": self.profile.model.name,
             "hardware": self.profile.hw.name, "steps": self.num_steps, "virtual_s": self.now,
-            "runner_busy_s": self.runner.busy_s, "static_impl": ("gate" if self.gate else "scheduler")
-            if self.config.mode == "static" else None,
-            "static_batches": len(self.gate.batches) if self.gate else None,
-            "unfinished": len(self.scheduler.waiting) + len(self.scheduler.running) + (len(self.gate) if self.gate else 0),
+            "runner_busy_s": self.runner.busy_s,
+            "static_batches": len(self.scheduler.static.batches) if getattr(self.scheduler, "static", None) else None,
+            "unfinished": len(self.scheduler.waiting) + len(self.scheduler.running),
             "sizing": sizing.__dict__, "cost": self.profile.eff.__dict__,
         }
         if self.coord is not None:

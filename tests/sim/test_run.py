@@ -52,10 +52,11 @@ def test_fast_forward_is_exact(simulate, mode):
     assert fast["server"] == slow["server"]
 
 
-def test_static_gate_batches(simulate):
+def test_static_batches(simulate):
     sim, res = simulate("static")
-    if res["sim"]["static_impl"] == "gate":
-        assert max(sim.gate.batches) <= 4 and sum(sim.gate.batches) == bw.w1_smoke().num_requests
+    batches = sim.scheduler.static.batches
+    assert max(batches) <= 4 and sum(batches) == bw.w1_smoke().num_requests
+    assert res["sim"]["static_batches"] == len(batches)
 
 
 def test_trace_replay(simulate, tmp_path):
