@@ -70,14 +70,14 @@ def write_report(results: Path) -> dict:
              "that does not fit is an out-of-memory event (the request fails).", ""]
     if compare:
         lines += ["## Modes (W1-gpu: Poisson arrivals for the stated seconds, then the drain)", "",
-                  "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | OOM/h | preempt | KV use mean / max | hit rate | × static |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | failed | OOM/h | preempt | KV use mean / max | hit rate | × static |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rate, row in compare["rates"].items():
             base = row.get("static", {}).get("throughput_tok_s")
             for mode, s in row.items():
                 ratio = f"{s['throughput_tok_s'] / base:.2f}" if base else "–"
                 lines.append(f"| {rate} ({s.get('duration_s', compare.get('duration_s', 0)):g}) | {mode} | {s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
-                             f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['oom_per_hour']:.1f} | "
+                             f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['failed']} | {s['oom_per_hour']:.1f} | "
                              f"{s['preemptions']:.0f} | {_pct(s['kv_use_mean'])} / {_pct(s['kv_use_max'])} | "
                              f"{_pct(s['hit_rate_total'])} | {ratio} |")
         lines += ["", "## Against the article", "", ARTICLE_TEXT.format(**phys), ""]
@@ -125,7 +125,8 @@ ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load,
 - **OOM about 6/h → 0**: a static batch runs out of memory only if its up-front reservations
   (prompt + max tokens, ~{mean_w1_reservation_tokens:.0f} tokens per W1 request on average) exceed the
   pool: that takes about {static_batch_for_reservation_oom} W1 requests in one batch, more than twice
-  the 256-sequence cap. With W1's lengths on 141 GB an out-of-memory event is not physically possible at
+  the 256-sequence cap. (Requests that fail in the table are rejections by the bounded waiting queue, 1,024 deep, under overload,
+  not out-of-memory events.) With W1's lengths on 141 GB an out-of-memory event is not physically possible at
   these batch sizes (0 in every run here); codesign and the other continuous modes preempt instead and
   never fail a request.
 - **KV use above 85%**: the pool holds {kv_pool_tokens:,} tokens; the 200 hot documents are
