@@ -112,8 +112,11 @@ def write_report(results: Path) -> dict:
 ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load, not only on the system. Below
   static's capacity every mode serves the offered load (ratio ≈ 1, rows at 8 and 20 req/s); past it
   static stays at its own capacity (about 20 req/s here) while the others keep up, so the ratio grows
-  with the load until they saturate too. See the highest rate in the table for the largest ratio this
-  model gives; 2.8× needs codesign to sustain 2.8 times static's capacity.
+  with the load until they saturate too: 1.55× at 40 req/s offered, 2.56× (codesign) and 2.65×
+  (continuous+lru) at 80 req/s, where static serves ~21 req/s, waits ~56 s at P99 and sheds a
+  thousand requests at its full queue. So about 2.8× is physically possible at H200 scale, but only
+  deep in static's overload, and it comes from the prefix cache (continuous+lru gets it too), not from
+  the coordinator. Note codesign's P99 TTFT at 80 req/s (3.3 s) is worse than plain LRU's (1.1 s).
 - **P99 TTFT 420 → 185 ms**: codesign's side is physically possible and then some: with the
   documents and the system prompt cached, a request's prefill is its ~50-token question or last turn,
   and its P99 TTFT stays near 100 ms until saturation (a cold 2,000-token prefill is
@@ -132,16 +135,18 @@ ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load,
 - **KV use above 85%**: the pool holds {kv_pool_tokens:,} tokens; the 200 hot documents are
   {hot_document_kv_share:.0%} of it and are shared between requests, and 256 sequences of ~2,000 tokens
   would reference ~60% of it even without sharing. KV use above 85% of an H200's pool is not reachable
-  with W1 at a 256-sequence cap (the runs here peak near 50% in static, which shares nothing, and near
-  10% in codesign); it would take several hundred concurrent distinct long contexts."""
+  with W1 at a 256-sequence cap (the runs here peak near 60% in static, which shares nothing, and at
+  25% in codesign); it would take several hundred concurrent distinct long contexts."""
 
-SWEEP_TEXT = """The coordinator starts at a batch cap of 32 (bounds 16–512, step ≤ 64, P99 TTFT objective 0.5 s);
-'none' is codesign with a fixed cap of 256 and no coordinator. On W1 at H200 scale the pool is never
-under pressure, so the law only ever raises the cap (TTFT objective missed or queue with KV headroom)
-and never cuts it: a shorter period reaches a sufficient cap sooner and loses less in the first heavy
-phase. Nothing here makes a longer period better, so the article's claim that 30 s is best does not
-hold for this load; a period matters for stability only when cuts (preemptions, OOM, KV above the
-band) and raises alternate, which W1 on an H200 does not produce."""
+SWEEP_TEXT = """The coordinator starts at a batch cap of 32 (bounds 16-512, step at most 64, P99 TTFT objective
+0.5 s, the sidecar's other defaults); 'none' is codesign with a fixed cap of 256 and no coordinator.
+On W1 at H200 scale the pool is never under pressure (no preemptions, KV use below 10%), so the law
+only ever raises the cap (TTFT objective missed, or a queue with KV headroom) and never cuts it: the
+first heavy phase queues until the cap has caught up, and that takes a number of periods, not of
+seconds. P99 TTFT therefore grows with the period, monotonically: 5 s is best, 30 s is not. Nothing in
+this load rewards a longer period; a period would matter for stability only where cuts (preemptions,
+OOM, KV above the band) and raises alternate, which W1 on an H200 does not produce. So the article's
+claim that 30 s is best is not supported here; a well-sized fixed cap does as well as any period."""
 
 
 SPEED_TEXT = """Cost per step is the pure-Python scheduler and KV manager (allocate, commit, admission) over the
