@@ -14,6 +14,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="weight-only quantization for decode-sized steps (none keeps the exact path)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="device KV pool size in tokens")
+    p.add_argument("--mode", default=None, choices=("static", "continuous", "continuous+lru", "codesign"),
+                   help="batching and caching policy (default: codesign)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64, help="batch cap (running requests)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
@@ -28,7 +30,7 @@ def engine_config_from_args(args: argparse.Namespace):
     from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization,
+    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, mode=args.mode,
                         kv_cache_tokens=args.kv_cache_tokens,
                         block_size=args.block_size, threads=args.threads, scheduler=sched,
                         control_file=args.control_file, control_stale_after_s=args.control_stale_after)
