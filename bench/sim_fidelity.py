@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from kvloop.engine.bench import workloads as bw
@@ -29,21 +28,16 @@ def workload(seed: int = 0) -> bw.Workload:
 
 
 def sim_sizing() -> Sizing:
-    def s(x: int) -> int:  # bench.systems.Sizing.scaled
-        return max(256, int(x * SCALE) // 16 * 16)
-    d = Sizing()
-    return replace(d, kv_cache_tokens=s(d.kv_cache_tokens), host_cache_tokens=s(d.host_cache_tokens),
-                   disk_cache_tokens=s(d.disk_cache_tokens))
+    return Sizing().scaled(SCALE)  # the same sizes as the real runs
 
 
 def run_real(modes: list[str], threads: int | None, save=None) -> dict:
     from kvloop.engine.bench.driver import run_workload
     from kvloop.engine.bench.guard import NoiseGuard
     from kvloop.engine.bench.metrics import client_metrics, server_metrics
-    from kvloop.engine.bench.systems import Sizing as BenchSizing
     from kvloop.engine.bench.systems import engine_target
 
-    sizing = BenchSizing().scaled(SCALE)
+    sizing = sim_sizing()
     out = {}
     for mode in modes:
         target = engine_target(mode, sizing, threads)

@@ -1,88 +1,36 @@
 """System names -> targets. A scheduler/KV mode is only a configuration of the in-process engine.
 
-- static, continuous, continuous+lru, codesign: the engine (`static` uses the engine's own static mode
-  when the scheduler has one, else a StaticBatchGate over the engine with no prefix cache);
+- static, continuous, continuous+lru, codesign: the engine, configured by `sizing.mode_configs`;
 - transformers-static: transformers `generate` behind a StaticBatchGate;
 - llama.cpp-bf16-np8 / -np32 (and -f32-): llama-server from scripts/build_llama_server.sh, prompt cache on;
 - http:URL: any OpenAI-compatible endpoint already running."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from kvloop.engine.bench.sizing import ENGINE_MODES, Sizing, mode_configs
 from kvloop.engine.bench.targets.base import Target
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
 
-ENGINE_MODES = ("static", "continuous", "continuous+lru", "codesign")
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_DIR = Path(os.environ.get("KVLOOP_LLAMA_DIR", ROOT / ".tools" / "llama.cpp"))
-
-
-@dataclass
-class Sizing:
-    """Pool and batch sizes (WORKLOADS.md's "under pressure" values times `scale`)."""
-
-    kv_cache_tokens: int = 24576
-    host_cache_tokens: int = 65536
-    disk_cache_tokens: int = 262144
-    static_batch: int = 16
-    fill_timeout_s: float = 0.5
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    max_context: int = 4096  # longest prompt + output of the workload (llama.cpp per-slot context)
-    disk_dir: str | None = None
-
-    def scaled(self, f: float) -> Sizing:
-        def s(x: int) -> int:
-            return max(256, int(x * f) // 16 * 16)
-        return dataclasses.replace(self, kv_cache_tokens=s(self.kv_cache_tokens),
-                                   host_cache_tokens=s(self.host_cache_tokens),
-                                   disk_cache_tokens=s(self.disk_cache_tokens))
-
-
-def engine_static_field() -> str | None:
-    """The SchedulerConfig field that selects static batching, if the scheduler has one yet."""
-    from kvloop.engine.scheduler.scheduler import SchedulerConfig
-
-    fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-    return next((f for f in ("mode", "policy", "batching") if f in fields), None)
 
 
 def engine_target(mode: str, sizing: Sizing, threads: int | None = None) -> Target:
     from kvloop.engine.bench.targets.engine import EngineTarget
     from kvloop.engine.config import EngineConfig
     from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.kv.config import KVConfig
-    from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
-    sched_kw = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens}
-    static_field = engine_static_field() if mode == "static" else None
-    if static_field:
-        sched_kw[static_field] = "static"
-        fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-        for key, value in (("static_batch_size", sizing.static_batch), ("static_fill_timeout_s", sizing.fill_timeout_s)):
-            if key in fields:
-                sched_kw[key] = value
-    kv_mode = "continuous" if mode == "static" else mode
-    kv = KVConfig(mode=kv_mode, host_cache_tokens=sizing.host_cache_tokens if mode == "codesign" else 0,
-                  disk_dir=sizing.disk_dir if mode == "codesign" else None,
-                  disk_cache_tokens=sizing.disk_cache_tokens)
-    cfg = EngineConfig(kv_cache_tokens=sizing.kv_cache_tokens, scheduler=SchedulerConfig(**sched_kw), kv=kv,
-                       threads=threads, progress=False)
-    target: Target = EngineTarget(EngineCore(cfg, checkpoint=_checkpoint()), mode)
-    if mode == "static" and not static_field:
-        target = StaticBatchGate(target, sizing.static_batch, sizing.fill_timeout_s, name="static")
-    info = target.info
-    target.info = lambda: {**info(), "static_impl": ("engine" if static_field else "harness gate")
-                           if mode == "static" else None}
-    return target
+    sched, kv = mode_configs(mode, sizing)
+    cfg = EngineConfig(kv_cache_tokens=sizing.kv_cache_tokens, scheduler=sched, kv=kv, threads=threads,
+                       progress=False)
+    return EngineTarget(EngineCore(cfg, checkpoint=_checkpoint()), mode)
 
 
 @functools.cache
