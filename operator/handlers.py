@@ -150,9 +150,15 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
     async def _reconcile(**kw: Any) -> None:
         await reconcile(cfg=cfg, client=client, **_pick(kw))
 
-    async def reconcile(**kw: Any) -> None:  # one reconcile at a time per object
+    async def reconcile(only_generation: int | None = None, **kw: Any) -> None:  # one at a time per object
         lock = locks.setdefault(kw["uid"], asyncio.Lock())
         async with lock:
+            if only_generation is not None:
+                # A timer's body can be stale by the time it gets the lock: if the spec changed meanwhile, the
+                # change handler has reconciled the new spec, and re-applying the old one would revert children.
+                live = await client.get(C.API_VERSION, C.KIND, kw["namespace"], kw["name"])
+                if live is None or (live.get("metadata") or {}).get("generation") != only_generation:
+                    return
             await _reconcile_unlocked(**kw)
 
     @kopf.timer(**res, interval=cfg.status_interval, initial_delay=cfg.status_interval)
@@ -161,7 +167,7 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
         # Timers run beside change handlers: leave a new generation and deletion to them.
         if body.meta.get("deletionTimestamp") or (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
             return
-        await reconcile(cfg=cfg, client=client, **_pick(kw))
+        await reconcile(cfg=cfg, client=client, only_generation=body.meta.get("generation"), **_pick(kw))
 
     @kopf.on.delete(**res)
     async def _delete(body: kopf.Body, spec: Any, name: str, namespace: str, uid: str, logger: kopf.Logger,
