@@ -24,6 +24,7 @@ Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; N
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 from kvloop.engine.kv.block_pool import BlockPool
@@ -31,7 +32,7 @@ from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.disk_tier import DiskTier
 from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
-from kvloop.engine.kv.hashing import ROOT, block_hash, chain_hashes
+from kvloop.engine.kv.hashing import ROOT, chain_hashes
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.mover_api import Mover, NullMover
@@ -64,6 +65,7 @@ class KVCacheManager(SwapMixin):
         self.regret = RegretWindow(cfg.regret_window)
         self.mover: Mover = NullMover()
         self._extra = extra_key.encode()
+        self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
         self._last_query: str | None = None
@@ -126,6 +128,18 @@ class KVCacheManager(SwapMixin):
         return self._evictable_budget(len(self.policy), self.num_referenced_blocks, len(set(seq.block_table)))
 
     # ---- lookup ---------------------------------------------------------------------------------
+    def keys(self, seq: Sequence) -> list[int]:
+        """Chained keys of seq's full blocks so far. Each block is hashed once: token_ids only grow,
+        and lookup, commit and the scheduler's prefix view all read the same list."""
+        memo = self._keys.get(seq)
+        if memo is None:
+            memo = self._keys[seq] = []
+        done = len(memo)
+        if done < len(seq.token_ids) // self.block_size:
+            memo += chain_hashes(seq.token_ids, self.block_size, self._extra, parent=memo[-1] if done else ROOT,
+                                 start=done)
+        return memo
+
     def lookup_prefix(self, seq: Sequence) -> int:
         """Attaches cached blocks of seq's prefix; returns how many tokens they cover (0 on a miss)."""
         tokens = seq.token_ids
@@ -135,7 +149,7 @@ class KVCacheManager(SwapMixin):
         if not self.config.prefix_cache or seq.block_table or self.is_swapped(seq):
             return 0
         bs = self.block_size
-        hashes = chain_hashes(tokens, bs, self._extra)
+        hashes = self.keys(seq)
         if self.config.codesign:
             for h in hashes:
                 self.ghost.record(h, seq.request_id)
@@ -187,7 +201,7 @@ class KVCacheManager(SwapMixin):
             self._ref_indexed(block)
             seq.block_table.append(block)
             return "device"
-        if self._holder_budget(seq) + self.pool.num_free == 0:
+        if self.pool.num_free == 0 and self._holder_budget(seq) == 0:
             return None
         block = self._take_block(seq)
         tier = self._tier_of(h)  # after the take: its eviction may have pushed lower-tier copies out
@@ -229,7 +243,10 @@ class KVCacheManager(SwapMixin):
             return False
         self._commit(seq)
         needed = self.new_blocks_needed(seq, total_tokens)
-        if needed > self.pool.num_free + self._holder_budget(seq):
+        if needed == 0:
+            return True  # most decode steps: the last block still has room
+        # the eviction budget walks the policy and seq's table: only worth it when free blocks fall short
+        if needed > self.pool.num_free and needed > self.pool.num_free + self._holder_budget(seq):
             return False
         for _ in range(needed):
             seq.block_table.append(self._take_block(seq))
@@ -252,9 +269,12 @@ class KVCacheManager(SwapMixin):
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         i = len(seq.block_hashes)
+        if i >= full:
+            return
         parent = seq.block_hashes[-1] if i else ROOT
+        keys = self.keys(seq)
         while i < full:
-            h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs], self._extra)
+            h = keys[i]
             if self.config.codesign:
                 self.ghost.record(h, seq.request_id)
             own = seq.block_table[i]

@@ -2,14 +2,12 @@
 
 Admission and grouping look at many waiting requests every step; `KVCacheManager.lookup_prefix` would
 pin blocks for each of them. This view only reads the index. A sequence's block keys are hashed once
-and kept while its token count is unchanged."""
+and kept by the KV manager."""
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
-from kvloop.engine.kv.hashing import chain_hashes
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.scheduler.sequence import Sequence
 
@@ -28,17 +26,10 @@ class PrefixHit:
 class PrefixView:
     def __init__(self, kv: KVCacheManager):
         self.kv = kv
-        self._keys: weakref.WeakKeyDictionary[Sequence, tuple[int, list[int]]] = weakref.WeakKeyDictionary()
-        # the manager's key salt (model fingerprint, dtype): equal keys only within one model
-        self._extra: bytes = getattr(kv, "_extra", b"")
 
     def keys(self, seq: Sequence) -> list[int]:
-        """Chained keys of seq's full blocks (cached per token count)."""
-        hit = self._keys.get(seq)
-        if hit is None or hit[0] != seq.num_tokens:
-            hit = (seq.num_tokens, chain_hashes(seq.token_ids, self.kv.block_size, self._extra))
-            self._keys[seq] = hit
-        return hit[1]
+        """Chained keys of seq's full blocks (the KV manager hashes each block once)."""
+        return self.kv.keys(seq)
 
     def peek(self, seq: Sequence) -> PrefixHit:
         """The hit lookup_prefix(seq) would find now (same rules: never the last token, min prefix)."""

@@ -126,7 +126,7 @@ class Scheduler:
         if self.static is not None:
             self.static.form(self, now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
-        if self.static is None and budget > 0 and self.waiting:
+        if self.static is None and budget > 0 and self.waiting and len(self.running) < self.batch_cap:
             if self.codesign:
                 self._admit_codesign(batch, budget, now)
             else:
