@@ -67,6 +67,12 @@ class Efficiency:
     step_overhead_s: float = 0.0  # launch, scheduling, sampling per step
     seq_overhead_s: float = 0.0  # per sequence in the step (metadata, sampler)
     token_overhead_s: float = 0.0  # per token computed (elementwise ops that neither term covers)
+    chunk_overhead_s: float = 0.0  # per prefill chunk (a CPU engine runs each chunk's attention on its own)
+    # 0: KV reads and attention FLOPs share the one roofline with the weights (a GPU overlaps them).
+    # > 0: they run after the matmuls at these shares of bandwidth and peak (a CPU engine gathers KV
+    # blocks and runs attention as separate, less efficient ops; bench/sim_calibrate.py fits them).
+    kv_bw: float = 0.0
+    attn_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -90,16 +96,37 @@ class CostModel:
         self._bw = hw.mem_bw * eff.bw
         self._peak = hw.peak_flops * eff.flops
 
-    def step(self, tokens: int, seqs: int, samples: int, ctx_read: float, attn_pairs: float) -> StepCost:
+    def step(self, tokens: int, seqs: int, samples: int, ctx_read: float, attn_pairs: float,
+             chunks: int = 0) -> StepCost:
         """tokens computed; seqs in the step; samples = rows that go through the output head;
         ctx_read = KV tokens read (each sequence's context up to its last new token);
-        attn_pairs = sum over new tokens of the positions they attend to."""
-        byts = self._w_bytes + self._kv_tok * (ctx_read + tokens)  # read the context, write the new K/V
-        flops = self._flop_tok * tokens + self._flop_head * samples + self._flop_attn * attn_pairs
-        t_mem, t_cmp = byts / self._bw, flops / self._peak
+        attn_pairs = sum over new tokens of the positions they attend to;
+        chunks = sequences computing more than one token (prefill chunks)."""
+        w_bytes, kv_bytes, mm_flops, attn_flops = self.components(tokens, samples, ctx_read, attn_pairs)
+        byts, flops = w_bytes + kv_bytes, mm_flops + attn_flops
         e = self.eff
-        secs = max(t_mem, t_cmp) + e.step_overhead_s + e.seq_overhead_s * seqs + e.token_overhead_s * tokens
+        serial = 0.0
+        if e.kv_bw > 0:
+            serial += kv_bytes / (self.hw.mem_bw * e.kv_bw)
+            byts_roof = w_bytes
+        else:
+            byts_roof = byts
+        if e.attn_flops > 0:
+            serial += attn_flops / (self.hw.peak_flops * e.attn_flops)
+            flops_roof = mm_flops
+        else:
+            flops_roof = flops
+        t_mem, t_cmp = byts_roof / self._bw, flops_roof / self._peak
+        secs = (max(t_mem, t_cmp) + serial + e.step_overhead_s + e.seq_overhead_s * seqs
+                + e.token_overhead_s * tokens + e.chunk_overhead_s * chunks)
         return StepCost(secs, byts, flops, t_mem >= t_cmp)
+
+    def components(self, tokens: int, samples: int, ctx_read: float, attn_pairs: float
+                   ) -> tuple[float, float, float, float]:
+        """(weight bytes, KV bytes, matmul FLOPs, attention FLOPs) of a step."""
+        kv_bytes = self._kv_tok * (ctx_read + tokens)  # read the context, write the new K/V
+        mm_flops = self._flop_tok * tokens + self._flop_head * samples
+        return self._w_bytes, kv_bytes, mm_flops, self._flop_attn * attn_pairs
 
     def transfer_seconds(self, host_blocks: int, disk_blocks: int, block_size: int) -> float:
         """Tier traffic of one step, serialised with compute (no overlap assumed: conservative)."""
@@ -110,11 +137,18 @@ class CostModel:
 
     def step_for(self, items: list[tuple[int, int, bool]]) -> StepCost:
         """items: (start, num_tokens, samples) per scheduled sequence."""
-        tokens = samples = 0
-        ctx = pairs = 0.0
-        for start, n, s in items:
-            tokens += n
-            samples += s
-            ctx += start
-            pairs += n * start + n * (n + 1) / 2  # causal within the chunk
-        return self.step(tokens, len(items), samples, ctx, pairs)
+        return self.step(*step_shape(items))
+
+
+def step_shape(items) -> tuple[int, int, int, float, float, int]:
+    """(tokens, sequences, samples, context read, attention pairs, prefill chunks) of a step's
+    (start, num_tokens, samples) items: the arguments of CostModel.step."""
+    tokens = samples = chunks = 0
+    ctx = pairs = 0.0
+    for start, n, s in items:
+        tokens += n
+        samples += s
+        ctx += start
+        pairs += n * start + n * (n + 1) / 2  # causal within the chunk
+        chunks += n > 1
+    return tokens, len(items), samples, ctx, pairs, chunks

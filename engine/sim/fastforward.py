@@ -4,17 +4,27 @@ When every running sequence is decoding (one uncomputed token, first token alrea
 swapped), all fit the token budget, and no waiting request can be admitted (none waits, or the
 batch cap or budget is reached), the next schedule() returns the same decodes again: the only
 state it changes is a new block for each sequence whose next token starts a block (allocate,
-which also indexes the block just filled). A window of such steps is replayed here by making
+which also indexes the block just filled; on the window's first step every sequence's allocate runs,
+to index what the step before filled). A window of such steps is replayed here by making
 exactly those allocate() calls, in the scheduler's order (step by step, oldest sequence first),
 with each sequence advanced to the state it would have at that call. The window ends before any
-sequence finishes, before the next arrival or coordinator/KV sample is due, and at the first
-allocation that fails (the scheduler then takes over and preempts as it would). Nothing in the
+sequence finishes, before the next coordinator/KV sample is due, before the next arrival unless nobody
+can be admitted anyway (`admits_nobody`: then arrivals join the queue inside the window), and at the
+first allocation that fails (the scheduler then takes over and preempts as it would). Nothing in the
 scheduler or KV manager is changed; tests check that results match step-by-step runs."""
 
 from __future__ import annotations
 
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.workload import output_token
+
+
+def admits_nobody(sched) -> bool:
+    """schedule() would admit no waiting request however many wait: static mode with a batch running,
+    or the batch cap or the token budget reached. Arrivals then only join the queue, and a window may
+    take them in instead of ending at them (near saturation, that is most steps)."""
+    n = len(sched.running)
+    return getattr(sched, "static", None) is not None or n >= sched.batch_cap or n >= sched.config.max_num_batched_tokens
 
 
 def eligible(sched, kv) -> bool:
@@ -40,8 +50,11 @@ class Window:
     def __init__(self, sim):
         self.sim = sim
 
-    def run(self, deadline: float) -> tuple[int, float]:
+    def run(self, deadline: float, take_arrivals: bool = False) -> tuple[int, float]:
+        """Steps until `deadline` (or a finish, or a failed allocation). With `take_arrivals`, requests
+        due before a step are added to the queue at that step's start, as the main loop would."""
         sim = self.sim
+        heap = sim._heap
         running: list[Sequence] = list(sim.scheduler.running)
         n = len(running)
         cost, bs = sim.runner.cost, sim.kv.block_size
@@ -58,13 +71,19 @@ class Window:
             for j in range((-c) % bs, max_steps, bs):
                 crossings.setdefault(j, []).append(i)
         times: list[float] = []
-        t = sim.now
+        t = start = sim.now
         done = 0
         for j in range(max_steps):
             if t >= deadline:  # step j may start only while nothing else is due
                 break
+            while take_arrivals and heap and heap[0][0] <= t:
+                sim.now = t
+                sim.arrive_next()
             failed = False
-            for i in crossings.get(j, ()):  # ascending i: the scheduler's order within a step
+            # ascending i: the scheduler's order within a step. The first step allocates for everyone,
+            # as schedule() would: that also commits blocks the last step filled (and shares a block
+            # another sequence indexed meanwhile); later, blocks fill exactly at the crossings.
+            for i in range(n) if j == 0 else crossings.get(j, ()):
                 seq = running[i]
                 self._advance(seq, base[i] + j)
                 if not sim.kv.allocate(seq, base[i] + j + 1):
@@ -80,7 +99,7 @@ class Window:
         for i, seq in enumerate(running):
             self._advance(seq, base[i] + done)
         elapsed = sum(times[:done])
-        now = sim.now
+        now = start  # sim.now moved to the arrivals taken in on the way
         for dt in times[:done]:
             now += dt
             sim.rec.itl.add(dt, n)

@@ -40,7 +40,8 @@ class SimRunner:
                 tokens[id(item.seq)] = output_token(item.seq.request_id, item.seq.num_tokens, vocab)
         # Decodes that do not sample (a preempted sequence's last recomputed token) are rare; the
         # count above treats every decode as sampling, which only prices one head row too many.
-        self.last = self.cost.step(n_tok, len(batch.decodes) + len(batch.prefills), n_samp, ctx, pairs)
+        self.last = self.cost.step(n_tok, len(batch.decodes) + len(batch.prefills), n_samp, ctx, pairs,
+                                   len(batch.prefills))
         self.busy_s += self.last.seconds
         self.steps += 1
         return StepResult(tokens)

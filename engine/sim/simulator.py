@@ -17,7 +17,7 @@ from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.clock import virtual_clock
 from kvloop.engine.sim.control import VirtualCoordinator
-from kvloop.engine.sim.fastforward import Window, eligible
+from kvloop.engine.sim.fastforward import Window, admits_nobody, eligible
 from kvloop.engine.sim.modes import Sizing, build_configs
 from kvloop.engine.sim.profiles import Profile
 from kvloop.engine.sim.results import Recorder
@@ -53,7 +53,6 @@ class Simulator:
         self.rec = Recorder()
         self.now = 0.0
         self.num_steps = 0
-        self.rejections = 0
         self._specs: dict[str, RequestSpec] = {}
         self._heap: list[tuple[float, int, RequestSpec]] = []
         self._n = 0
@@ -65,7 +64,9 @@ class Simulator:
         heapq.heappush(self._heap, (spec.arrival, self._n, spec))
         self._n += 1
 
-    def _arrive(self, spec: RequestSpec) -> None:
+    def arrive_next(self) -> None:
+        """The earliest pending request arrives (is sent and queued) now."""
+        spec = heapq.heappop(self._heap)[2]
         self.rec.sent(spec)
         self._add(spec)
 
@@ -75,7 +76,6 @@ class Simulator:
         try:
             self.scheduler.add(seq)
         except RequestRejected as e:
-            self.rejections += 1
             self.rec.failed(spec.request_id, f"rejected: {e.reason}: {e}", self.now)
             return
         self._specs[spec.request_id] = spec
@@ -88,8 +88,8 @@ class Simulator:
             "num_waiting": len(s.waiting), "num_running": len(s.running),
             "batch_cap": s.batch_cap, "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks,
             "kv_blocks_free": kv.num_free_blocks, "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
-            "num_rejections": getattr(s, "num_rejections", self.rejections),
-            "num_oom_events": int(getattr(s, "num_oom_events", 0)), **kv.snapshot(),
+            "num_rejections": s.num_rejections,
+            "num_oom_events": int(s.num_oom_events), **kv.snapshot(),
         }
 
     def _move_counts(self) -> tuple[int, int]:
@@ -154,7 +154,7 @@ class Simulator:
         until = cfg.until_s if cfg.until_s is not None else math.inf
         while self.now < until:
             while heap and heap[0][0] <= self.now:
-                self._arrive(heapq.heappop(heap)[2])
+                self.arrive_next()
             self._observe()
             if not sched.has_work():
                 if not heap:
@@ -162,7 +162,8 @@ class Simulator:
                 self._idle_to(heap[0][0])
                 continue
             if cfg.fast_forward and not cfg.check_integrity_every and eligible(sched, self.kv):
-                if Window(self).run(self._deadline())[0]:
+                take = admits_nobody(sched)
+                if Window(self).run(self._deadline(arrivals=not take), take)[0]:
                     continue
             batch = sched.schedule()
             self._take_failed()
@@ -176,9 +177,9 @@ class Simulator:
             if cfg.check_integrity_every and self.num_steps % cfg.check_integrity_every == 0:
                 sched.check_integrity()
 
-    def _deadline(self) -> float:
+    def _deadline(self, arrivals: bool = True) -> float:
         """The next time something besides stepping happens (an arrival, a sample, a tick, the end)."""
-        t = min(self._heap[0][0] if self._heap else math.inf, self._next_sample,
+        t = min(self._heap[0][0] if self._heap and arrivals else math.inf, self._next_sample,
                 self.coord.next_event() if self.coord else math.inf)
         return min(t, self.config.until_s) if self.config.until_s is not None else t
 

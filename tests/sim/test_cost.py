@@ -1,7 +1,7 @@
 """Cost-model arithmetic against hand-computed rooflines."""
 
 import pytest
-from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware
+from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, step_shape
 from kvloop.engine.sim.profiles import LLAMA3_8B, SMOLLM2_135M, get_profile
 
 
@@ -43,3 +43,22 @@ def test_transfer_and_pool_sizing():
     # 141 GB x 0.9 - 16 GB weights - 2 GB activations, in 128 KiB tokens
     assert 800_000 < prof.kv_pool_tokens < 860_000
     assert get_profile("h100").kv_pool_tokens < prof.kv_pool_tokens
+
+
+def test_serial_kv_and_attention_terms():
+    """The CPU form: weights/matmul roofline, then KV traffic and attention at their own efficiencies."""
+    hw = Hardware("x", mem_bw=1e10, peak_flops=1e11, mem_bytes=1e10)
+    m = SMOLLM2_135M
+    roof = CostModel(m, hw, Efficiency(bw=0.5, flops=0.5))
+    serial = CostModel(m, hw, Efficiency(bw=0.5, flops=0.5, kv_bw=0.1, attn_flops=0.2))
+    items = [(300, 1, True), (0, 200, True)]
+    tokens, _, samples, ctx, pairs, chunks = step_shape(items)
+    assert chunks == 1
+    w, kv, mm, attn = serial.components(tokens, samples, ctx, pairs)
+    assert w == m.weight_bytes_per_step and kv == m.kv_bytes_per_token * (300 + 201)
+    expect = max(w / 0.5e10, mm / 0.5e11) + kv / 0.1e10 + attn / 0.2e11
+    assert serial.step_for(items).seconds == pytest.approx(expect)
+    # the totals the step reports do not depend on the form; only its time does
+    assert serial.step_for(items).bytes == roof.step_for(items).bytes
+    assert serial.step_for(items).flops == roof.step_for(items).flops
+    assert serial.step_for(items).seconds > roof.step_for(items).seconds
