@@ -8,6 +8,7 @@ the fixed, per-sequence and per-token overheads, minimising relative error. Few,
 other processes' CPU use during the runs is recorded (NoiseGuard) because this machine is shared.
 
     .venv/bin/python bench/sim_calibrate.py            # writes bench/results/sim_calibration.json
+    .venv/bin/python bench/sim_calibrate.py --refit    # the fit again over the saved steps
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import argparse
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from kvloop.engine.bench.guard import NoiseGuard
-from kvloop.engine.sim.cost import CostModel, Efficiency
+from kvloop.engine.sim.cost import CostModel, Efficiency, step_shape
 from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
 
 # (sequences, prompt tokens): decode batch sizes over short and long contexts, and prefill lengths.
@@ -58,22 +60,64 @@ def run_shapes(engine, shapes, decode_steps: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def features(cost: CostModel, items) -> tuple[float, float, int, int]:
-    """(memory seconds, compute seconds) at efficiency 1, sequences, tokens."""
-    c = cost.step_for([tuple(x) for x in items])
-    return c.bytes / cost.hw.mem_bw, c.flops / cost.hw.peak_flops, len(items), sum(x[1] for x in items)
+def run_workload_steps(modes: list[str], threads: int | None, seed: int = 1) -> list[dict]:
+    """Per-step shapes and times of the fidelity benchmark's W1 variant (another seed than the one it is
+    judged on) through the benchmark's own driver, in each mode: mixed prefill/decode steps, prefix hits
+    (short chunks after long cached starts) and tier copies, which the synthetic shapes lack."""
+    from kvloop.engine.bench.driver import run_workload
+    from kvloop.engine.bench.systems import engine_target
+    from sim_fidelity import sim_sizing, workload
+
+    rows: list[dict] = []
+    for mode in modes:
+        target = engine_target(mode, sim_sizing(), threads)
+        engine = target.engine
+        orig_exec, orig_step = engine.runner.execute, engine.step
+        last: dict = {}
+
+        def spy(batch, orig_exec=orig_exec, last=last):
+            last["items"] = [(it.start, it.num_tokens, it.samples) for it in batch.items]
+            return orig_exec(batch)
+
+        def timed_step(orig_step=orig_step, last=last, mode=mode):
+            last.clear()
+            t = time.perf_counter()
+            out = orig_step()
+            dt = time.perf_counter() - t
+            if "items" in last:
+                rows.append({"shape": [mode, len(last["items"])], "items": last["items"], "seconds": dt})
+            return out
+
+        engine.runner.execute, engine.step = spy, timed_step
+        try:
+            run_workload(workload(seed), target)
+        finally:
+            target.close()
+    return rows
+
+
+def features(cost: CostModel, items) -> list[float]:
+    """Seconds at efficiency 1 of each term (weights, matmul FLOPs, KV bytes, attention FLOPs), then the
+    sequence, token and prefill-chunk counts."""
+    tokens, seqs, samples, ctx, pairs, chunks = step_shape([tuple(x) for x in items], pad_decodes=True)
+    w, kv, mm, attn = cost.components(tokens, samples, ctx, pairs)
+    hw = cost.hw
+    return [w / hw.mem_bw, mm / hw.peak_flops, kv / hw.mem_bw, attn / hw.peak_flops, seqs, tokens, chunks]
 
 
 def fit(rows: list[dict], model) -> dict:
+    """The CPU form of the cost model: a weights/matmul roofline, plus KV traffic and attention run
+    serially, plus fixed, per-sequence, per-token and per-prefill-chunk overheads. A grid over the
+    roofline's two efficiencies; non-negative least squares (relative error) for the rest."""
     cost = CostModel(model, THIS_CPU, Efficiency(bw=1.0, flops=1.0))
     f = np.array([features(cost, r["items"]) for r in rows])
     y = np.array([r["seconds"] for r in rows])
     w = 1.0 / y  # relative error
+    a = np.stack([np.ones_like(y), f[:, 4], f[:, 5], f[:, 2], f[:, 3], f[:, 6]], 1)
     best = None
-    for bw in np.geomspace(0.02, 1.0, 60):
-        for fl in np.geomspace(0.02, 1.0, 60):
+    for bw in np.geomspace(0.02, 1.0, 40):
+        for fl in np.geomspace(0.02, 1.0, 40):
             roof = np.maximum(f[:, 0] / bw, f[:, 1] / fl)
-            a = np.stack([np.ones_like(y), f[:, 2], f[:, 3]], 1)
             coef = _nnls((a * w[:, None]), (y - roof) * w)
             pred = roof + a @ coef
             err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
@@ -81,13 +125,17 @@ def fit(rows: list[dict], model) -> dict:
                 best = (err, bw, fl, coef, pred)
     err, bw, fl, coef, pred = best
     rel = (pred - y) / y
+    # a zero coefficient means the term costs nothing beyond the roofline: an efficiency of 1e9
     return {"bw": float(bw), "flops": float(fl), "step_overhead_s": float(coef[0]), "seq_overhead_s": float(coef[1]),
-            "token_overhead_s": float(coef[2]), "rms_rel_error": err, "max_abs_rel_error": float(np.max(np.abs(rel))),
-            "steps": len(rows)}
+            "token_overhead_s": float(coef[2]), "kv_bw": float(1 / coef[3]) if coef[3] > 0 else 1e9,
+            "attn_flops": float(1 / coef[4]) if coef[4] > 0 else 1e9, "chunk_overhead_s": float(coef[5]),
+            "pad_decodes": True,  # the engine's CPU decode attention runs every row over the longest context
+            "rms_rel_error": err,
+            "max_abs_rel_error": float(np.max(np.abs(rel))), "steps": len(rows)}
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with x >= 0 by dropping negative coefficients (3 unknowns: exhaustive is fine)."""
+    """Least squares with x >= 0 over every subset of columns (6 unknowns: exhaustive is fine)."""
     best, best_r = np.zeros(a.shape[1]), float(np.sum(b**2))
     for mask in range(1, 2 ** a.shape[1]):
         cols = [i for i in range(a.shape[1]) if mask >> i & 1]
@@ -101,14 +149,28 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
+def dump(result: dict) -> str:
+    """Indented, except one line per step row (there are ~1,700)."""
+    head = json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1)
+    rows = ",\n".join("  " + json.dumps(r) for r in result["rows"])
+    return head[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(CALIBRATION_FILE))
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, as the benchmark)")
     ap.add_argument("--decode-steps", type=int, default=DECODE_STEPS)
+    ap.add_argument("--modes", default="static,continuous,continuous+lru,codesign",
+                    help="modes whose W1 runs (seed 1) add steps to the fit; empty: synthetic shapes only")
+    ap.add_argument("--refit", action="store_true", help="fit the steps already in --out again (no engine runs)")
     args = ap.parse_args(argv)
-    from dataclasses import replace
-
+    if args.refit:
+        result = json.loads(Path(args.out).read_text())
+        result["fit"] = fit(result["rows"], replace(SMOLLM2_135M, dtype_bytes=result["dtype_bytes"]))
+        Path(args.out).write_text(dump(result))
+        print(json.dumps(result["fit"], indent=1))
+        return 0
     from kvloop.engine.config import EngineConfig
     from kvloop.engine.engine_core import EngineCore
     from kvloop.engine.kv.config import KVConfig
@@ -124,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     guard = NoiseGuard()
     with guard:
         rows = run_shapes(engine, SHAPES, args.decode_steps)
+        del engine
+        rows += run_workload_steps([m for m in args.modes.split(",") if m], args.threads)
     result = {"machine": THIS_CPU.name, "dtype": dtype, "threads": args.threads, "model": model.name,
               "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model), "noise": guard.report().as_dict(),
               "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(dump(result))
     print(json.dumps({k: result[k] for k in ("dtype", "fit")}, indent=1))
     print("noise:", {k: v for k, v in result["noise"].items() if k != "series"})
     return 0

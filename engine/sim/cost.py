@@ -68,6 +68,9 @@ class Efficiency:
     seq_overhead_s: float = 0.0  # per sequence in the step (metadata, sampler)
     token_overhead_s: float = 0.0  # per token computed (elementwise ops that neither term covers)
     chunk_overhead_s: float = 0.0  # per prefill chunk (a CPU engine runs each chunk's attention on its own)
+    # The CPU decode path gathers every row's KV up to the longest context in the batch and multiplies
+    # over that span, so a decode reads (and attends over) the batch's longest context, not its own.
+    pad_decodes: bool = False
     # 0: KV reads and attention FLOPs share the one roofline with the weights (a GPU overlaps them).
     # > 0: they run after the matmuls at these shares of bandwidth and peak (a CPU engine gathers KV
     # blocks and runs attention as separate, less efficient ops; bench/sim_calibrate.py fits them).
@@ -135,20 +138,32 @@ class CostModel:
         b = self._kv_tok * block_size
         return host_blocks * b / self.hw.link_bw + disk_blocks * b / self.hw.disk_bw
 
+    def decode_context(self, rows: int, total: float, longest: float) -> float:
+        """Context tokens `rows` decodes read, `total` summed over rows, `longest` the largest."""
+        return rows * longest if self.eff.pad_decodes else total
+
     def step_for(self, items: list[tuple[int, int, bool]]) -> StepCost:
         """items: (start, num_tokens, samples) per scheduled sequence."""
-        return self.step(*step_shape(items))
+        return self.step(*step_shape(items, self.eff.pad_decodes))
 
 
-def step_shape(items) -> tuple[int, int, int, float, float, int]:
+def step_shape(items, pad_decodes: bool = False) -> tuple[int, int, int, float, float, int]:
     """(tokens, sequences, samples, context read, attention pairs, prefill chunks) of a step's
-    (start, num_tokens, samples) items: the arguments of CostModel.step."""
-    tokens = samples = chunks = 0
+    (start, num_tokens, samples) items: the arguments of CostModel.step. With `pad_decodes`, every
+    single-token row reads and attends over the longest decode context of the step."""
+    tokens = samples = chunks = decodes = 0
     ctx = pairs = 0.0
+    longest = 0
     for start, n, s in items:
         tokens += n
         samples += s
+        if n == 1 and pad_decodes:
+            decodes += 1
+            longest = max(longest, start)
+            continue
         ctx += start
         pairs += n * start + n * (n + 1) / 2  # causal within the chunk
         chunks += n > 1
+    ctx += decodes * longest
+    pairs += decodes * (longest + 1)
     return tokens, len(items), samples, ctx, pairs, chunks

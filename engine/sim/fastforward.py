@@ -64,6 +64,7 @@ class Window:
             return 0, 0.0
         base = [s.num_computed_tokens for s in running]
         ctx0 = float(sum(base))
+        longest0 = max(base)
         # Block crossings: sequence i needs a new block at the 0-based steps j where its
         # num_computed at the step's start is a block multiple.
         crossings: dict[int, list[int]] = {}
@@ -91,7 +92,7 @@ class Window:
                     break
             if failed:
                 break
-            ctx = ctx0 + n * j
+            ctx = cost.decode_context(n, ctx0 + n * j, longest0 + j)
             dt = cost.step(n, n, n, ctx, ctx + n).seconds + sim.charge_moves()
             times.append(dt)
             t += dt

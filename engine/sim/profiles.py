@@ -58,7 +58,8 @@ def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, in
     data = json.loads(p.read_text())
     fit = data["fit"]
     eff = Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
-                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw", "attn_flops") if k in fit})
+                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw", "attn_flops") if k in fit},
+                     pad_decodes=bool(fit.get("pad_decodes", False)))
     return eff, int(data.get("dtype_bytes", 4))
 
 

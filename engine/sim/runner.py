@@ -23,13 +23,16 @@ class SimRunner:
         n_tok = n_samp = 0
         ctx = pairs = 0.0
         vocab = self.vocab
+        longest = 0
         for item in batch.decodes:  # one token each: attends to start + 1 positions
             seq = item.seq
             ctx += item.start
-            pairs += item.start + 1
+            longest = max(longest, item.start)
             if item.samples:
                 tokens[id(seq)] = output_token(seq.request_id, seq.num_tokens, vocab)
         n_tok = n_samp = len(batch.decodes)
+        ctx = self.cost.decode_context(n_tok, ctx, longest)
+        pairs = ctx + n_tok
         for item in batch.prefills:
             n = item.num_tokens
             n_tok += n

@@ -14,6 +14,7 @@ def simulate():
     def run(mode="codesign", seed=0, wl=None, **cfg):
         cfg.setdefault("sizing", SMOKE_SIZING)
         workload = BenchWorkload(wl if wl is not None else bw.w1_smoke(seed=seed))
-        sim = Simulator(get_profile("cpu", calibration="/nonexistent"), workload, SimConfig(mode=mode, **cfg))
+        profile = cfg.pop("profile", None) or get_profile("cpu", calibration="/nonexistent")
+        sim = Simulator(profile, workload, SimConfig(mode=mode, **cfg))
         return sim, sim.run()
     return run

@@ -62,3 +62,18 @@ def test_serial_kv_and_attention_terms():
     assert serial.step_for(items).bytes == roof.step_for(items).bytes
     assert serial.step_for(items).flops == roof.step_for(items).flops
     assert serial.step_for(items).seconds > roof.step_for(items).seconds
+
+
+def test_padded_decodes_read_the_longest_context():
+    """The CPU decode path runs every row over the batch's longest context; prefill chunks are not padded."""
+    items = [(100, 1, True), (900, 1, True), (50, 30, True)]
+    plain = step_shape(items)
+    padded = step_shape(items, pad_decodes=True)
+    assert plain[3] == 100 + 900 + 50 and padded[3] == 2 * 900 + 50
+    assert padded[4] == 2 * 901 + (30 * 50 + 30 * 31 / 2)
+    hw = Hardware("x", mem_bw=1e10, peak_flops=1e11, mem_bytes=1e10)
+    eff = Efficiency(bw=0.5, flops=0.5, kv_bw=0.1, attn_flops=0.2)
+    pad = CostModel(SMOLLM2_135M, hw, Efficiency(**{**eff.__dict__, "pad_decodes": True}))
+    assert pad.decode_context(2, 1000, 900) == 1800
+    assert CostModel(SMOLLM2_135M, hw, eff).decode_context(2, 1000, 900) == 1000
+    assert pad.step_for(items).seconds > CostModel(SMOLLM2_135M, hw, eff).step_for(items).seconds

@@ -40,11 +40,19 @@ def test_deterministic_by_seed(simulate):
     assert a != c
 
 
+@pytest.mark.parametrize("pad_decodes", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_fast_forward_is_exact(simulate, mode):
+def test_fast_forward_is_exact(simulate, mode, pad_decodes):
+    from dataclasses import replace
+
+    from kvloop.engine.sim.profiles import get_profile
+
+    prof = get_profile("cpu", calibration="/nonexistent")
+    prof = replace(prof, eff=replace(prof.eff, pad_decodes=pad_decodes))
     wl = bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0)
-    _, fast = simulate(mode, wl=wl, fast_forward=True)
-    _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0), fast_forward=False)
+    _, fast = simulate(mode, wl=wl, fast_forward=True, profile=prof)
+    _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0), fast_forward=False,
+                       profile=prof)
     assert fast["sim"]["steps"] == slow["sim"]["steps"]
     # the ITL mean sums the same gaps in another order (last-bit float differences)
     assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
