@@ -5,12 +5,12 @@ Parts (run separately, each writes bench/results/sim_h200_<part>.json; `report` 
   200 documents, 4-turn chats; `--duration` seconds of arrivals each, then the drain);
 - sweep:   the coordinator period (5, 10, 30, 60, 120 s) on codesign under a load that switches between
   a light and a heavy rate every `--phase` seconds, against codesign without the coordinator;
-- speed:   wall time of one simulated hour of W1-gpu at `--rate`;
+- speed:   CPU time of one simulated hour of W1-gpu per mode at each of `--rates`;
 - report:  sim_h200.json, sim_h200.md and plots from the parts.
 
     .venv/bin/python bench/sim_h200.py compare --rates 10,25,40 --duration 120
     .venv/bin/python bench/sim_h200.py sweep --rates 8,30 --phase 180 --phases 4
-    .venv/bin/python bench/sim_h200.py speed --rate 10
+    .venv/bin/python bench/sim_h200.py speed --rates 10,40
     .venv/bin/python bench/sim_h200.py report
 """
 
@@ -97,11 +97,21 @@ def part_sweep(args) -> dict:
 
 
 def part_speed(args) -> dict:
-    res = run("codesign", gpu_w1(args.rate, 3600.0, args.seed), sample_every=5.0)
-    s = summary(res)
-    print("one simulated hour:", {k: s[k] for k in ("wall_s", "cpu_s", "virtual_s", "steps", "throughput_tok_s")},
-          flush=True)
-    return {"rate": args.rate, "mode": "codesign", **s}
+    """One simulated hour per mode and rate; CPU time of building the workload and of the run."""
+    out: dict = {"runs": {}}
+    for rate in args.rates:
+        for mode in args.modes:
+            cpu = time.process_time()
+            wl = gpu_w1(rate, 3600.0, args.seed)
+            build_cpu = time.process_time() - cpu
+            s = summary(run(mode, wl, sample_every=5.0))
+            s.update(rate=rate, mode=mode, workload_cpu_s=build_cpu,
+                     cpu_s_per_sim_hour=s["cpu_s"] / s["virtual_s"] * 3600)
+            out["runs"][f"{rate:g}/{mode}"] = s
+            print(f"one simulated hour at {rate:g} req/s, {mode}:", {k: s[k] for k in (
+                "cpu_s", "workload_cpu_s", "wall_s", "virtual_s", "steps", "throughput_tok_s", "failed")}, flush=True)
+            del wl
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phase", type=float, default=180.0)
     ap.add_argument("--phases", type=int, default=4)
     ap.add_argument("--periods", default=",".join(f"{p:g}" for p in PERIODS))
-    ap.add_argument("--rate", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-baseline", action="store_true", help="sweep: skip codesign without the coordinator")
     ap.add_argument("--tag", default="", help="suffix for the part's file (parallel runs)")
