@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 from kvloop.engine.bench.guard import NoiseGuard
 from kvloop.engine.sim.cost import CostModel, Efficiency, step_shape
 from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
+from sim_fidelity import StepTimer, sim_sizing, workload  # bench/ is on sys.path when run as a script
 
 # (sequences, prompt tokens): decode batch sizes over short and long contexts, and prefill lengths.
 SHAPES = [(1, 64), (1, 1024), (4, 512), (8, 256), (16, 512), (32, 128), (32, 256), (64, 128)]
@@ -35,28 +35,17 @@ def run_shapes(engine, shapes, decode_steps: int, seed: int = 0) -> list[dict]:
 
     rng = random.Random(seed)
     rows: list[dict] = []
-    orig = engine.runner.execute
-    last: dict = {}
-
-    def spy(batch):
-        last["items"] = [(it.start, it.num_tokens, it.samples) for it in batch.items]
-        return orig(batch)
-
-    engine.runner.execute = spy
+    timer = StepTimer(engine, rows)
     n_req = 0
     for n, plen in shapes:
+        timer.label = lambda items, shape=[n, plen]: shape
         for _ in range(n):
             prompt = [rng.randrange(100, 49152) for _ in range(plen)]
             engine.add_request(f"c{n_req}", prompt, SamplingParams(max_tokens=decode_steps, temperature=0.0,
                                                                    ignore_eos=True))
             n_req += 1
         while engine.has_unfinished():
-            last.clear()
-            t = time.perf_counter()
             engine.step()
-            dt = time.perf_counter() - t
-            if "items" in last:
-                rows.append({"shape": [n, plen], "items": last["items"], "seconds": dt})
     return rows
 
 
@@ -66,29 +55,11 @@ def run_workload_steps(modes: list[str], threads: int | None, seed: int = 1) -> 
     (short chunks after long cached starts) and tier copies, which the synthetic shapes lack."""
     from kvloop.engine.bench.driver import run_workload
     from kvloop.engine.bench.systems import engine_target
-    from sim_fidelity import sim_sizing, workload
 
     rows: list[dict] = []
     for mode in modes:
         target = engine_target(mode, sim_sizing(), threads)
-        engine = target.engine
-        orig_exec, orig_step = engine.runner.execute, engine.step
-        last: dict = {}
-
-        def spy(batch, orig_exec=orig_exec, last=last):
-            last["items"] = [(it.start, it.num_tokens, it.samples) for it in batch.items]
-            return orig_exec(batch)
-
-        def timed_step(orig_step=orig_step, last=last, mode=mode):
-            last.clear()
-            t = time.perf_counter()
-            out = orig_step()
-            dt = time.perf_counter() - t
-            if "items" in last:
-                rows.append({"shape": [mode, len(last["items"])], "items": last["items"], "seconds": dt})
-            return out
-
-        engine.runner.execute, engine.step = spy, timed_step
+        StepTimer(target.engine, rows, label=lambda items, mode=mode: [mode, len(items)])
         try:
             run_workload(workload(seed), target)
         finally:

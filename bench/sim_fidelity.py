@@ -39,6 +39,34 @@ def sim_sizing() -> Sizing:
     return Sizing().scaled(SCALE)  # the same sizes as the real runs
 
 
+class StepTimer:
+    """Wraps an engine's step (and its runner's execute): counts steps and their seconds and, when
+    `rows` is given, records each step that ran a batch as {"shape": label(items), "items", "seconds"}
+    with items = (start, num_tokens, samples) per scheduled sequence."""
+
+    def __init__(self, engine, rows: list[dict] | None = None, label=lambda items: [len(items)]):
+        self.steps, self.seconds, self.rows, self.label = 0, 0.0, rows, label
+        self._items: list | None = None
+        step, execute = engine.step, engine.runner.execute
+
+        def spy(batch):
+            self._items = [(it.start, it.num_tokens, it.samples) for it in batch.items]
+            return execute(batch)
+
+        def timed_step():
+            self._items = None
+            t = time.perf_counter()
+            out = step()
+            dt = time.perf_counter() - t
+            self.steps += 1
+            self.seconds += dt
+            if self.rows is not None and self._items is not None:
+                self.rows.append({"shape": self.label(self._items), "items": self._items, "seconds": dt})
+            return out
+
+        engine.runner.execute, engine.step = spy, timed_step
+
+
 def run_real(mode: str, seed: int, threads: int | None) -> dict:
     from kvloop.engine.bench.driver import run_workload
     from kvloop.engine.bench.guard import NoiseGuard
@@ -46,17 +74,7 @@ def run_real(mode: str, seed: int, threads: int | None) -> dict:
     from kvloop.engine.bench.systems import engine_target
 
     target = engine_target(mode, sim_sizing(), threads)
-    engine, busy = target.engine, {"steps": 0, "seconds": 0.0}
-    step = engine.step
-
-    def timed_step():  # engine time vs the simulator's runner time: tells step cost from scheduling apart
-        t = time.perf_counter()
-        out = step()
-        busy["seconds"] += time.perf_counter() - t
-        busy["steps"] += 1
-        return out
-
-    engine.step = timed_step
+    busy = StepTimer(target.engine)  # engine time vs the simulator's runner time: step cost vs scheduling
     try:
         res = run_workload(workload(seed), target, guard=NoiseGuard(max_other_cores=0.3))
     finally:
@@ -67,7 +85,7 @@ def run_real(mode: str, seed: int, threads: int | None) -> dict:
     print(f"real {mode:15s} seed {seed}: {c['output_throughput_tok_s']:8.1f} tok/s TTFT p50 {c['ttft_p50_s']:.3f} "
           f"p99 {c['ttft_p99_s']:.3f} other cores {res.noise.other_cores_mean:.2f}", flush=True)
     return {"client": c, "server": server, "noise": res.noise.as_dict() | {"series": []}, "info": res.info,
-            "wall_s": res.wall_s, "engine_steps": busy["steps"], "engine_busy_s": busy["seconds"]}
+            "wall_s": res.wall_s, "engine_steps": busy.steps, "engine_busy_s": busy.seconds}
 
 
 def run_sim(mode: str, seed: int, calibration: str | None) -> dict:

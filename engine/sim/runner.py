@@ -20,31 +20,16 @@ class SimRunner:
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         tokens: dict[int, int] = {}
-        n_tok = n_samp = 0
-        ctx = pairs = 0.0
         vocab = self.vocab
-        longest = 0
-        for item in batch.decodes:  # one token each: attends to start + 1 positions
-            seq = item.seq
-            ctx += item.start
-            longest = max(longest, item.start)
+        for item in (*batch.decodes, *batch.prefills):
             if item.samples:
+                seq = item.seq
                 tokens[id(seq)] = output_token(seq.request_id, seq.num_tokens, vocab)
-        n_tok = n_samp = len(batch.decodes)
-        ctx = self.cost.decode_context(n_tok, ctx, longest)
-        pairs = ctx + n_tok
-        for item in batch.prefills:
-            n = item.num_tokens
-            n_tok += n
-            ctx += item.start
-            pairs += n * item.start + n * (n + 1) / 2
-            if item.samples:
-                n_samp += 1
-                tokens[id(item.seq)] = output_token(item.seq.request_id, item.seq.num_tokens, vocab)
-        # Decodes that do not sample (a preempted sequence's last recomputed token) are rare; the
-        # count above treats every decode as sampling, which only prices one head row too many.
-        self.last = self.cost.step(n_tok, len(batch.decodes) + len(batch.prefills), n_samp, ctx, pairs,
-                                   len(batch.prefills))
+        # Decodes that do not sample (a preempted sequence's last recomputed token) are rare; pricing
+        # every decode as sampling only prices one head row too many (and matches fast-forward windows).
+        items = [(it.start, 1, True) for it in batch.decodes]
+        items += [(it.start, it.num_tokens, it.samples) for it in batch.prefills]
+        self.last = self.cost.step_for(items)
         self.busy_s += self.last.seconds
         self.steps += 1
         return StepResult(tokens)
