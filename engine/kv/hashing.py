@@ -11,11 +11,8 @@ ROOT = 0  # the parent of a sequence's first block
 
 
 def block_hash(parent: int, tokens: Sequence[int], extra: bytes) -> int:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent.to_bytes(16, "little"))
-    h.update(array("q", tokens).tobytes())
-    h.update(extra)
-    return int.from_bytes(h.digest(), "little")
+    data = parent.to_bytes(16, "little") + array("q", tokens).tobytes() + extra  # one update: same digest
+    return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
 
 
 def chain_hashes(tokens: Sequence[int], block_size: int, extra: bytes, num_blocks: int | None = None,

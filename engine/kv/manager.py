@@ -115,9 +115,6 @@ class KVCacheManager(SwapMixin):
             raise ValueError("watermark must be in [0, 1)")
         self._watermark = float(w)
 
-    def new_blocks_needed(self, seq: Sequence, total_tokens: int) -> int:
-        return max(0, blocks_for(total_tokens, self.block_size) - len(seq.block_table))
-
     def _evictable_budget(self, cached: int, referenced: int, own: int) -> int:
         """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds."""
         if not self.config.codesign or referenced <= own:
@@ -239,12 +236,16 @@ class KVCacheManager(SwapMixin):
     # ---- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:
         """Grows seq's block table to hold total_tokens; all or nothing."""
-        if self.is_swapped(seq) and not self.swap_in(seq):
+        # Called for every running sequence at every step: the common case (not swapped, nothing newly
+        # filled to index, room in the last block) is kept to a few comparisons.
+        if self._swapped and id(seq) in self._swapped and not self.swap_in(seq):
             return False
-        self._commit(seq)
-        needed = self.new_blocks_needed(seq, total_tokens)
-        if needed == 0:
-            return True  # most decode steps: the last block still has room
+        table = seq.block_table
+        if len(seq.block_hashes) < min(seq.num_computed_tokens // self.block_size, len(table)):
+            self._commit(seq)
+        needed = blocks_for(total_tokens, self.block_size) - len(table)
+        if needed <= 0:
+            return True
         # the eviction budget walks the policy and seq's table: only worth it when free blocks fall short
         if needed > self.pool.num_free and needed > self.pool.num_free + self._holder_budget(seq):
             return False

@@ -8,7 +8,7 @@ from typing import Protocol
 from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob
 
 
-@dataclass
+@dataclass(slots=True)  # one per running sequence per step
 class ScheduledSeq:
     seq: Sequence
     start: int  # seq.num_computed_tokens before this step

@@ -135,9 +135,10 @@ class Scheduler:
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+        running = self.running  # preempt() removes from this same list
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(len(seq.token_ids) - seq.num_computed_tokens, budget)  # uncomputed tokens
             if not self._grow(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next sequence
             self._place(batch, seq, n)

@@ -7,11 +7,14 @@ state it changes is a new block for each sequence whose next token starts a bloc
 which also indexes the block just filled; on the window's first step every sequence's allocate runs,
 to index what the step before filled). A window of such steps is replayed here by making
 exactly those allocate() calls, in the scheduler's order (step by step, oldest sequence first),
-with each sequence advanced to the state it would have at that call. The window ends before any
-sequence finishes, before the next coordinator/KV sample is due, before the next arrival unless nobody
-can be admitted anyway (`admits_nobody`: then arrivals join the queue inside the window), and at the
-first allocation that fails (the scheduler then takes over and preempts as it would). Nothing in the
-scheduler or KV manager is changed; tests check that results match step-by-step runs."""
+with each sequence advanced to the state it would have at that call. The window's last step may be
+one at which sequences sample their last token: they finish after it, in the scheduler's order, as
+the step loop's bookkeeping would finish them, and the window ends there (who can be admitted next
+has changed). It also ends before the next coordinator/KV sample is due, before the next arrival
+unless nobody can be admitted anyway (`admits_nobody`: then arrivals join the queue inside the
+window), and at the first allocation that fails (the scheduler then takes over and preempts as it
+would). Nothing in the scheduler or KV manager is changed; tests check that results match
+step-by-step runs."""
 
 from __future__ import annotations
 
@@ -58,10 +61,8 @@ class Window:
         running: list[Sequence] = list(sim.scheduler.running)
         n = len(running)
         cost, bs = sim.runner.cost, sim.kv.block_size
-        # Steps until the first sequence would sample its last token (that step runs normally).
-        max_steps = min(s.params.max_tokens - s.num_output_tokens for s in running) - 1
-        if max_steps < 1:
-            return 0, 0.0
+        # Up to the step at which the first sequence samples its last token (it finishes after it).
+        max_steps = min(s.params.max_tokens - s.num_output_tokens for s in running)
         base = [s.num_computed_tokens for s in running]
         ctx0 = float(sum(base))
         longest0 = max(base)
@@ -110,6 +111,10 @@ class Window:
         sim.now = now
         for seq in running:
             seq.last_token_time = now
+        if done == max_steps:  # the last step sampled someone's last token (ignore_eos: "length")
+            for seq in running:
+                if seq.num_output_tokens >= seq.params.max_tokens:
+                    sim.finish(seq)
         return done, elapsed
 
     def _advance(self, seq: Sequence, computed: int) -> None:

@@ -122,7 +122,7 @@ class Simulator:
                 gaps[gap] = gaps.get(gap, 0) + 1
             seq.last_token_time = now
             if seq.num_output_tokens >= seq.params.max_tokens:  # ignore_eos: "length"
-                self._finish(seq)
+                self.finish(seq)
         for gap, count in gaps.items():
             rec.itl.add(gap, count)
 
@@ -134,7 +134,7 @@ class Simulator:
             self.rec.failed(seq.request_id, getattr(seq, "error", None) or "error", self.now)
             self._specs.pop(seq.request_id, None)
 
-    def _finish(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq, "length")
         self.rec.finished(seq.request_id, self.now, seq.num_output_tokens, seq.num_cached_tokens)
         spec = self._specs.pop(seq.request_id)

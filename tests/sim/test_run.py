@@ -42,17 +42,32 @@ def test_deterministic_by_seed(simulate):
 
 @pytest.mark.parametrize("pad_decodes", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_fast_forward_is_exact(simulate, mode, pad_decodes):
+def test_fast_forward_is_exact(simulate, mode, pad_decodes, monkeypatch):
     from dataclasses import replace
 
+    from kvloop.engine.sim import fastforward
     from kvloop.engine.sim.profiles import get_profile
 
     prof = get_profile("cpu", calibration="/nonexistent")
     prof = replace(prof, eff=replace(prof.eff, pad_decodes=pad_decodes))
     wl = bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0)
+    finished_in_windows = []
+    orig = fastforward.Window.run
+
+    def spy(self, deadline, take_arrivals=False):
+        def ended():
+            return sum(r.end_s is not None for r in self.sim.rec.records.values())
+        before = ended()
+        out = orig(self, deadline, take_arrivals)
+        finished_in_windows.append(ended() - before)
+        return out
+
+    monkeypatch.setattr(fastforward.Window, "run", spy)
     _, fast = simulate(mode, wl=wl, fast_forward=True, profile=prof)
+    monkeypatch.undo()
     _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0), fast_forward=False,
                        profile=prof)
+    assert sum(finished_in_windows) > 0  # windows ran through to requests' last tokens
     assert fast["sim"]["steps"] == slow["sim"]["steps"]
     # the ITL mean sums the same gaps in another order (last-bit float differences)
     assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
@@ -77,9 +92,9 @@ def test_fast_forward_is_exact_at_the_batch_cap(simulate, mode, monkeypatch):
     orig = fastforward.Window.run
 
     def spy(self, deadline, take_arrivals=False):
-        before = len(self.sim._heap)
+        before = len(self.sim.rec.records)  # one record per request sent (the heap also gains follow-ups)
         out = orig(self, deadline, take_arrivals)
-        taken.append(before - len(self.sim._heap))
+        taken.append(len(self.sim.rec.records) - before)
         return out
 
     monkeypatch.setattr(fastforward.Window, "run", spy)
