@@ -9,6 +9,7 @@ near 13 MB."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 
 class GhostTable:
@@ -21,15 +22,21 @@ class GhostTable:
         return len(self._seen)
 
     def record(self, h: int, request_id: str) -> None:
-        ids = self._seen.get(h)
-        if ids is None:
-            self._seen[h] = (request_id,)
-            if len(self._seen) > self.capacity:
-                self._seen.popitem(last=False)
-            return
-        self._seen.move_to_end(h)
-        if request_id not in ids and len(ids) < self.max_count:
-            self._seen[h] = (*ids, request_id)
+        self.record_all((h,), request_id)
+
+    def record_all(self, hashes: Iterable[int], request_id: str) -> None:
+        """request_id used each of these blocks (one loop: a lookup records a whole prompt's blocks)."""
+        seen, capacity, max_count = self._seen, self.capacity, self.max_count
+        for h in hashes:
+            ids = seen.get(h)
+            if ids is None:
+                seen[h] = (request_id,)
+                if len(seen) > capacity:
+                    seen.popitem(last=False)
+                continue
+            seen.move_to_end(h)
+            if request_id not in ids and len(ids) < max_count:
+                seen[h] = (*ids, request_id)
 
     def count(self, h: int) -> int:
         return len(self._seen.get(h, ()))

@@ -148,8 +148,7 @@ class KVCacheManager(SwapMixin):
         bs = self.block_size
         hashes = self.keys(seq)
         if self.config.codesign:
-            for h in hashes:
-                self.ghost.record(h, seq.request_id)
+            self.ghost.record_all(hashes, seq.request_id)
         usable = hashes[: (len(tokens) - 1) // bs]  # at least the last token is computed, so one is sampled
         found = 0
         while found < len(usable) and self._tier_of(usable[found]) is not None:

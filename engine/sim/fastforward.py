@@ -19,7 +19,7 @@ step-by-step runs."""
 from __future__ import annotations
 
 from kvloop.engine.scheduler.sequence import Sequence
-from kvloop.engine.sim.workload import output_token
+from kvloop.engine.sim.workload import output_tokens
 
 
 def admits_nobody(sched) -> bool:
@@ -120,8 +120,6 @@ class Window:
     def _advance(self, seq: Sequence, computed: int) -> None:
         """Brings seq to `computed` tokens computed, with the token sampled at the last step appended."""
         toks = seq.token_ids
-        want = computed + 1
-        if len(toks) < want:
-            rid, vocab = seq.request_id, self.sim.runner.vocab
-            toks.extend(output_token(rid, p, vocab) for p in range(len(toks), want))
+        if len(toks) <= computed:
+            toks += output_tokens(seq.request_id, len(toks), computed + 1, self.sim.runner.vocab)
         seq.num_computed_tokens = computed

@@ -109,9 +109,10 @@ class Simulator:
         for item in batch.items:
             seq = item.seq
             seq.num_computed_tokens = item.start + item.num_tokens
-            if not item.samples:
+            token = tokens.get(id(seq))
+            if token is None:  # the runner samples exactly the items that complete their sequence
                 continue
-            seq.token_ids.append(tokens[id(seq)])
+            seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 rec.first_token(seq.request_id, now)

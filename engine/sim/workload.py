@@ -54,8 +54,13 @@ class BenchWorkload:
                             "chat", s, k)]
 
 
+def output_tokens(request_id: str, start: int, stop: int, vocab: int) -> list[int]:
+    """The simulator's 'sampled' tokens at positions start..stop-1: deterministic in (request, position),
+    independent of the batch, so a chat's history is the same in every mode and every run. Avoids ids
+    below 100 (SmolLM2's special tokens), as the bench generators do."""
+    base, span = zlib.crc32(request_id.encode()), vocab - 100
+    return [100 + (base + 2654435761 * p) % span for p in range(start, stop)]
+
+
 def output_token(request_id: str, position: int, vocab: int) -> int:
-    """The simulator's 'sampled' token: deterministic in (request, position), independent of the
-    batch, so a chat's history is the same in every mode and every run. Avoids ids below 100
-    (SmolLM2's special tokens), as the bench generators do."""
-    return 100 + (zlib.crc32(request_id.encode()) + 2654435761 * position) % (vocab - 100)
+    return output_tokens(request_id, position, position + 1, vocab)[0]
