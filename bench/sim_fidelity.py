@@ -12,7 +12,7 @@ so the seeds here exclude it. Real runs are saved on their own (sim_fidelity_rea
 seed), so that the simulated side can be recomputed after a new calibration without rerunning the
 engine (--sim-only).
 
-    .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3] [--sim-only]
+    .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3,4,5] [--sim-only] [--rerun]
 """
 
 from __future__ import annotations

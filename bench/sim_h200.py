@@ -5,12 +5,15 @@ Parts (run separately, each writes bench/results/sim_h200_<part>.json; `report` 
   200 documents, 4-turn chats; `--duration` seconds of arrivals each, then the drain);
 - sweep:   the coordinator period (5, 10, 30, 60, 120 s) on codesign under a load that switches between
   a light and a heavy rate every `--phase` seconds, against codesign without the coordinator;
+- gate:    codesign's device admission gate (keep a block only once several distinct requests used it)
+  against a gate of 1 (keep every block, as LRU does) and continuous+lru, at each of `--rates`;
 - speed:   CPU time of one simulated hour of W1-gpu per mode at each of `--rates`;
 - report:  sim_h200.json, sim_h200.md and plots from the parts.
 
     .venv/bin/python bench/sim_h200.py compare --rates 10,25,40 --duration 120
     .venv/bin/python bench/sim_h200.py sweep --rates 8,30 --phase 180 --phases 4
-    .venv/bin/python bench/sim_h200.py speed --rates 10,40
+    .venv/bin/python bench/sim_h200.py gate --rates 40,80 --duration 300
+    .venv/bin/python bench/sim_h200.py speed --rates 10,20,40
     .venv/bin/python bench/sim_h200.py report
 """
 
@@ -54,10 +57,10 @@ def summary(res: dict) -> dict:
     }
 
 
-def run(mode: str, wl, fb: Settings | None = None, sample_every: float = 1.0) -> dict:
+def run(mode: str, wl, fb: Settings | None = None, sample_every: float = 1.0, kv: dict | None = None) -> dict:
     prof = get_profile("h200")
     t, cpu = time.perf_counter(), time.process_time()
-    res = Simulator(prof, BenchWorkload(wl), SimConfig(mode=mode, sizing=gpu_sizing(prof), feedback=fb,
+    res = Simulator(prof, BenchWorkload(wl), SimConfig(mode=mode, sizing=gpu_sizing(prof), feedback=fb, kv=kv or {},
                                                        sample_every_s=sample_every)).run()
     res["sim"]["wall_s"] = time.perf_counter() - t
     res["sim"]["cpu_s"] = time.process_time() - cpu  # this process's CPU time: what a quiet machine would take
@@ -96,6 +99,25 @@ def part_sweep(args) -> dict:
     return out
 
 
+GATE_VARIANTS = (("continuous+lru", "continuous+lru", {}), ("codesign", "codesign", {}),
+                 ("codesign, gate 1", "codesign", {"admit_min_requests": 1}))
+
+
+def part_gate(args) -> dict:
+    """codesign with its default device gate (a block stays cached on the device once 3 distinct requests
+    used it; colder blocks go to the host tier) against a gate of 1 and against continuous+lru."""
+    out = {"duration_s": args.duration, "rates": {}}
+    for rate in args.rates:
+        row = {}
+        for name, mode, kv in GATE_VARIANTS:
+            row[name] = summary(run(mode, gpu_w1(rate, args.duration, args.seed), kv=kv))
+            row[name]["kv_overrides"] = kv
+            print(f"rate {rate:g} {name:17s}", {k: round(row[name][k], 3) for k in (
+                "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "hit_rate_device", "hit_rate_host")}, flush=True)
+        out["rates"][f"{rate:g}"] = row
+    return out
+
+
 def part_speed(args) -> dict:
     """One simulated hour per mode and rate; CPU time of building the workload and of the run."""
     out: dict = {"runs": {}}
@@ -116,7 +138,7 @@ def part_speed(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("compare", "sweep", "speed", "report"))
+    ap.add_argument("part", choices=("compare", "sweep", "gate", "speed", "report"))
     ap.add_argument("--rates", default="10,25,40")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--duration", type=float, default=120.0)
@@ -136,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         write_report(RESULTS)
         return 0
     t = time.perf_counter()
-    data = {"compare": part_compare, "sweep": part_sweep, "speed": part_speed}[args.part](args)
+    data = {"compare": part_compare, "sweep": part_sweep, "gate": part_gate, "speed": part_speed}[args.part](args)
     data["part_wall_s"] = time.perf_counter() - t
     data["args"] = {k: v for k, v in vars(args).items()}
     (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")

@@ -153,6 +153,16 @@ def test_ghost_table_is_bounded():
     assert len(ghost) == 100 and ghost.count(999) == 3 and ghost.count(0) == 0
 
 
+def test_ghost_record_all_counts_distinct_requests_and_drops_least_recently_touched():
+    ghost = GhostTable(capacity=4, max_count=2)
+    ghost.record_all(range(6), "r1")  # 0 and 1 fall out
+    ghost.record_all([2, 2, 3], "r2")  # a request counts once per hash
+    ghost.record_all([2], "r3")  # saturated at max_count
+    assert [ghost.count(h) for h in range(6)] == [0, 0, 2, 2, 1, 1]
+    ghost.record(9, "r1")  # 4 is the least recently touched
+    assert ghost.count(4) == 0 and ghost.count(5) == 1 and ghost.count(9) == 1 and len(ghost) == 4
+
+
 def test_swap_out_and_in_keep_progress_and_reuse_cached_copies():
     kv = make(admit_min_requests=1, blocks=16, host_cache_tokens=16 * BS)
     seq = Sequence("s", HOT + [1, 2, 3], PARAMS)
