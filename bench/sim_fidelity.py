@@ -10,7 +10,7 @@ over the pooled requests of all seeds (32 x seeds TTFTs: a P99 of 160 rather tha
 per-seed medians of P50/P99 are reported as well. The calibration (sim_calibrate.py) uses seed 1,
 so the seeds here exclude it. Real runs are saved on their own (sim_fidelity_real.json, per mode and
 seed), so that the simulated side can be recomputed after a new calibration without rerunning the
-engine (--sim-only).
+engine (--sim-only). Writes sim_fidelity.json, .md and .png (pooled TTFT CDFs, real against simulated).
 
     .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3,4,5] [--sim-only] [--rerun]
 """
@@ -138,6 +138,8 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
                "steps": {"real": statistics.median(saved[m][str(s)].get("engine_steps") or 0 for s in have),
                          "sim": statistics.median(x["sim"]["steps"] for x in sims)},
                "real_noise_other_cores": max(saved[m][str(s)]["noise"].get("other_cores_mean") or 0 for s in have)}
+        row["ttfts"] = {"real": sorted(t for r in runs for t in r["ttfts"]),
+                        "sim": sorted(t for x in sims for t in x["ttfts"])}
         row["rel_error"] = {k: (row["sim"][k] - row["real"][k]) / row["real"][k] for k, _ in KEYS}
         row["within_goal"] = all(abs(e) <= GOAL for e in row["rel_error"].values())
         table[m] = row
@@ -175,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                            "(median_over_seeds has the per-seed medians); real and simulated alike",
               "calibration": str(args.calibration or "bench/results/sim_calibration.json")}
     (RESULTS / "sim_fidelity.json").write_text(json.dumps(report, indent=1) + "\n")
+    from sim_fidelity_report import write_report  # bench/ is on sys.path when run as a script
+
+    write_report(RESULTS, report)
     return 0
 
 
