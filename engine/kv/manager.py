@@ -235,16 +235,12 @@ class KVCacheManager(SwapMixin):
     # ---- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:
         """Grows seq's block table to hold total_tokens; all or nothing."""
-        # Called for every running sequence at every step: the common case (not swapped, nothing newly
-        # filled to index, room in the last block) is kept to a few comparisons.
-        if self._swapped and id(seq) in self._swapped and not self.swap_in(seq):
+        if self.is_swapped(seq) and not self.swap_in(seq):
             return False
-        table = seq.block_table
-        if len(seq.block_hashes) < min(seq.num_computed_tokens // self.block_size, len(table)):
-            self._commit(seq)
-        needed = blocks_for(total_tokens, self.block_size) - len(table)
+        self._commit(seq)
+        needed = blocks_for(total_tokens, self.block_size) - len(seq.block_table)
         if needed <= 0:
-            return True
+            return True  # most decode steps: the last block still has room
         # the eviction budget walks the policy and seq's table: only worth it when free blocks fall short
         if needed > self.pool.num_free and needed > self.pool.num_free + self._holder_budget(seq):
             return False

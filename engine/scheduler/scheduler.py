@@ -138,7 +138,7 @@ class Scheduler:
         running = self.running  # preempt() removes from this same list
         while i < len(running) and budget > 0:
             seq = running[i]
-            n = min(len(seq.token_ids) - seq.num_computed_tokens, budget)  # uncomputed tokens
+            n = min(seq.num_uncomputed_tokens, budget)
             if not self._grow(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next sequence
             self._place(batch, seq, n)
