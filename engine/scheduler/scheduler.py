@@ -135,9 +135,8 @@ class Scheduler:
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0
-        running = self.running  # preempt() removes from this same list
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._grow(seq, n):
                 continue  # seq itself was preempted; running[i] is now the next sequence

@@ -111,10 +111,9 @@ class Window:
         sim.now = now
         for seq in running:
             seq.last_token_time = now
-        if done == max_steps:  # the last step sampled someone's last token (ignore_eos: "length")
+        if done == max_steps:  # the last step sampled someone's last token
             for seq in running:
-                if seq.num_output_tokens >= seq.params.max_tokens:
-                    sim.finish(seq)
+                sim.finish_if_done(seq)
         return done, elapsed
 
     def _advance(self, seq: Sequence, computed: int) -> None:

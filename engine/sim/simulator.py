@@ -122,8 +122,7 @@ class Simulator:
                 gap = now - seq.last_token_time
                 gaps[gap] = gaps.get(gap, 0) + 1
             seq.last_token_time = now
-            if seq.num_output_tokens >= seq.params.max_tokens:  # ignore_eos: "length"
-                self.finish(seq)
+            self.finish_if_done(seq)
         for gap, count in gaps.items():
             rec.itl.add(gap, count)
 
@@ -135,7 +134,12 @@ class Simulator:
             self.rec.failed(seq.request_id, getattr(seq, "error", None) or "error", self.now)
             self._specs.pop(seq.request_id, None)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish_if_done(self, seq: Sequence) -> None:
+        """Outputs ignore EOS: a sequence ends ("length") once it has sampled max_tokens."""
+        if seq.num_output_tokens >= seq.params.max_tokens:
+            self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq, "length")
         self.rec.finished(seq.request_id, self.now, seq.num_output_tokens, seq.num_cached_tokens)
         spec = self._specs.pop(seq.request_id)
