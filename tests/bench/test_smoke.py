@@ -77,10 +77,15 @@ def live_server():
         while time.monotonic() < deadline:
             assert proc.poll() is None, "kvloop serve exited"
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                # /ready, not /health: the server is alive before its engine has started, and a request
+                # sent in between is answered 503 not_ready (a "rejection" in the results)
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("kvloop serve was not ready within 120 s")
         yield url
     finally:
         proc.terminate()
@@ -94,6 +99,7 @@ def test_smoke_live_server(live_server):
         res = run_workload(wl, target, sample_every_s=0.2)
     finally:
         target.close()
+    assert not [r.error for r in res.records if r.error], "failed requests"
     _check_client(client_metrics(res.records), wl.num_requests)
     assert all(r.output_tokens == 8 and r.prompt_tokens > 0 for r in res.records)
     srv = server_metrics(res.samples)
