@@ -25,6 +25,13 @@ RESTRICTED_POD = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 SIDECAR_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+# Which Prometheus path scrapes a pod: its own ServiceMonitor, or else the cluster-wide PodMonitor
+# (manifests/monitoring/podmonitor.yaml skips pods labelled "servicemonitor"), so no pod is scraped twice.
+SCRAPE_LABEL = "kvloop.io/scraped-by"
+
+
+def scrape_path(spec: dict[str, Any]) -> str:
+    return "servicemonitor" if spec["observability"]["serviceMonitor"]["enabled"] else "podmonitor"
 
 
 def images(spec: dict[str, Any], default_image: str) -> dict[str, str]:
@@ -165,7 +172,7 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
     config_hash = hashlib.sha256(engine_config.encode()).hexdigest()[:16]
     return {
         "metadata": {
-            "labels": C.common_labels(name),
+            "labels": {**C.common_labels(name), SCRAPE_LABEL: scrape_path(spec)},
             "annotations": {
                 # Only engine settings restart pods; sidecar settings are reloaded in place.
                 "kvloop.io/engine-config-hash": config_hash,

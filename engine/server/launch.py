@@ -40,6 +40,12 @@ def _kv_config(cfg) -> dict:
     return out
 
 
+def metrics_model_name(file_model_name: str, served_names: list[str] | None) -> str:
+    """The `model_name` label: the name clients ask for (the first served name other than the
+    catch-all 'default'), else the model file's own name."""
+    return next((n for n in served_names or [] if n != "default"), file_model_name)
+
+
 def build_server(engine, args: argparse.Namespace):
     """The app and its AsyncEngine for an EngineCore and parsed serve arguments."""
     from kvloop.engine.server.app import build_app
@@ -48,7 +54,8 @@ def build_server(engine, args: argparse.Namespace):
     from kvloop.engine.server.serving import ServerSettings
 
     async_engine = None
-    metrics = EngineMetrics(engine.model_name, lambda: async_engine.snapshot(), cache_config(engine))
+    metrics = EngineMetrics(metrics_model_name(engine.model_name, args.served_model_name),
+                            lambda: async_engine.snapshot(), cache_config(engine))
     async_engine = AsyncEngine(engine, metrics, max_pending=args.max_pending)
     settings = ServerSettings(request_timeout_s=args.request_timeout,
                               served_names=tuple(args.served_model_name or ["default"]))

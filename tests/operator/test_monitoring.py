@@ -34,7 +34,8 @@ ENGINE_METRICS = {
 }
 SIDECAR_METRICS = {
     "counter": ["kvloop:feedback_decisions", "kvloop:feedback_stale_reads"],
-    "gauge": ["kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_last_decision_timestamp_seconds"],
+    "gauge": ["kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_last_decision_timestamp_seconds",
+              "kvloop:feedback_mode"],
     "histogram": [],
 }
 REGISTRY_MODULES = ["kvloop.engine.server.metrics", "kvloop.sidecar.metrics"]
@@ -141,3 +142,69 @@ def test_metric_names_are_registered_by_engine_and_sidecar():
         expected_from_docs |= {n for n in documented_series() if not n.startswith("kvloop:feedback_")}
     unexported = used_names() - names - expected_from_docs
     assert not unexported, f"dashboard/alerts use metrics the code does not register: {sorted(unexported)}"
+
+
+# --- one scrape path per pod, alerts right for every feedback mode, model_name = served name ---
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and the In/NotIn/Exists/DoesNotExist expressions)."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("service_monitor", [False, True])
+def test_every_pod_is_scraped_by_exactly_one_path(service_monitor: bool):
+    from kvloop.operator.render import render_children
+    from kvloop.operator.render_pod import render_pod_template
+    from kvloop.operator.spec import with_defaults
+
+    spec = with_defaults({"observability": {"serviceMonitor": {"enabled": service_monitor}}})
+    pod_labels = render_pod_template("llm", spec, "engine: {}", "img:1")["metadata"]["labels"]
+    pod_monitor = yaml.safe_load((MONITORING / "podmonitor.yaml").read_text())
+    children = render_children("llm", "ns", "uid", spec)
+    service = next(c for c in children if c["kind"] == "Service")
+    paths = int(_selects(pod_monitor["spec"]["selector"], pod_labels))
+    # A ServiceMonitor selects Services; their endpoints are the pods the Service selects.
+    paths += sum(_selects(m["spec"]["selector"], service["metadata"]["labels"])
+                 and _selects({"matchLabels": service["spec"]["selector"]}, pod_labels)
+                 for m in children if m["kind"] == "ServiceMonitor")
+    assert paths == 1, (service_monitor, pod_labels)
+
+
+def test_feedback_alerts_ignore_pods_with_feedback_off():
+    rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    feedback = next(g for g in rules["spec"]["groups"] if g["name"] == "kvloop.feedback")["rules"]
+    for rule in feedback:
+        assert re.search(r'and on \(namespace, pod\) \(kvloop:feedback_mode\{mode!="off"\} == 1\)', rule["expr"]), \
+            rule["alert"]
+
+
+def test_sidecar_in_mode_off_exports_the_mode_the_alerts_gate_on(tmp_path):
+    from kvloop.sidecar.coordinator import Coordinator
+    from kvloop.sidecar.metrics import build_registry
+    from kvloop.sidecar.settings import SettingsWatcher
+    from prometheus_client import generate_latest
+
+    coord = Coordinator(SettingsWatcher(None, overrides={"mode": "off"}), control_path=str(tmp_path / "c.bin"))
+    text = generate_latest(build_registry(coord)).decode()
+    assert 'kvloop:feedback_mode{mode="off"} 1.0' in text
+    assert 'kvloop:feedback_mode{mode="enforce"} 0.0' in text
+
+
+def test_engine_metrics_carry_the_served_name():
+    from kvloop.engine.server.launch import metrics_model_name
+    from kvloop.engine.server.metrics import EngineMetrics
+    from prometheus_client import generate_latest
+
+    assert metrics_model_name("SmolLM2 135M Instruct", ["smollm2-135m", "default"]) == "smollm2-135m"
+    assert metrics_model_name("SmolLM2 135M Instruct", None) == "SmolLM2 135M Instruct"
+    assert metrics_model_name("SmolLM2 135M Instruct", ["default"]) == "SmolLM2 135M Instruct"
+    text = generate_latest(EngineMetrics(metrics_model_name("file-name", ["served"])).registry).decode()
+    assert 'model_name="served"' in text and 'model_name="file-name"' not in text
