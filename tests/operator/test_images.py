@@ -47,3 +47,26 @@ def test_fetch_helper_downloads_and_verifies(tmp_path):
     else:
         raise AssertionError("checksum mismatch not detected")
     assert not (tmp_path / "bad.gguf").exists()
+
+
+def _apt_packages(dockerfile: str) -> set[str]:
+    """Packages of every `apt-get install` in a Dockerfile (continuation lines joined)."""
+    text = dockerfile.replace("\\\n", " ")
+    out: set[str] = set()
+    for line in text.splitlines():
+        for part in line.split("&&"):
+            words = part.split()
+            if "apt-get" in words and "install" in words:
+                out |= {w for w in words[words.index("install") + 1:] if not w.startswith("-")}
+    return out
+
+
+def test_cuda_image_has_what_triton_compiles_its_launcher_with():
+    text = (ROOT / "docker" / "Dockerfile.cuda").read_text()
+    packages = _apt_packages(text)
+    assert "gcc" in packages or "build-essential" in packages, packages
+    assert "libc6-dev" in packages or "build-essential" in packages, "gcc without recommends has no libc headers"
+    # Python.h for the interpreter the venv is made from: python3-dev follows python3's version.
+    assert "python3" in packages and ("python3-dev" in packages or any(
+        p.startswith("python3.") and p.endswith("-dev") for p in packages)), packages
+    assert "triton==" in text

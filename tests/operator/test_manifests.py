@@ -158,3 +158,21 @@ def test_argocd_health_script(status, generation, expected):
     if status is not None:
         obj["status"] = status
     assert _lua_health(obj)["status"] == expected
+
+
+def test_gpu_sample_memory_adds_up():
+    """The GPU sample's sizing comment, recomputed: model (bf16) + host pool + headroom <= memory limit,
+    and on the device model + device pool fits an 80 GB GPU. The claim's access mode is stated."""
+    from kvloop.operator.spec import quantity
+
+    text = (ROOT / "manifests" / "samples" / "gpu.yaml").read_text()
+    spec = yaml.safe_load(text)["spec"]
+    assert spec["engine"]["dtype"] == "bfloat16" and "8b" in spec["model"]["name"]
+    gib = 2**30
+    model = 8.03e9 * 2  # Llama-3.1-8B parameters x bytes per bfloat16 weight
+    kv = spec["engine"]["kvCache"]
+    headroom = 8 * gib
+    assert model + kv["hostPoolMiB"] * 2**20 + headroom <= quantity(spec["resources"]["limits"]["memory"])
+    assert model + kv["devicePoolMiB"] * 2**20 <= 76 * gib  # 80 GB GPU less the CUDA context
+    assert "ReadOnlyMany" in text and "ReadWriteOnce" in text
+    assert spec["model"]["pvc"].get("readOnly", True)
