@@ -106,9 +106,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from kvloop.operator.main import main as operator_main
+    from kvloop.operator.main import run_from_args
 
-    return operator_main(args.rest) or 0
+    return run_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", default=None,
                      help="engine settings file (the operator's engine.yaml); replaces the engine flags")
     srv.set_defaults(func=cmd_serve)
-    op = sub.add_parser("operator", help="run the InferenceService operator (kopf)")
-    op.add_argument("rest", nargs=argparse.REMAINDER)
+    from kvloop.operator.main import __doc__ as operator_doc
+    from kvloop.operator.main import add_operator_args
+
+    op = sub.add_parser("operator", help="run the InferenceService operator (kopf)", description=operator_doc,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_operator_args(op)
     op.set_defaults(func=cmd_operator)
     from kvloop.engine.control.cli import add_control_parser
     from kvloop.sidecar.cli import add_sidecar_parser

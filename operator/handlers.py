@@ -30,6 +30,9 @@ class OperatorConfig:
     default_image: str = C.DEFAULT_IMAGE
     status_interval: float = 15.0
     request_timeout: float = 30.0
+    # Namespace globs need kopf to list and watch namespaces ("scanning"); exact names and
+    # cluster-wide mode do not, and then scanning stays off (fewer permissions).
+    observe_namespaces: bool = False
 
 
 def configure(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
@@ -39,7 +42,7 @@ def configure(settings: kopf.OperatorSettings, cfg: OperatorConfig) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=C.GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING  # log lines of WARNING and above become Events
-    settings.scanning.disabled = True  # no cluster-wide CRD listing: fewer permissions
+    settings.scanning.disabled = not cfg.observe_namespaces
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = cfg.request_timeout

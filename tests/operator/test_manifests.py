@@ -43,6 +43,8 @@ def check_objects(objs: list[dict]) -> None:
             assert validate(obj) == [], where
         elif kind in THIRD_PARTY.get(api, set()):
             assert obj["metadata"]["name"] and isinstance(obj.get("spec"), dict), where
+        elif api == "kopf.dev/v1":  # kopf's peering objects: a name, and no spec at all
+            assert kind in ("ClusterKopfPeering", "KopfPeering") and obj["metadata"]["name"], where
         else:
             for version in K8S_VERSIONS:
                 try:

@@ -27,3 +27,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "kvloop.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{- /* "true" when a watchNamespaces entry is a kopf glob pattern, not one namespace's name. */}}
+{{- define "kvloop.isPattern" -}}
+{{- if regexMatch "[*?!,]" . }}true{{ end -}}
+{{- end -}}
+
+{{- define "kvloop.hasPatterns" -}}
+{{- range .Values.operator.watchNamespaces }}{{ include "kvloop.isPattern" . }}{{ end -}}
+{{- end -}}
