@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 
 import torch
 from kvloop.engine.config import EngineConfig
@@ -15,10 +17,12 @@ from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.model_runner import ModelRunner
 from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import ScheduledBatch
+from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("kvloop.engine")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -88,6 +92,8 @@ class EngineCore:
         self._seqs: dict[str, Sequence] = {}
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else set()
         self.num_steps = 0
+        self.request_failures: Counter[str] = Counter()  # stage -> requests failed alone (sampling, output...)
+        self.step_failures = 0  # steps whose model forward raised (every request of the step failed)
         self.control = None  # the feedback loop's hook (engine.control), when a control file is configured
         if config.control_file:
             from kvloop.engine.control.hook import EngineControl
@@ -102,6 +108,8 @@ class EngineCore:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise RequestRejected("bad_token", f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
         seq = Sequence(request_id, list(prompt_token_ids), params, user=user)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -151,6 +159,8 @@ class EngineCore:
             "num_oom_events": self.scheduler.num_oom_events,  # static mode's reservations that did not fit
             "scheduler_mode": self.scheduler.mode,
             "num_steps": self.num_steps,
+            "request_failures": dict(self.request_failures),
+            "step_failures": self.step_failures,
             **self.kv.snapshot(),
         }
 
@@ -162,9 +172,17 @@ class EngineCore:
             if self.control is not None:  # idle steps still publish, so the sidecar sees a live engine
                 self.control.after_step(self, failed)
             return failed
-        result = self.runner.execute(batch)
-        self.num_steps += 1
-        outputs = failed + self._process(batch, result.tokens, result.logprobs)
+        try:
+            result = self.runner.execute(batch)
+        except Exception as exc:  # noqa: BLE001 - not one request's fault: fail this step's requests, go on
+            log.exception("the model step failed; failing its %d requests", len(batch.items))
+            self.step_failures += 1
+            message = f"the model step failed: {type(exc).__name__}: {exc}"
+            # num_computed_tokens is not advanced, so releasing the blocks indexes none of this step's K/V
+            outputs = failed + [self._fail_request(item.seq, "step", message) for item in batch.items]
+        else:
+            self.num_steps += 1
+            outputs = failed + self._process(batch, result)
         if self.control is not None:
             self.control.after_step(self, outputs)
         return outputs
@@ -182,7 +200,23 @@ class EngineCore:
                 outputs.append(out)
         return outputs
 
-    def _process(self, batch: ScheduledBatch, tokens: dict[int, int], logprobs: dict) -> list[RequestOutput]:
+    def _fail_request(self, seq: Sequence, stage: str, message: str) -> RequestOutput:
+        """Ends one request with finish_reason "error" (its blocks freed) and reports it; the rest go on."""
+        self.request_failures[stage] += 1
+        self.scheduler.finish(seq, "error")  # a no-op when it had finished just before failing
+        self._seqs.pop(seq.request_id, None)
+        state = self._states.pop(seq.request_id, None) or OutputState(seq, _NullDetokenizer(), set())
+        self.runner.sampler.forget(seq.request_id)
+        try:
+            out = state.output(True, "error")
+        except Exception:  # noqa: BLE001 - the output state may be what failed: report without its text
+            out = RequestOutput(seq.request_id, "", "", [], [], True, "error", seq.num_prompt_tokens,
+                                seq.num_cached_tokens, arrival_time=seq.arrival_time)
+        out.finish_reason = "error"
+        out.error = message
+        return out
+
+    def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         now = time.monotonic()
         outputs = []
         for item in batch.items:
@@ -190,22 +224,35 @@ class EngineCore:
             seq.num_computed_tokens = item.start + item.num_tokens
             if not item.samples:
                 continue
-            token = tokens[id(seq)]
-            seq.token_ids.append(token)
-            if id(seq) in logprobs:
-                seq.logprobs.append(logprobs[id(seq)])
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.last_token_time = now
-            state = self._states[seq.request_id]
-            reason = state.on_token(token)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self._seqs.pop(seq.request_id, None)
-                self._states.pop(seq.request_id, None)
-                self.runner.sampler.forget(seq.request_id)
-            outputs.append(state.output(reason is not None, reason))
+            if id(seq) in result.errors:
+                stage, message = result.errors[id(seq)]
+                log.warning("request %s failed in %s: %s", seq.request_id, stage, message)
+                outputs.append(self._fail_request(seq, stage, f"{stage} failed: {message}"))
+                continue
+            try:
+                outputs.append(self._on_token(seq, result, now))
+            except Exception as exc:  # noqa: BLE001 - stop handling or detokenization of this request
+                log.exception("request %s failed in output processing", seq.request_id)
+                outputs.append(self._fail_request(seq, "output", f"output processing failed: "
+                                                                  f"{type(exc).__name__}: {exc}"))
         return outputs
+
+    def _on_token(self, seq: Sequence, result: StepResult, now: float) -> RequestOutput:
+        token = result.tokens[id(seq)]
+        seq.token_ids.append(token)
+        if id(seq) in result.logprobs:
+            seq.logprobs.append(result.logprobs[id(seq)])
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.last_token_time = now
+        state = self._states[seq.request_id]
+        reason = state.on_token(token)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.request_id, None)
+            self._states.pop(seq.request_id, None)
+            self.runner.sampler.forget(seq.request_id)
+        return state.output(reason is not None, reason)
 
 
 class _NullDetokenizer:

@@ -81,7 +81,9 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> StepResult:
         seqs = [item.seq for item in items]
-        tokens, logprobs = self.sampler.sample(logits, [s.params for s in seqs], [s.request_id for s in seqs])
-        result = StepResult({id(s): t for s, t in zip(seqs, tokens, strict=True)})
-        result.logprobs = {id(s): lp for s, lp in zip(seqs, logprobs, strict=True) if lp is not None}
+        out = self.sampler.sample(logits, [s.params for s in seqs], [s.request_id for s in seqs],
+                                  seqs)
+        result = StepResult({id(s): t for s, t in zip(seqs, out.tokens, strict=True) if t is not None})
+        result.logprobs = {id(s): lp for s, lp in zip(seqs, out.logprobs, strict=True) if lp is not None}
+        result.errors = {id(seqs[row]): message for row, message in out.errors.items()}
         return result

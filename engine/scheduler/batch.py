@@ -41,6 +41,7 @@ class ScheduledBatch:
 class StepResult:
     tokens: dict[int, int]  # id(seq) -> sampled token (only sequences that sample this step)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
+    errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # id(seq) -> (stage, why it failed)
 
 
 class Runner(Protocol):
