@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 from kvloop.operator import constants as C
 from kvloop.operator.kube import ApiError, KubeClient, KubeConfig
+from kvloop.operator.prune import prune
 from kvloop.operator.render import render_children
 from kvloop.operator.spec import problems, with_defaults
 from kvloop.operator.status import compute_status, strip_times
@@ -75,6 +76,11 @@ async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: 
     else:
         children = render_children(name, namespace, uid, dict(spec), cfg.default_image)
         changes, apply_error = await _apply_children(client, children)
+        if not apply_error:  # only once the new set is in place: a failed apply keeps the old children
+            try:
+                changes += [f"pruned {ref}" for ref in await prune(client, namespace, name, keep=children)]
+            except ApiError as exc:
+                apply_error = f"pruning children no longer rendered failed: {exc}"
         if changes:
             kopf.event(body, type="Normal", reason="ChildrenApplied", message=", ".join(changes))
         if apply_error:
@@ -109,17 +115,16 @@ def _post_events(body: kopf.Body, previous: dict[str, Any], new: dict[str, Any])
             kopf.event(body, type="Warning", reason=cond["reason"], message=cond["message"])
 
 
-async def cleanup(*, client: KubeClient, body: kopf.Body, spec: Any, name: str, namespace: str, uid: str,
-                  logger: kopf.Logger) -> None:
+async def cleanup(*, client: KubeClient, name: str, namespace: str, logger: kopf.Logger) -> None:
     # Owner references let the garbage collector do this too; deleting explicitly makes the
-    # result independent of the collector (and of clusters or fakes without one).
-    for child in reversed(render_children(name, namespace, uid, dict(spec))):
-        try:
-            await client.delete(child["apiVersion"], child["kind"], namespace, child["metadata"]["name"])
-        except ApiError as exc:
-            if exc.status != 404:
-                raise kopf.TemporaryError(f"deleting {child['kind']}/{child['metadata']['name']}: {exc}", delay=5) from exc
-    logger.info("children of %s/%s deleted", namespace, name)
+    # result independent of the collector (and of clusters or fakes without one). The children
+    # are found by their labels, not rendered from the spec: that also covers children of older
+    # specs, and a spec too malformed to render.
+    try:
+        pruned = await prune(client, namespace, name, keep=[])
+    except ApiError as exc:
+        raise kopf.TemporaryError(f"deleting the children of {namespace}/{name}: {exc}", delay=5) from exc
+    logger.info("children of %s/%s deleted: %s", namespace, name, ", ".join(pruned) or "none left")
 
 
 def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
@@ -173,10 +178,10 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
         await reconcile(cfg=cfg, client=client, only_generation=body.meta.get("generation"), **_pick(kw))
 
     @kopf.on.delete(**res)
-    async def _delete(body: kopf.Body, spec: Any, name: str, namespace: str, uid: str, logger: kopf.Logger,
-                      **_: Any) -> None:
+    async def _delete(name: str, namespace: str, uid: str, logger: kopf.Logger, **_: Any) -> None:
         async with locks.setdefault(uid, asyncio.Lock()):
-            await cleanup(client=client, body=body, spec=spec, name=name, namespace=namespace, uid=uid, logger=logger)
+            await cleanup(client=client, name=name, namespace=namespace, logger=logger)
+        locks.pop(uid, None)
 
     return registry
 

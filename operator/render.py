@@ -13,6 +13,14 @@ from kvloop.operator import constants as C
 from kvloop.operator.render_pod import model_path, render_pod_template
 from kvloop.operator.spec import gpu_count, with_defaults
 
+# Every kind render_children can return, in the order it renders them; pruning lists these.
+OWNED_KINDS: tuple[tuple[str, str], ...] = (
+    ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "ConfigMap"), ("apps/v1", "Deployment"),
+    ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+)
+
 
 def owner_reference(name: str, uid: str) -> dict[str, Any]:
     return {"apiVersion": C.API_VERSION, "kind": C.KIND, "name": name, "uid": uid,

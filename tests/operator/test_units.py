@@ -169,3 +169,12 @@ def test_rendered_sidecar_config_parses_with_the_sidecar(spec):
     assert parsed.period_s == full["feedback"]["intervalSeconds"]
     assert parsed.batch_cap.max == full["feedback"]["batchCap"]["max"]
     assert parsed.annotation_key == C.FEEDBACK_ANNOTATION
+
+
+def test_owned_kinds_cover_every_rendered_kind():
+    """Pruning lists exactly the kinds the renderer can produce (all optional children on)."""
+    from kvloop.operator.render import OWNED_KINDS
+
+    spec = {"replicas": 2, "observability": {"serviceMonitor": {"enabled": True}},
+            "routing": {"inferencePool": {"enabled": True}}}
+    assert {c["kind"] for c in render_children("x", "ns", "uid", spec)} == {kind for _, kind in OWNED_KINDS}
