@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from kvloop.operator import constants as C
+from kvloop.operator import limits as L
 
 
 def _p(kind: str, desc: str, **kw: Any) -> dict[str, Any]:
@@ -68,17 +69,68 @@ def o(desc: str, props: dict[str, Any], *, default: Any = None, required: list[s
 
 
 QUANTITY = {"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": True,
-            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"}
+            "pattern": L.QUANTITY_PATTERN, "maxLength": 64}  # bounds the CEL cost estimate
 
 
-def resources(desc: str) -> dict[str, Any]:
-    qmap = {"type": "object", "additionalProperties": QUANTITY}
+def _q(expr: str) -> str:
+    """CEL: a quantity from an int-or-string value (Kubernetes' quantity library takes strings)."""
+    return f"quantity(string({expr}))"
+
+
+def _present(obj: str, part: str, key: str) -> str:
+    return f"has({obj}.{part}) && '{key}' in {obj}.{part}"
+
+
+def resource_rules(field: str, floors: dict[str, str]) -> list[tuple[str, str]]:
+    """CEL for limits.resource_problems: the same table (keys, floors) and the same messages."""
+    rules: list[tuple[str, str]] = []
+    for part in ("requests", "limits"):
+        for key in L.CHECKED_RESOURCES:
+            rules.append((f"!({_present('self', part, key)}) || {_q(f'self.{part}[{key!r}]')}.sign() >= 0",
+                          L.negative_message(field, part, key)))
+    for key in L.CHECKED_RESOURCES:
+        rules.append((f"!({_present('self', 'requests', key)} && {_present('self', 'limits', key)}) || "
+                      f"{_q(f'self.requests[{key!r}]')}.compareTo({_q(f'self.limits[{key!r}]')}) <= 0",
+                      L.above_limit_message(field, key)))
+    for key, floor in floors.items():
+        rules.append((f"!({_present('self', 'limits', key)}) || "
+                      f"{_q(f'self.limits[{key!r}]')}.compareTo(quantity({floor!r})) >= 0",
+                      L.floor_message(field, key, floor)))
+    return rules
+
+
+def memory_rules() -> list[tuple[str, str]]:
+    """CEL for limits.memory_problems, on the spec: RAM pools + headroom within the memory limit."""
+    kv = "self.engine.kvCache"
+    gpus, memory = _q("self.resources.limits['nvidia.com/gpu']"), _q("self.resources.limits['memory']")
+    gpu = f"has(self.resources) && {_present('self.resources', 'limits', 'nvidia.com/gpu')} && {gpus}.sign() > 0"
+    need = f"quantity(string({kv}.hostPoolMiB + ({gpu} ? 0 : {kv}.devicePoolMiB) + {L.RUNTIME_HEADROOM_MIB}) + 'Mi')"
+    default_need = f"quantity(string({kv}.hostPoolMiB + {kv}.devicePoolMiB + {L.RUNTIME_HEADROOM_MIB}) + 'Mi')"
+    default_limit = L.DEFAULT_ENGINE_RESOURCES["limits"]["memory"]
+    return [
+        (f"!(has(self.resources) && {_present('self.resources', 'limits', 'memory')}) || "
+         f"{memory}.compareTo({need}) >= 0",
+         L.pools_message(default=False)),
+        (f"has(self.resources) || quantity('{default_limit}').compareTo({default_need}) >= 0",
+         L.pools_message(default=True)),
+    ]
+
+
+def resources(field: str, desc: str, floors: dict[str, str] | None = None) -> dict[str, Any]:
+    qmap = {"type": "object", "additionalProperties": QUANTITY, "maxProperties": 16}
     return o(desc, {"requests": {**qmap, "description": "Minimum resources (cpu, memory, nvidia.com/gpu)."},
                     "limits": {**qmap, "description": "Maximum resources; GPUs must be set here."}},
              rules=[("!has(self.requests) || !('nvidia.com/gpu' in self.requests) || "
                      "(has(self.limits) && 'nvidia.com/gpu' in self.limits && "
                      "string(self.requests['nvidia.com/gpu']) == string(self.limits['nvidia.com/gpu']))",
-                     "nvidia.com/gpu requests must equal limits")])
+                     "nvidia.com/gpu requests must equal limits"), *resource_rules(field, floors or {})])
+
+
+def image(key: str, desc: str) -> dict[str, Any]:
+    out = s(desc, minLength=1, maxLength=512)
+    out["x-kubernetes-validations"] = [{"rule": f"self.matches('{L.IMAGE_REFERENCE}')",
+                                        "message": L.image_message(key)}]
+    return out
 
 
 def spec_schema() -> dict[str, Any]:
@@ -159,13 +211,17 @@ def spec_schema() -> dict[str, Any]:
         "replicas": i("Number of engine pods.", 0, 256, 1),
         "model": model,
         "images": o("Image overrides (default: the operator's image).", {
-            "engine": s("Engine image.", minLength=1), "sidecar": s("Sidecar image (default: engine image)."),
-            "fetcher": s("Model fetcher init image (default: engine image)."),
+            "engine": image("engine", "Engine image."),
+            "sidecar": image("sidecar", "Sidecar image (default: engine image)."),
+            "fetcher": image("fetcher", "Model fetcher init image (default: engine image)."),
             "pullPolicy": s("Image pull policy.", ["Always", "IfNotPresent", "Never"], "IfNotPresent")}),
         "imagePullSecrets": {"type": "array", "description": "Pull secrets for the images.",
                              "items": o("A secret reference.", {"name": s("Secret name.")}, required=["name"])},
-        "resources": resources("Engine container resources, including nvidia.com/gpu."),
-        "sidecarResources": resources("Sidecar container resources."),
+        "resources": resources("resources", "Engine container resources, including nvidia.com/gpu "
+                               f"(default: {L.DEFAULT_ENGINE_RESOURCES})."),
+        "sidecarResources": resources("sidecarResources", f"Sidecar container resources (default: "
+                                      f"{L.SIDECAR_RESOURCES}; limits.memory at least {L.SIDECAR_FLOORS['memory']}).",
+                                      L.SIDECAR_FLOORS),
         "engine": engine,
         "feedback": feedback,
         "observability": o("Monitoring.", {
@@ -207,6 +263,7 @@ def spec_schema() -> dict[str, Any]:
          "engine.scheduler.maxNumSeqs (the initial batch cap) must lie within feedback.batchCap bounds"),
         ("!self.routing.inferencePool.enabled || has(self.routing.inferencePool.endpointPicker)",
          "routing.inferencePool needs endpointPicker"),
+        *memory_rules(),
     ])
 
 

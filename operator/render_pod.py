@@ -8,6 +8,7 @@ import posixpath
 from typing import Any
 
 from kvloop.operator import constants as C
+from kvloop.operator.limits import DEFAULT_ENGINE_RESOURCES, SIDECAR_RESOURCES
 from kvloop.operator.spec import gpu_count
 
 RESTRICTED_CONTAINER = {
@@ -24,7 +25,6 @@ RESTRICTED_POD = {
     "fsGroup": 10001,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-SIDECAR_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 # Which Prometheus path scrapes a pod: its own ServiceMonitor, or else the cluster-wide PodMonitor
 # (manifests/monitoring/podmonitor.yaml skips pods labelled "servicemonitor"), so no pod is scraped twice.
 SCRAPE_LABEL = "kvloop.io/scraped-by"
@@ -118,8 +118,7 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
                     "--config", f"{C.CONFIG_DIR}/engine.yaml"],
         "ports": [{"name": "http", "containerPort": C.ENGINE_PORT, "protocol": "TCP"}],
         "env": env,
-        "resources": spec.get("resources") or {"requests": {"cpu": "1", "memory": "2Gi"},
-                                               "limits": {"memory": "4Gi"}},
+        "resources": spec.get("resources") or DEFAULT_ENGINE_RESOURCES,
         "startupProbe": _http_probe("/health", "http", periodSeconds=5, failureThreshold=120),
         "livenessProbe": _http_probe("/health", "http", periodSeconds=10, failureThreshold=3),
         "readinessProbe": _http_probe("/ready", "http", periodSeconds=5, failureThreshold=2),

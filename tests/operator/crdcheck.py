@@ -14,6 +14,8 @@ from typing import Any
 import celpy
 import jsonschema
 import yaml
+from celpy import celtypes
+from kvloop.operator.limits import is_quantity, parse_quantity
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "manifests" / "base" / "crd.yaml"
@@ -80,13 +82,53 @@ def all_rules(schema: dict[str, Any]) -> list[str]:
     return out
 
 
+class Quantity:
+    """Kubernetes CEL's Quantity (k8s.io/apiserver/pkg/cel/library/quantity.go), which cel-python lacks:
+    an exact value built from a quantity string; malformed strings are an evaluation error."""
+
+    def __init__(self, text: Any):
+        if not isinstance(text, str):
+            raise TypeError(f"quantity() takes a string, got {type(text).__name__}")
+        self.value = parse_quantity(str(text))
+
+
+def _cmp(a: Quantity, b: Quantity) -> int:
+    return (a.value > b.value) - (a.value < b.value)
+
+
+def _as_integer(q: Quantity) -> celtypes.IntType:
+    if q.value.denominator != 1 or not -(2**63) <= q.value < 2**63:
+        raise ValueError("asInteger: not an int64")
+    return celtypes.IntType(int(q.value))
+
+
+def _plus(q: Quantity, other: Any, sign: int) -> Quantity:
+    out = Quantity("0")
+    out.value = q.value + sign * (other.value if isinstance(other, Quantity) else int(other))
+    return out
+
+
+QUANTITY_FUNCTIONS: dict[str, Any] = {
+    "quantity": Quantity,
+    "isQuantity": lambda text: celtypes.BoolType(is_quantity(str(text))),
+    "sign": lambda q: celtypes.IntType((q.value > 0) - (q.value < 0)),
+    "compareTo": lambda a, b: celtypes.IntType(_cmp(a, b)),
+    "isGreaterThan": lambda a, b: celtypes.BoolType(_cmp(a, b) > 0),
+    "isLessThan": lambda a, b: celtypes.BoolType(_cmp(a, b) < 0),
+    "isInteger": lambda q: celtypes.BoolType(q.value.denominator == 1 and -(2**63) <= q.value < 2**63),
+    "asInteger": _as_integer,
+    "asApproximateFloat": lambda q: celtypes.DoubleType(float(q.value)),
+    "add": lambda q, other: _plus(q, other, 1),
+    "sub": lambda q, other: _plus(q, other, -1),
+}
+
 _ENV = celpy.Environment()
 _PROGRAMS: dict[str, Any] = {}
 
 
 def compile_rule(rule: str) -> Any:
     if rule not in _PROGRAMS:
-        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule))
+        _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule), functions=QUANTITY_FUNCTIONS)
     return _PROGRAMS[rule]
 
 

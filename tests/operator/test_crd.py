@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from pathlib import Path
 
+import celpy
 import pytest
 import yaml
 from crdcheck import ROOT, all_rules, compile_rule, load_crd, openapi_schema, validate
 from kvloop.operator.crd import render_yaml
+from kvloop.operator.limits import is_quantity, parse_quantity
 from kvloop.operator.spec import DEFAULTS
 
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
@@ -133,3 +136,108 @@ def test_invalid_resources_rejected(case: str):
 def test_minimal_resource_is_valid():
     assert validate(base()) == []
     assert validate({**base(), "spec": {}}) == []
+
+
+# --- refused at apply time: quantities, requests vs limits, pools vs the memory limit, images, floors ---
+# name: (a valid spec, an invalid spec, the message both the CEL rule and the operator's check give)
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+ADMISSION = {
+    "negative cpu request": ({"resources": {"requests": {"cpu": "500m"}}},
+                             {"resources": {"requests": {"cpu": "-500m"}}},
+                             "resources.requests.cpu must not be negative"),
+    "negative memory limit (integer)": ({"resources": {"limits": {"memory": 4 * 2**30}}},
+                                        {"resources": {"limits": {"memory": -1}}},
+                                        "resources.limits.memory must not be negative"),
+    "negative gpu": ({"resources": {"requests": {"nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}},
+                     {"resources": {"limits": {"nvidia.com/gpu": "-1"}}},
+                     "resources.limits.nvidia.com/gpu must not be negative"),
+    "negative sidecar cpu": ({"sidecarResources": {"requests": {"cpu": "10m"}}},
+                             {"sidecarResources": {"requests": {"cpu": "-10m"}}},
+                             "sidecarResources.requests.cpu must not be negative"),
+    "cpu request above limit": ({"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1500m"}}},
+                                {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}},
+                                "resources.requests.cpu must not exceed resources.limits.cpu"),
+    "memory request above limit": ({"resources": {"requests": {"memory": "4Gi"}, "limits": {"memory": "4096Mi"}}},
+                                   {"resources": {"requests": {"memory": "4.1Gi"}, "limits": {"memory": "4Gi"}}},
+                                   "resources.requests.memory must not exceed resources.limits.memory"),
+    "sidecar request above limit": ({"sidecarResources": {"requests": {"memory": "128Mi"}, "limits": {"memory": "128Mi"}}},
+                                    {"sidecarResources": {"requests": {"memory": "256Mi"}, "limits": {"memory": "128Mi"}}},
+                                    "sidecarResources.requests.memory must not exceed sidecarResources.limits.memory"),
+    "sidecar memory limit below the floor": ({"sidecarResources": {"limits": {"memory": "96Mi"}}},
+                                             {"sidecarResources": {"limits": {"memory": "64Mi"}}},
+                                             "sidecarResources.limits.memory must be at least 96Mi"),
+    # CPU: the device pool is RAM too. 2048 MiB pool + 1024 MiB headroom > 2Gi.
+    "pools above the memory limit": ({"resources": {"limits": {"memory": "3Gi"}},
+                                      "engine": {"kvCache": {"devicePoolMiB": 2048}}},
+                                     {"resources": {"limits": {"memory": "2Gi"}},
+                                      "engine": {"kvCache": {"devicePoolMiB": 2048}}},
+                                     "must fit the memory limit resources.limits.memory"),
+    # With a GPU only the host pool is in RAM.
+    "host pool above the memory limit with a GPU": (
+        {"resources": {"limits": {"memory": "2Gi", "nvidia.com/gpu": 1}}, "engine": {"kvCache": {"devicePoolMiB": 8192}}},
+        {"resources": {"limits": {"memory": "2Gi", "nvidia.com/gpu": 1}},
+         "engine": {"kvCache": {"devicePoolMiB": 8192, "hostPoolMiB": 2048}}},
+        "must fit the memory limit resources.limits.memory"),
+    # No spec.resources: the engine gets the default 4Gi limit; 512 MiB device pool + 1024 MiB headroom.
+    "pools above the default memory limit": ({"engine": {"kvCache": {"hostPoolMiB": 2560}}},
+                                             {"engine": {"kvCache": {"hostPoolMiB": 2561}}},
+                                             "must fit the default memory limit 4Gi"),
+    "image with spaces": ({"images": {"engine": "ghcr.io/kvloop/kvloop:0.1.0"}},
+                          {"images": {"engine": "ghcr.io/kvloop/kvloop 0.1.0"}}, "images.engine must be an image"),
+    "image with an upper-case path": ({"images": {"sidecar": "localhost:5000/team/kvloop@" + DIGEST}},
+                                      {"images": {"sidecar": "localhost:5000/Team/kvloop"}},
+                                      "images.sidecar must be an image"),
+    "image with two tags": ({"images": {"fetcher": "busybox:1.36"}}, {"images": {"fetcher": "busybox:1.36:musl"}},
+                            "images.fetcher must be an image"),
+    "image with a short digest": ({"images": {"engine": "kvloop@" + DIGEST}}, {"images": {"engine": "kvloop@sha256:abc"}},
+                                  "images.engine must be an image"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADMISSION), ids=lambda c: c.replace(" ", "-"))
+def test_admission_rule_refuses_the_invalid_and_accepts_the_valid(case: str):
+    valid, invalid, message = ADMISSION[case]
+    assert validate(with_spec(**valid)) == [], case
+    errors = validate(with_spec(**invalid))
+    assert any(message in e for e in errors), f"{case}: {errors}"
+
+
+@pytest.mark.parametrize("case", sorted(ADMISSION), ids=lambda c: c.replace(" ", "-"))
+def test_operator_reports_what_the_crd_refuses(case: str):
+    """Objects stored before the rules existed: the operator's Degraded message says the same thing."""
+    from kvloop.operator.spec import problems, with_defaults
+
+    valid, invalid, message = ADMISSION[case]
+    assert not any(message in p for p in problems(with_defaults(valid))), case
+    assert any(message in p for p in problems(with_defaults(invalid))), case
+
+
+@pytest.mark.parametrize("text,value", [
+    ("1", 1), ("+1", 1), ("-1", -1), ("500m", Fraction(1, 2)), ("1.5", Fraction(3, 2)), (".5", Fraction(1, 2)),
+    ("5.", 5), ("1k", 1000), ("1Ki", 1024), ("4Gi", 4 * 2**30), ("1.5Gi", 3 * 2**29), ("100n", Fraction(1, 10**7)),
+    ("3u", Fraction(3, 10**6)), ("1e3", 1000), ("1E-3", Fraction(1, 1000)), ("2M", 2 * 10**6), ("1Ei", 2**60), (7, 7),
+])
+def test_quantity_parser_follows_kubernetes(text, value):
+    assert parse_quantity(text) == value
+    assert compile_rule(f"quantity('{text}').compareTo(quantity('{text}')) == 0").evaluate({}) if isinstance(text, str) \
+        else True
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1.5.5", "1 Gi", "1K", "1gi", "--1", "1e", "1e1.5", "0x10", True])
+def test_quantity_parser_refuses_what_kubernetes_refuses(text):
+    with pytest.raises(ValueError):
+        parse_quantity(text)
+    assert not is_quantity(text)
+
+
+def test_cel_quantity_library():
+    def ev(rule: str):
+        return compile_rule(rule).evaluate({})
+    assert ev("quantity('1Gi').isGreaterThan(quantity('1000Mi'))") and ev("quantity('999m').isLessThan(quantity('1'))")
+    assert ev("quantity('-2').sign() == -1") and ev("quantity('0').sign() == 0")
+    assert ev("isQuantity('250Mi')") and not ev("isQuantity('250MB')")
+    assert ev("quantity('1Ki').asInteger() == 1024") and ev("!quantity('1500m').isInteger()")
+    assert ev("quantity('1').add(quantity('500m')).compareTo(quantity('1.5')) == 0")
+    assert ev("quantity('2').sub(1).asInteger() == 1") and ev("quantity('1500m').asApproximateFloat() == 1.5")
+    with pytest.raises(celpy.CELEvalError):  # an evaluation error (the object is refused), as in Kubernetes
+        ev("quantity('1.5.5').sign()")
