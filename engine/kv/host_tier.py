@@ -19,6 +19,7 @@ class HostTier:
         self.pins = [0] * num_slots
         self._slot_of: dict[int, int] = {}
         self._hash_of: dict[int, int] = {}
+        self._parent: dict[int, int | None] = {}  # hash -> its parent's hash (None: unknown)
 
     @property
     def num_free(self) -> int:
@@ -52,16 +53,23 @@ class HostTier:
             return None
         h = self._hash_of.pop(slot)
         del self._slot_of[h]
+        self._parent.pop(h, None)
         self.policy.forget(slot)
         on_evict(slot, h)
         return slot
 
-    def insert(self, h: int, slot: int) -> None:
-        """Indexes a slot acquired for hash h; unpinned slots become evictable."""
+    def insert(self, h: int, slot: int, parent: int | None = None) -> None:
+        """Indexes a slot acquired for hash h; unpinned slots become evictable. The parent hash lets a
+        flush to disk go in prefix order."""
         self._slot_of[h] = slot
         self._hash_of[slot] = h
+        self._parent[h] = parent
         if self.pins[slot] == 0:
             self.policy.add(slot)
+
+    def entries(self) -> dict[int, tuple[int, int | None]]:
+        """hash -> (slot, parent hash) of every indexed slot."""
+        return {h: (slot, self._parent.get(h)) for h, slot in self._slot_of.items()}
 
     def release_unindexed(self, slot: int) -> None:
         self._free.append(slot)

@@ -15,6 +15,8 @@ The scheduler talks to the KV cache only through this class:
   changed) when there is no host tier or no room, in which case the caller recomputes instead.
   swap_in brings them back (reusing device copies that are still cached); False when the device pool
   has no room. `is_swapped(seq)` tells; release(seq) of a swapped sequence frees its host slots.
+- `persist(deadline)` (shutdown): writes the device and host tiers' cached blocks to the disk tier in
+  prefix order, waiting for the writes, bounded by the deadline (kv.persist).
 - `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back).
 - Counts: num_blocks, num_free_blocks (not referenced: free + cached, as vLLM counts them),
   num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats, snapshot().
@@ -36,6 +38,7 @@ from kvloop.engine.kv.hashing import ROOT, chain_hashes
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.mover_api import Mover, NullMover
+from kvloop.engine.kv.persist import PersistMixin
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.stats import KVStats, RegretWindow
 from kvloop.engine.kv.swap import SwapMixin
@@ -46,7 +49,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return (num_tokens + block_size - 1) // block_size
 
 
-class KVCacheManager(SwapMixin):
+class KVCacheManager(SwapMixin, PersistMixin):
     def __init__(self, num_blocks: int, block_size: int, config: KVConfig | None = None, extra_key: str = ""):
         # A bare manager is the plain allocator (mode continuous); the engine passes its configured mode.
         cfg = self.config = config or KVConfig(mode="continuous")
@@ -69,6 +72,7 @@ class KVCacheManager(SwapMixin):
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
         self._last_query: str | None = None
+        self._disk_batch: list[tuple[int, int]] | None = None  # device demotions of one release, see _unref_all
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
@@ -297,8 +301,15 @@ class KVCacheManager(SwapMixin):
         seq.block_hashes = []
 
     def _unref_all(self, blocks: list[int]) -> None:
-        for block in reversed(blocks):  # leaves first, so tails are evicted before their parents
+        # Leaves first, so tails are evicted before their parents; but their disk writes go in prefix order
+        # afterwards, so that a full write queue drops a tail, never the head that makes the rest usable.
+        # The freed blocks still hold their K/V here: nothing allocates before the writes copy it.
+        self._disk_batch = []
+        for block in reversed(blocks):
             self._unref(block)
+        batch, self._disk_batch = self._disk_batch, None
+        for h, block in reversed(batch):
+            self._disk_write(h, "device", block)
 
     def _unref(self, block: int) -> None:
         if not self.pool.decref(block):
@@ -313,30 +324,34 @@ class KVCacheManager(SwapMixin):
             self.policy.add(block)  # cached
             return
         self.stats.admissions_refused += 1
-        self._demote(block, h)
+        self._demote(block, h, self.index.parent_of(block))
         self.index.remove(block)
         self.policy.forget(block)
         self.pool.put_free(block)
 
     def _evict(self, block: int) -> None:
+        parent = self.index.parent_of(block)
         h = self.index.remove(block)
         self.policy.forget(block)
         self.stats.evictions += 1
         self.regret.evicted(h)
         if self.config.codesign:
-            self._demote(block, h)
+            self._demote(block, h, parent)
 
-    def _demote(self, block: int, h: int) -> None:
+    def _demote(self, block: int, h: int, parent: int) -> None:
         """Copies a device block leaving the pool to each lower tier whose threshold its hash passes."""
         count = self.ghost.count(h)
         if self.host is not None and count >= self.config.host_admit_min_requests and not self.host.has(h):
             slot = self.host.acquire(self._host_evicted)
             if slot is not None:
                 self.mover.device_to_host(block, slot)
-                self.host.insert(h, slot)
+                self.host.insert(h, slot, parent)
                 self.stats.demotions_host += 1
         if self.disk is not None and count >= self.config.disk_admit_min_requests:
-            self._disk_write(h, "device", block)
+            if self._disk_batch is not None:
+                self._disk_batch.append((h, block))
+            else:
+                self._disk_write(h, "device", block)
 
     def _host_evicted(self, slot: int, h: int) -> None:
         self.stats.host_evictions += 1
@@ -350,8 +365,11 @@ class KVCacheManager(SwapMixin):
         if not self.mover.disk_write(h, tier, index):
             self.stats.disk_writes_dropped += 1
             return
-        self.stats.disk_writes += 1
         self.stats.demotions_disk += 1
+        self._disk_added(h)
+
+    def _disk_added(self, h: int) -> None:
+        self.stats.disk_writes += 1
         for victim in self.disk.add(h):
             self.mover.disk_delete(victim)
             self.stats.disk_evictions += 1

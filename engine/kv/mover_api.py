@@ -9,15 +9,17 @@ from typing import Protocol
 class Mover(Protocol):
     def device_to_host(self, block: int, slot: int) -> None: ...
     def host_to_device(self, slot: int, block: int) -> None: ...
-    def disk_write(self, h: int, tier: str, index: int) -> bool:
+    def disk_write(self, h: int, tier: str, index: int, timeout: float = 0.0) -> bool:
         """Queues a write-behind of device block or host slot `index` (tier 'device'|'host') as hash h;
-        the data is copied before returning. False when the queue is full (the write is dropped)."""
+        the data is copied before returning. False when the queue is full (the write is dropped), after
+        waiting up to `timeout` seconds for room when timeout > 0."""
     def disk_read(self, h: int, block: int) -> bool:
         """Reads h's file into device block; False (file deleted) when missing, corrupt or foreign."""
     def disk_delete(self, h: int) -> None: ...
     def disk_scan(self) -> list[int]:
         """Hashes with files in the directory, oldest first."""
-    def flush(self) -> None: ...
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits (at most timeout seconds) for the queued writes; True when all have landed."""
 
 
 class NullMover:
@@ -29,7 +31,7 @@ class NullMover:
     def host_to_device(self, slot: int, block: int) -> None:
         pass
 
-    def disk_write(self, h: int, tier: str, index: int) -> bool:
+    def disk_write(self, h: int, tier: str, index: int, timeout: float = 0.0) -> bool:
         return True
 
     def disk_read(self, h: int, block: int) -> bool:
@@ -41,5 +43,5 @@ class NullMover:
     def disk_scan(self) -> list[int]:
         return []
 
-    def flush(self) -> None:
-        pass
+    def flush(self, timeout: float | None = None) -> bool:
+        return True

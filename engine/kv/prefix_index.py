@@ -45,6 +45,9 @@ class PrefixIndex:
                 del self._children[parent]
         return h
 
+    def parent_of(self, slot: int) -> int:
+        return self._entry[slot][1]
+
     def num_children(self, h: int) -> int:
         return self._children.get(h, 0)
 

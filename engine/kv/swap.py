@@ -35,7 +35,7 @@ class SwapMixin:
                 self.host.pin(slot)
                 self.mover.device_to_host(block, slot)
                 if h is not None and not self.host.has(h):
-                    self.host.insert(h, slot)
+                    self.host.insert(h, slot, hashes[i - 1] if i else ROOT)
             else:
                 self.host.pin(slot)
             slots.append(slot)

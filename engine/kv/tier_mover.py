@@ -51,15 +51,16 @@ class TierMover:
         self.kv[:, :, block].copy_(self.host[:, :, slot])
 
     # ---- disk -----------------------------------------------------------------------------------
-    def disk_write(self, h: int, tier: str, index: int) -> bool:
-        if self._queue.full():
+    def disk_write(self, h: int, tier: str, index: int, timeout: float = 0.0) -> bool:
+        """timeout > 0 (the shutdown flush) waits that long for room in the queue instead of dropping."""
+        if timeout <= 0 and self._queue.full():
             return False
         src = (self.kv if tier == "device" else self.host)[:, :, index]
         data = torch.empty(self.block_shape, dtype=self.kv.dtype).copy_(src)
         with self._lock:
             self._pending[h] = data
         try:
-            self._queue.put_nowait((h, data))
+            self._queue.put((h, data), timeout=timeout) if timeout > 0 else self._queue.put_nowait((h, data))
         except queue.Full:
             with self._lock:
                 self._pending.pop(h, None)
@@ -104,9 +105,13 @@ class TierMover:
                 found.append((entry.stat().st_mtime, h))
         return [h for _, h in sorted(found)]
 
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._queue.join()
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits for the queued writes (at most timeout seconds); True when all have landed."""
+        if self._writer is None:
+            return True
+        q = self._queue
+        with q.all_tasks_done:  # Queue.join() with a timeout
+            return q.all_tasks_done.wait_for(lambda: not q.unfinished_tasks, timeout)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -1,5 +1,6 @@
 """The tier mover's disk files on small tensors: round trip, header checks, damage, the bounded
-write-behind queue and the directory scan."""
+write-behind queue and the directory scan; the KV manager over them: disk writes in prefix order, the
+shutdown flush (persist), and a restarted manager serving a partly written prefix."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import time
 
 import pytest
 import torch
+from kv_helpers import greedy
 from kvloop.engine.kv import disk_format as fmt
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.kv.mover_api import NullMover
 from kvloop.engine.kv.tier_mover import TierMover
+from kvloop.engine.scheduler.sequence import Sequence
 
 
 @pytest.fixture
@@ -98,3 +104,105 @@ def test_bf16_blocks_round_trip(tmp_path):
     assert mover.disk_write(7, "device", 0)
     mover.flush()
     assert mover.disk_read(7, 2) and torch.equal(kv[:, :, 2], kv[:, :, 0])
+
+
+# ---- the KV manager over the disk files: prefix order, the shutdown flush, a restart ----------------------
+BS = 4
+
+
+def disk_manager(kv_cache, tmp_path, **kw) -> KVCacheManager:
+    """A codesign manager over kv_cache with a disk tier in tmp_path and no host tier; released blocks
+    stay cached on the device (a gate of one request), so only the shutdown flush writes them."""
+    cfg = KVConfig(mode="codesign", host_cache_tokens=0, disk_dir=str(tmp_path), min_prefix_tokens=BS,
+                   admit_min_requests=1, **kw)
+    kv = KVCacheManager(kv_cache.shape[2], BS, cfg, extra_key="fp")
+    kv.attach_mover(TierMover.for_manager(kv, kv_cache, "fp"))
+    return kv
+
+
+def serve_once(kv: KVCacheManager, ids: list[int], rid: str) -> Sequence:
+    """Admits ids, 'computes' them (the K/V already sit in the tensor) and releases the sequence."""
+    seq = Sequence(rid, list(ids), greedy(1))
+    seq.token_ids = list(ids)
+    kv.lookup_prefix(seq)
+    assert kv.allocate(seq, len(ids))
+    seq.num_computed_tokens = len(ids)
+    kv.release(seq)
+    kv.check_integrity([])
+    return seq
+
+
+class RecordingMover(NullMover):
+    """Accepts `room` disk writes, then reports a full queue; records what it was asked to write."""
+
+    def __init__(self, room: int):
+        self.room = room
+        self.written: list[int] = []
+
+    def disk_write(self, h: int, tier: str, index: int, timeout: float = 0.0) -> bool:
+        if len(self.written) == self.room:
+            return False
+        self.written.append(h)
+        return True
+
+
+def test_a_full_queue_drops_the_tail_of_a_released_prefix_not_its_head():
+    cfg = KVConfig(mode="codesign", host_cache_tokens=0, disk_dir="unused", disk_admit_min_requests=1,
+                   min_prefix_tokens=BS)
+    kv = KVCacheManager(8, BS, cfg)
+    mover = RecordingMover(room=3)
+    kv.mover = mover
+    ids = list(range(100, 100 + 6 * BS + 1))
+    seq = serve_once(kv, ids, "a")  # fails the device gate: every block is demoted to disk at release
+    assert mover.written == kv.keys(seq)[:3]  # the head: a restart can use it
+    assert kv.stats.disk_writes_dropped == 3
+
+
+def test_shutdown_flush_then_restart_serves_the_blocks_in_prefix_order(kv_cache, tmp_path):
+    ids = list(range(200, 200 + 5 * BS + 2))  # 5 full blocks
+    kv = disk_manager(kv_cache, tmp_path)
+    seq = serve_once(kv, ids, "a")
+    assert not list(tmp_path.glob("*.kvb"))
+    hashes = kv.keys(seq)[:5]
+    assert [h for h, _, _ in kv.persist_plan()] == hashes  # parents before children
+    assert kv.persist(time.monotonic() + 30) == {"written": 5, "skipped": 0, "on_disk": 5}
+    original = {h: kv_cache[:, :, kv.index.slot_of(h)].clone() for h in hashes}
+    assert sorted(p.name for p in tmp_path.glob("*.kvb")) == sorted(fmt.file_name(h) for h in hashes)
+    kv.mover.close()
+
+    # a flush cut short by its deadline left the first three: a restart serves those three, from disk
+    for h in hashes[3:]:
+        (tmp_path / fmt.file_name(h)).unlink()
+    fresh = torch.zeros_like(kv_cache)
+    restarted = disk_manager(fresh, tmp_path)
+    seq = Sequence("d", list(ids), greedy(1))
+    seq.token_ids = list(ids)
+    assert restarted.lookup_prefix(seq) == 3 * BS
+    assert seq.cached_tokens_by_tier == {"disk": 3 * BS}
+    for i, h in enumerate(hashes[:3]):
+        assert torch.equal(fresh[:, :, seq.block_table[i]], original[h])  # the K/V themselves came back
+    restarted.release(seq)
+    restarted.check_integrity([])
+    restarted.mover.close()
+
+
+def test_a_gap_in_the_chain_ends_the_match(kv_cache, tmp_path):
+    ids = list(range(300, 300 + 4 * BS + 1))
+    kv = disk_manager(kv_cache, tmp_path)
+    seq = serve_once(kv, ids, "a")
+    kv.persist(time.monotonic() + 30)
+    kv.mover.close()
+    (tmp_path / fmt.file_name(kv.keys(seq)[1])).unlink()  # block 1 missing: blocks 2 and 3 are unusable
+    restarted = disk_manager(torch.zeros_like(kv_cache), tmp_path)
+    again = Sequence("b", list(ids), greedy(1))
+    again.token_ids = list(ids)
+    assert restarted.lookup_prefix(again) == BS
+    restarted.release(again)
+    restarted.mover.close()
+
+
+def test_a_flush_past_its_deadline_writes_nothing(kv_cache, tmp_path):
+    kv = disk_manager(kv_cache, tmp_path)
+    serve_once(kv, list(range(400, 400 + 3 * BS)), "a")
+    assert kv.persist(time.monotonic() - 1) == {"written": 0, "skipped": 3, "on_disk": 0}
+    kv.mover.close()
