@@ -108,3 +108,19 @@ def declare_resources(fake: KubeFake) -> None:
                       ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor")]:
         fake.resources[res] = info(kind=kind, singular=kind.lower(), namespaced=True, verbs=verbs,
                                    subresources={"status"} if kind in ("Deployment", "Pod") else set())
+
+
+def _parse_path_with_namespaces(path: str) -> Any:
+    """kmock 0.8 reads `/api/v1/namespaces[/NAME]` as the start of a namespaced path (a 500 on
+    listing namespaces, which kopf does for `--namespace` glob patterns); here it is the
+    cluster-scoped `namespaces` resource, as on a real API server."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return _parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _kmock_parse_path(path)
+
+
+from kmock._internal import parsing as _parsing  # noqa: E402
+
+_kmock_parse_path = _parsing.parse_path
+_parsing.parse_path = _parse_path_with_namespaces
