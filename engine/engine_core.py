@@ -212,8 +212,7 @@ class EngineCore:
         except Exception:  # noqa: BLE001 - the output state may be what failed: report without its text
             out = RequestOutput(seq.request_id, "", "", [], [], True, "error", seq.num_prompt_tokens,
                                 seq.num_cached_tokens, arrival_time=seq.arrival_time)
-        out.finish_reason = "error"
-        out.error = message
+        out.finish_reason, out.error, out.error_stage = "error", message, stage
         return out
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:

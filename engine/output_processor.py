@@ -29,6 +29,7 @@ class RequestOutput:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    error_stage: str | None = None  # where a request failed alone: sampling, a logits processor, output, step
 
 
 class OutputState:

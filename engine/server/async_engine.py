@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -22,6 +23,8 @@ from kvloop.engine.server.metrics import EngineMetrics
 
 log = logging.getLogger("kvloop.server")
 IDLE_TICK_S = 0.5  # while idle the engine thread still ticks, below the control hook's 1 s heartbeat
+EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE: the process exits with it when the engine thread dies
+DEATH_GRACE_S = 1.0  # time for the failed requests' errors to reach their clients before that exit
 
 
 class Overloaded(Exception):
@@ -29,7 +32,13 @@ class Overloaded(Exception):
 
 
 class RequestFailed(Exception):
-    """The engine gave up on one request (e.g. static mode out of memory); the API answers 503."""
+    """The engine gave up on one request. stage None: the scheduler could not place it (static mode out of
+    memory); "step": the model step it was in failed (both 503, retryable); else the stage where it failed
+    alone (sampling, a logits processor, output processing)."""
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
 
 
 class EngineDead(Exception):
@@ -74,8 +83,11 @@ class RequestGroup:
 
 class AsyncEngine:
     def __init__(self, engine, metrics: EngineMetrics | None = None, max_pending: int = 256,
-                 snapshot_interval_s: float = 0.05):
+                 snapshot_interval_s: float = 0.05, exit_on_death: bool = True):
         self.engine = engine
+        # A dead engine thread leaves a process that answers only 503: exit so the kubelet (or `make serve`)
+        # restarts it. In-process test servers turn this off.
+        self.exit_on_death = exit_on_death
         self.metrics = metrics
         self.max_pending = max_pending
         self._snapshot_interval = snapshot_interval_s
@@ -177,11 +189,15 @@ class AsyncEngine:
                 elif m:
                     m.observe_token_gap(now - member.last_token)
                 member.last_token = now
-            if out.finished and out.finish_reason == "error":  # the scheduler failed it (static-mode OOM)
+            if out.finished and out.finish_reason == "error":  # failed alone, in the scheduler or the step
                 del self._members[out.request_id]
                 if m:
-                    m.observe_rejected("engine_error")
-                member.group.queue.put_nowait((out.request_id, RequestFailed(out.error or "the engine failed")))
+                    if out.error_stage is None:
+                        m.observe_rejected("engine_error")
+                    else:
+                        m.observe_request_failure(out.error_stage)
+                failure = RequestFailed(out.error or "the engine failed", out.error_stage)
+                member.group.queue.put_nowait((out.request_id, failure))
                 continue
             member.output_tokens = out.num_output_tokens
             member.first_scheduled = out.first_scheduled_time
@@ -219,10 +235,21 @@ class AsyncEngine:
             self.ready = True
             self._loop_forever()
         except BaseException as exc:  # noqa: BLE001 - a dead engine must be visible, not silent
-            log.exception("engine thread died")
-            self.dead = f"engine stopped: {type(exc).__name__}: {exc}"
-            self.ready = False
-            self._call(self._fail_all, self.dead)
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """/health turns 503 with the reason, in-flight requests fail, then the process exits non-zero."""
+        log.exception("engine thread died")
+        self.dead = f"engine stopped: {type(exc).__name__}: {exc}"
+        self.ready = False
+        if self.metrics:
+            self.metrics.observe_engine_death()
+        self._call(self._fail_all, self.dead)
+        if self.exit_on_death:
+            time.sleep(DEATH_GRACE_S)
+            log.critical("exiting with status %d so that the server is restarted", EXIT_ENGINE_DEAD)
+            logging.shutdown()
+            os._exit(EXIT_ENGINE_DEAD)  # not sys.exit: that ends this thread only
 
     def _warmup(self) -> None:
         """One tiny request, so the first client does not pay for lazy initialisation."""
@@ -263,6 +290,9 @@ class AsyncEngine:
                 eng.add_request(rid, ids, params, user=user, arrival_time=arrival)
             except ValueError as exc:  # RequestRejected is a ValueError too
                 self._call(self._fail, rid, exc)
+            except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
+                log.exception("adding request %s failed", rid)
+                self._call(self._fail, rid, RequestFailed(f"the engine could not add this request: {exc}", "add"))
 
     def _publish(self, force: bool = False) -> None:
         now = time.monotonic()

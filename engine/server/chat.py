@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from jinja2.exceptions import TemplateError
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.errors import APIError, bad_request, error_body
+from kvloop.engine.server.errors import APIError, bad_request
 from kvloop.engine.server.protocol import ChatCompletionRequest
 from kvloop.engine.server.serving import (
     Call,
@@ -19,18 +19,24 @@ from kvloop.engine.server.serving import (
     api_errors,
     check_model,
     check_prompt,
-    check_unsupported,
     encode,
+    logit_bias_of,
     respond,
     sampling_params,
     sse,
+    stream_error,
     usage,
+    user_of,
 )
+from kvloop.engine.server.unsupported import check_unsupported
 
 
 def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
-    # "developer" is OpenAI's newer name for the system role; templates know only "system".
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+    # "developer" is OpenAI's newer name for the system role; templates know only "system". name and
+    # tool_call_id reach the template, which uses them where the model's format has a place for them.
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
+                 **{k: v for k in ("name", "tool_call_id") if (v := getattr(m, k)) is not None}}
+                for m in req.messages]
     try:
         text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
     except TemplateError as exc:
@@ -63,9 +69,10 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, e
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = check_prompt(engine, ids, wanted, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = [sampling_params(req, max_tokens, logprobs, c) for c in range(req.n)]
+        bias = logit_bias_of(engine, req)
+        params = [sampling_params(req, max_tokens, logprobs, c, bias) for c in range(req.n)]
         call = Call(engine, settings, request)
-        call.submit([ids], [params], req.user)
+        call.submit([ids], [params], user_of(req))
     ordered = await respond(call, req, _stream)
     if isinstance(ordered, Response):
         return ordered
@@ -103,8 +110,10 @@ async def _stream(call: Call, req: ChatCompletionRequest, first, include_usage: 
                 yield chunk(index, {}, out.finish_reason)
     except ClientGone:
         return
-    except APIError as exc:
-        yield sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)))
+    except APIError as exc:  # the choice that failed ends with finish_reason "error", then the error itself
+        if exc.request_id in call.index:
+            yield chunk(call.index[exc.request_id], {}, "error")
+        yield stream_error(exc)
         return
     if include_usage:
         yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))

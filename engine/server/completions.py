@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.errors import APIError, bad_request, error_body
+from kvloop.engine.server.errors import APIError, bad_request
 from kvloop.engine.server.protocol import CompletionRequest
 from kvloop.engine.server.serving import (
     MAX_CHOICES,
@@ -18,13 +18,16 @@ from kvloop.engine.server.serving import (
     api_errors,
     check_model,
     check_prompt,
-    check_unsupported,
     encode,
+    logit_bias_of,
     respond,
     sampling_params,
     sse,
+    stream_error,
     usage,
+    user_of,
 )
+from kvloop.engine.server.unsupported import check_unsupported
 
 
 def prompts_of(engine: AsyncEngine, prompt) -> list[list[int]]:
@@ -55,17 +58,18 @@ def completion_logprobs(engine: AsyncEngine, pairs, offset: int) -> dict:
 
 async def create_completion(req: CompletionRequest, request: Request, engine: AsyncEngine, settings: ServerSettings):
     check_model(engine, settings, req.model)
-    check_unsupported(req, req.echo, req.suffix)
+    check_unsupported(req)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     with api_errors():
         prompts = prompts_of(engine, req.prompt)
         params = []
+        bias = logit_bias_of(engine, req)
         for ids in prompts:
             max_tokens = check_prompt(engine, ids, req.max_tokens, "prompt")
-            params.append([sampling_params(req, max_tokens, req.logprobs, c) for c in range(req.n)])
+            params.append([sampling_params(req, max_tokens, req.logprobs, c, bias) for c in range(req.n)])
         call = Call(engine, settings, request)
-        call.submit(prompts, params, req.user)
+        call.submit(prompts, params, user_of(req))
     ordered = await respond(call, req, _stream)
     if isinstance(ordered, Response):
         return ordered
@@ -100,8 +104,11 @@ async def _stream(call: Call, req: CompletionRequest, first, include_usage: bool
                 yield sse(json.dumps({**head, "choices": [choice], **extra}, ensure_ascii=False))
     except ClientGone:
         return
-    except APIError as exc:
-        yield sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code)))
+    except APIError as exc:  # the choice that failed ends with finish_reason "error", then the error itself
+        if exc.request_id in call.index:
+            choice = {"index": call.index[exc.request_id], "text": "", "logprobs": None, "finish_reason": "error"}
+            yield sse(json.dumps({**head, "choices": [choice], **extra}))
+        yield stream_error(exc)
         return
     if include_usage:
         yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))

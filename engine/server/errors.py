@@ -24,6 +24,7 @@ class APIError(Exception):
                  headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+        self.request_id: str | None = None  # the engine request it ended, when it ended one mid-call
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -54,6 +55,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return (f"{param} is not a parameter this server knows; unknown parameters are refused rather than "
+                "silently ignored"), param
     msg = first.get("msg", "invalid value")
     return (f"{param}: {msg}" if param else msg), param
 

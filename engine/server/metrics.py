@@ -54,7 +54,8 @@ class SnapshotCollector(Collector):
         return c
 
     def collect(self):
-        s = engine_stats.read(self._snapshot() or {})
+        raw = self._snapshot() or {}
+        s = engine_stats.read(raw)
         for prefix in ("kvloop", "vllm"):
             yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", s.waiting)
             yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", s.running)
@@ -74,6 +75,8 @@ class SnapshotCollector(Collector):
         yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).", s.preemptions, "kind")
         yield self._counter("kvloop:oom_events", "Out-of-memory events (static-mode reservations that failed).",
                             s.oom_events)
+        yield self._counter("kvloop:step_failures", "Engine steps whose model forward raised (their requests "
+                            "failed, the engine went on).", float(raw.get("step_failures", 0)))
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
                           s.watermark)
@@ -121,6 +124,11 @@ class EngineMetrics:
             for c in self.success:
                 c.labels(model_name, reason)
         self.rejected.labels(model_name, "queue_full")
+        # requests the engine failed alone, by stage (sampling, logit_bias, penalties, output, step, add)
+        self.request_failures = Counter("kvloop:request_failures", "Requests failed alone inside the engine, by "
+                                        "stage; every other request went on.", ["model_name", "stage"], registry=r)
+        self.engine_deaths = Counter("kvloop:engine_deaths", "Engine thread deaths (the process exits after one).",
+                                     m, registry=r).labels(model_name)
 
     def observe_token_gap(self, seconds: float) -> None:
         for h in self.itl:
@@ -142,6 +150,12 @@ class EngineMetrics:
 
     def observe_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()
+
+    def observe_request_failure(self, stage: str) -> None:
+        self.request_failures.labels(self.model_name, stage).inc()
+
+    def observe_engine_death(self) -> None:
+        self.engine_deaths.inc()
 
 
 def build_registry() -> CollectorRegistry:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected
 from kvloop.engine.scheduler.sequence import TokenLogprob
 from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestFailed, RequestGroup
-from kvloop.engine.server.errors import APIError, bad_request, param_of
+from kvloop.engine.server.errors import APIError, bad_request, error_body, param_of
 from kvloop.engine.server.protocol import _Sampling
 
 MAX_CHOICES = 64  # prompts x n in one call
@@ -38,16 +39,6 @@ def check_model(engine: AsyncEngine, settings: ServerSettings, name: str) -> Non
     if name != engine.model_name and name not in settings.served_names:
         raise APIError(404, f"The model `{name}` does not exist. Served: {engine.model_name!r} (alias 'default').",
                        "model", "model_not_found")
-
-
-def check_unsupported(req: _Sampling, echo: bool = False, suffix: str | None = None) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported by this server (use 0 or leave it out)", name)
-    if echo:
-        raise bad_request("echo is not supported by this server", "echo")
-    if suffix:
-        raise bad_request("suffix is not supported by this server", "suffix")
 
 
 def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
@@ -79,14 +70,35 @@ def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, pa
     return max_tokens
 
 
-def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int) -> SamplingParams:
+def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int,
+                    logit_bias: dict[int, float] | None = None) -> SamplingParams:
     seed = None if req.seed is None else req.seed + choice  # n choices with one seed still differ
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=seed,
-                              stop=req.stop or [], ignore_eos=req.ignore_eos, logprobs=logprobs)
+                              stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
+                              include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
+                              logprobs=logprobs, presence_penalty=req.presence_penalty or 0.0,
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {})
     except ValueError as exc:
         raise bad_request(str(exc), param_of(str(exc))) from exc
+
+
+def logit_bias_of(engine: AsyncEngine, req: _Sampling) -> dict[int, float]:
+    """JSON object keys are strings: each must be a token id of this model's vocabulary."""
+    out: dict[int, float] = {}
+    vocab = engine.vocab_size
+    for key, bias in (req.logit_bias or {}).items():
+        token = int(key) if key.isascii() and key.isdecimal() else -1
+        if not 0 <= token < vocab:
+            raise bad_request(f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", "logit_bias")
+        out[token] = float(bias)
+    return out
+
+
+def user_of(req: _Sampling) -> str | None:
+    """The fairness key: user, or safety_identifier, OpenAI's newer name for it."""
+    return req.user if req.user is not None else req.safety_identifier
 
 
 def to_api_error(exc: BaseException) -> APIError:
@@ -97,9 +109,11 @@ def to_api_error(exc: BaseException) -> APIError:
                         headers={"Retry-After": "1"})
     if isinstance(exc, EngineDead):
         return APIError(503, str(exc), code="engine_unavailable")
-    if isinstance(exc, RequestFailed):
+    if isinstance(exc, RequestFailed) and exc.stage in (None, "step"):  # out of memory, a failed model step
         return APIError(503, f"the engine could not serve this request: {exc}", code="engine_error",
                         headers={"Retry-After": "1"})
+    if isinstance(exc, RequestFailed):  # this request alone failed inside the engine; the server goes on
+        return APIError(500, f"the engine failed this request ({exc.stage}): {exc}", code="request_failed")
     if isinstance(exc, ValueError):
         return bad_request(str(exc), "prompt" if isinstance(exc, RequestRejected) else param_of(str(exc)))
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
@@ -162,7 +176,9 @@ class Call:
         if isinstance(item, ClientGone):
             raise item
         if isinstance(item, BaseException):
-            raise to_api_error(item)
+            error = to_api_error(item)
+            error.request_id = rid  # a stream marks that choice finish_reason "error"
+            raise error
         return rid, item
 
     @property
@@ -228,6 +244,12 @@ async def respond(call: Call, req: _Sampling, stream) -> Response | list[Request
 
 def sse(data: str) -> str:
     return f"data: {data}\n\n"
+
+
+def stream_error(exc: APIError) -> str:
+    """An error that ends a stream once it has begun: its event in the OpenAI error shape, then [DONE], so
+    that clients reading to [DONE] stop cleanly."""
+    return sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code))) + sse("[DONE]")
 
 
 def usage(finals: list[RequestOutput], prompt_of: dict[str, int]) -> dict:

@@ -86,6 +86,7 @@ def server(core_engine) -> LiveServer:
     import uvicorn
 
     app, async_engine = build_server(core_engine, _serve_args())
+    async_engine.exit_on_death = False  # a dead engine here must fail tests, not end pytest's process
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=srv.run, name="uvicorn-test", daemon=True)
