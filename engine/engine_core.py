@@ -86,6 +86,11 @@ class EngineCore:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.kv, extra_key=f"{fingerprint}|{self.dtype}")
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
+            from kvloop.engine.structured.compiler import compiler_for
+            from kvloop.engine.structured.processor import GrammarMask
+
+            self.runner.sampler.processors.append(GrammarMask(compiler_for(tokenizer, model.cfg.vocab_size)))
         if self.kv.host is not None or self.kv.disk is not None:
             self.kv.attach_mover(TierMover.for_manager(self.kv, self.runner.kv_cache, fingerprint))
         self._states: dict[str, OutputState] = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvloop.engine.structured.spec import GrammarSpec
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string: the output processor re-searches this much text on every token
 MAX_LOGPROBS = 20
@@ -34,6 +36,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    grammar: GrammarSpec | None = None  # response_format's constraint (engine/structured)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

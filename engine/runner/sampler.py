@@ -30,6 +30,9 @@ class Sampler:
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        for proc in self.processors:  # processors with per-request state (a grammar's matcher)
+            if hasattr(proc, "forget"):
+                proc.forget(request_id)
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -56,6 +59,7 @@ class Sampler:
         live = [i for i in range(len(rows)) if i not in errors]
         tokens: list[int | None] = [None] * len(rows)
         self._tokens(logits, rows, live, tokens, errors)
+        self._accept(rows, tokens, errors)
         logprobs: list[TokenLogprob | None] = [None] * len(rows)
         wanted = [i for i in range(len(rows)) if i not in errors and params[i].logprobs is not None]
         _isolated(wanted, errors, "logprobs", lambda part: _logprobs(logits, params, part, tokens, logprobs))
@@ -94,6 +98,19 @@ class Sampler:
                 tokens[i] = self._sample_row(logits[live[j]], p, self._generator(rows[i].request_id, p.seed))
             except Exception as exc:  # noqa: BLE001 - this request's failure, reported to it alone
                 errors[i] = ("sampling", f"{type(exc).__name__}: {exc}")
+
+    def _accept(self, rows: list[SampleRow], tokens: list[int | None], errors: dict[int, tuple[str, str]]) -> None:
+        """Processors with per-request state (a grammar) advance with each sampled token, row by row."""
+        for proc in self.processors:
+            if not hasattr(proc, "accept"):
+                continue
+            for i, row in enumerate(rows):
+                if i in errors or tokens[i] is None or not proc.wants(row):
+                    continue
+                try:
+                    proc.accept(row, tokens[i])
+                except Exception as exc:  # noqa: BLE001 - this request's failure, reported to it alone
+                    errors[i] = (proc.name, f"{type(exc).__name__}: {exc}")
 
     @staticmethod
     def _sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:

@@ -20,6 +20,7 @@ from kvloop.engine.server.serving import (
     check_model,
     check_prompt,
     encode,
+    grammar_of,
     logit_bias_of,
     respond,
     sampling_params,
@@ -69,8 +70,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, e
         wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = check_prompt(engine, ids, wanted, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        bias = logit_bias_of(engine, req)
-        params = [sampling_params(req, max_tokens, logprobs, c, bias) for c in range(req.n)]
+        bias, grammar = logit_bias_of(engine, req), grammar_of(engine, req)
+        params = [sampling_params(req, max_tokens, logprobs, c, bias, grammar) for c in range(req.n)]
         call = Call(engine, settings, request)
         call.submit([ids], [params], user_of(req))
     ordered = await respond(call, req, _stream)

@@ -19,6 +19,7 @@ from kvloop.engine.server.serving import (
     check_model,
     check_prompt,
     encode,
+    grammar_of,
     logit_bias_of,
     respond,
     sampling_params,
@@ -64,10 +65,10 @@ async def create_completion(req: CompletionRequest, request: Request, engine: As
     with api_errors():
         prompts = prompts_of(engine, req.prompt)
         params = []
-        bias = logit_bias_of(engine, req)
+        bias, grammar = logit_bias_of(engine, req), grammar_of(engine, req)
         for ids in prompts:
             max_tokens = check_prompt(engine, ids, req.max_tokens, "prompt")
-            params.append([sampling_params(req, max_tokens, req.logprobs, c, bias) for c in range(req.n)])
+            params.append([sampling_params(req, max_tokens, req.logprobs, c, bias, grammar) for c in range(req.n)])
         call = Call(engine, settings, request)
         call.submit(prompts, params, user_of(req))
     ordered = await respond(call, req, _stream)

@@ -72,7 +72,7 @@ class ChatMessage(_Base):
 
 
 class ResponseFormat(_Base):
-    """response_format: served by the structured-output component; until then only "text" is accepted."""
+    """response_format: the json_schema body is checked by engine.structured.spec (its errors name its fields)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -101,6 +101,7 @@ class _Sampling(_Base):
                                Annotated[Number, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
                           Field(max_length=MAX_LOGIT_BIAS)] | None = None
     ignore_eos: StrictBool = False  # vLLM extension (benchmarks)
+    response_format: ResponseFormat | None = None  # on completions too, as vLLM accepts it
     # known to OpenAI's API, accepted only with the values this server honours (engine.server.unsupported)
     service_tier: Any = None
     store: Any = None
@@ -114,7 +115,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Count | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    response_format: ResponseFormat | None = None
     # known to OpenAI's API, refused by name unless empty/"none" (engine.server.unsupported)
     tools: Any = None
     tool_choice: Any = None

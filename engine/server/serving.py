@@ -20,6 +20,8 @@ from kvloop.engine.scheduler.sequence import TokenLogprob
 from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestFailed, RequestGroup
 from kvloop.engine.server.errors import APIError, bad_request, error_body, param_of
 from kvloop.engine.server.protocol import _Sampling
+from kvloop.engine.structured.compiler import compiler_for
+from kvloop.engine.structured.spec import GrammarSpec, parse_response_format
 
 MAX_CHOICES = 64  # prompts x n in one call
 
@@ -71,7 +73,7 @@ def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, pa
 
 
 def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int,
-                    logit_bias: dict[int, float] | None = None) -> SamplingParams:
+                    logit_bias: dict[int, float] | None = None, grammar: GrammarSpec | None = None) -> SamplingParams:
     seed = None if req.seed is None else req.seed + choice  # n choices with one seed still differ
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
@@ -79,7 +81,8 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
                               include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
                               logprobs=logprobs, presence_penalty=req.presence_penalty or 0.0,
-                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {})
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {},
+                              grammar=grammar)
     except ValueError as exc:
         raise bad_request(str(exc), param_of(str(exc))) from exc
 
@@ -94,6 +97,22 @@ def logit_bias_of(engine: AsyncEngine, req: _Sampling) -> dict[int, float]:
             raise bad_request(f"logit_bias keys must be token ids in [0, {vocab}), got {key!r}", "logit_bias")
         out[token] = float(bias)
     return out
+
+
+def grammar_of(engine: AsyncEngine, req: _Sampling) -> GrammarSpec | None:
+    """response_format as a grammar spec, compiled here once (then cached for the engine) so that an invalid
+    schema, or one the grammar library cannot handle, is a 400 naming response_format."""
+    if req.response_format is None:
+        return None
+    try:
+        spec = parse_response_format(req.response_format.model_dump(exclude_none=True))
+        if spec is not None:
+            compiler_for(engine.tokenizer, engine.vocab_size).compile(spec)
+    except ValueError as exc:
+        message = str(exc)
+        raise bad_request(message if message.startswith("response_format") else f"response_format: {message}",
+                          "response_format") from exc
+    return spec
 
 
 def user_of(req: _Sampling) -> str | None:

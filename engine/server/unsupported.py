@@ -50,9 +50,6 @@ def check_unsupported(req: ChatCompletionRequest | CompletionRequest) -> None:
     if isinstance(req, CompletionRequest) and req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of must equal n ({req.n}): choices are not reranked by this server", "best_of")
     if isinstance(req, ChatCompletionRequest):
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request(f"response_format type {req.response_format.type!r} is not supported by this server",
-                              "response_format")
         for i, message in enumerate(req.messages):
             _check(message, _MESSAGE, f"messages[{i}].")
             for j, part in enumerate(message.content if isinstance(message.content, list) else []):
