@@ -132,7 +132,7 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(503, f"the engine could not serve this request: {exc}", code="engine_error",
                         headers={"Retry-After": "1"})
     if isinstance(exc, RequestFailed):  # this request alone failed inside the engine; the server goes on
-        return APIError(500, f"the engine failed this request ({exc.stage}): {exc}", code="request_failed")
+        return APIError(500, f"the engine failed this request: {exc}", code="request_failed")
     if isinstance(exc, ValueError):
         return bad_request(str(exc), "prompt" if isinstance(exc, RequestRejected) else param_of(str(exc)))
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
