@@ -76,6 +76,8 @@ def build_app(engine: AsyncEngine, metrics: EngineMetrics, settings: ServerSetti
 
     @app.get("/ready", responses={503: ERROR_RESPONSES[503]})
     async def ready():
+        if engine.draining:
+            return error_response(503, "the server is shutting down", code="shutting_down")
         if not engine.ready:
             return error_response(503, engine.dead or "the engine is starting", code="not_ready")
         return {"status": "ready", "model": engine.model_name}

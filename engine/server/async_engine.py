@@ -41,6 +41,12 @@ class RequestFailed(Exception):
         self.stage = stage
 
 
+class ShuttingDown(RequestFailed):
+    """The server got TERM and its grace period ran out before this request finished (503)."""
+
+    reason = "shutting_down"
+
+
 class EngineDead(Exception):
     """The engine thread stopped (a bug or a fatal error); the API answers 503."""
 
@@ -101,6 +107,7 @@ class AsyncEngine:
         self._last_snapshot = 0.0
         self.ready = False
         self.dead: str | None = None
+        self.draining = False  # TERM received: no new requests (engine.server.shutdown)
 
     # ---- facts the API needs, safe to read from any thread ---------------------------------------
     @property
@@ -137,6 +144,22 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    # ---- shutdown (TERM; engine.server.shutdown drives these from the event loop) ---------------------
+    def stop_admitting(self) -> None:
+        """/ready and new requests answer 503 from now on, so the kubelet stops routing here."""
+        self.draining = True
+        self.ready = False
+
+    def fail_in_flight(self, reason: str) -> int:
+        """Fails what is still in flight when the grace period is over. The engine aborts them, so their
+        full blocks are released into the prefix cache (and reach the disk flush). Returns how many."""
+        rids = list(self._members)
+        for rid in rids:
+            self._inbox.append(("abort", rid))
+            self._fail(rid, ShuttingDown(reason))
+        self._wake.set()
+        return len(rids)
 
     def new_group(self) -> RequestGroup:
         if self.dead:

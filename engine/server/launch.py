@@ -7,6 +7,8 @@ import argparse
 import logging
 import os
 
+# below the kubelet's default terminationGracePeriodSeconds (30 s), leaving room for uvicorn's own exit
+DEFAULT_SHUTDOWN_GRACE_S = 20.0
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
@@ -20,6 +22,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $KVLOOP_API_KEY, else none)")
     p.add_argument("--allowed-origins", action="append", default=None, help="enable CORS for these origins")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+                   help="seconds from TERM to exit: in-flight requests get the first two thirds, the flush of "
+                        "the KV cache to the disk tier the rest (keep it below terminationGracePeriodSeconds)")
 
 
 def cache_config(engine) -> dict:
@@ -67,9 +72,13 @@ def build_server(engine, args: argparse.Namespace):
 def serve(args: argparse.Namespace, engine_config) -> int:
     import uvicorn
     from kvloop.engine.engine_core import EngineCore
+    from kvloop.engine.server.shutdown import DrainingServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = EngineCore(engine_config)
-    app, _ = build_server(engine, args)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    return 0
+    app, async_engine = build_server(engine, args)
+    # after the drain only finished responses remain to be sent: uvicorn's own wait can be short
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
+    server = DrainingServer(config, async_engine, args.shutdown_grace)
+    server.run()
+    return 0 if server.started else 3  # 3: uvicorn's start-up failure code

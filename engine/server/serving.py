@@ -158,6 +158,9 @@ class Call:
         total = sum(len(p) for p in params)
         if total > MAX_CHOICES:
             raise bad_request(f"at most {MAX_CHOICES} choices (prompts x n) per request, got {total}", "n")
+        if self.engine.draining:  # TERM: another replica should take it
+            raise APIError(503, "the server is shutting down, retry on another replica", code="shutting_down",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
         if not self.engine.ready:
             raise APIError(503, "the engine is not ready", code="not_ready")
         try:
