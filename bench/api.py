@@ -2,6 +2,12 @@
 batch run offline in-process, and the TTFT the API adds at low load. Writes bench/results/api.json
 (top-level `http_vs_offline`) and api.md.
 
+Structured outputs: throughput at batch `--structured-clients` (32) with 0%, 50% and 100% of the requests
+constrained by a JSON schema (response_format), on the shipped backend, rounds interleaved; the `goals`
+entry `structured_overhead` is the 100%/0% throughput ratio (goal >= 0.9). Every request runs to
+max_tokens (ignore_eos), so each share produces the same number of tokens: a constrained request whose
+JSON is complete goes on with end-of-sequence tokens, still masked.
+
 The server runs in a child process (as in production), the clients here; both backends are measured:
 `thread` (the engine in a thread of the API process, what the server ships) and `process` (the engine in
 its own process behind a pipe, bench/engine_process.py). The machine's quietness (other processes' CPU)
@@ -9,6 +15,8 @@ is sampled before and after, since this machine is shared.
 
     .venv/bin/python bench/api.py                     # 64 clients, 64 tokens each, both backends
     .venv/bin/python bench/api.py --backends thread --clients 16 --max-tokens 32   # quick look
+    .venv/bin/python bench/api.py --backends thread --clients 2 --max-tokens 4 --repeats 1 --ttft-samples 1 \
+        --probe-prompt-tokens 64 --structured-clients 4 --out /tmp/api.json         # smoke run
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ import httpx
 import psutil
 
 HERE = Path(__file__).resolve().parent
+STRUCTURED_SHARES = (0.0, 0.5, 1.0)
+STRUCTURED_FORMAT = {"type": "json_schema", "json_schema": {"name": "note", "schema": {
+    "type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+                                     "priority": {"type": "integer"}},
+    "required": ["title", "tags", "priority"], "additionalProperties": False}}}
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
 
@@ -96,9 +109,12 @@ class Offline:
 
 
 # ---- HTTP -----------------------------------------------------------------------------------------------
-async def _stream_one(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> tuple[float, int]:
+async def _stream_one(client: httpx.AsyncClient, ids: list[int], max_tokens: int,
+                      response_format: dict | None = None) -> tuple[float, int]:
     body = {"model": "default", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
+    if response_format is not None:
+        body["response_format"] = response_format
     t0 = time.perf_counter()
     first, tokens = None, 0
     async with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -113,13 +129,34 @@ async def _stream_one(client: httpx.AsyncClient, ids: list[int], max_tokens: int
     return first or 0.0, tokens
 
 
-async def _throughput(url: str, args) -> float:
-    limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
+async def _throughput(url: str, args, clients: int | None = None, constrained_share: float = 0.0) -> float:
+    """Output tokens/s of `clients` concurrent streams, the first constrained_share of them with a JSON schema."""
+    clients = clients or args.clients
+    constrained = round(clients * constrained_share)
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*[_stream_one(client, ids, args.max_tokens)
-                                         for ids in prompts(args.clients, args.prompt_tokens)])
+        results = await asyncio.gather(*[
+            _stream_one(client, ids, args.max_tokens, STRUCTURED_FORMAT if i < constrained else None)
+            for i, ids in enumerate(prompts(clients, args.prompt_tokens))])
         return sum(t for _, t in results) / (time.perf_counter() - t0)
+
+
+def structured_rounds(url: str, args) -> dict:
+    """Throughput at each constrained share, rounds interleaved so drifting load hits every share alike."""
+    runs: dict[float, list[float]] = {share: [] for share in STRUCTURED_SHARES}
+    for r in range(args.repeats):
+        for share in STRUCTURED_SHARES:
+            runs[share].append(asyncio.run(_throughput(url, args, args.structured_clients, share)))
+        print(f"structured round {r}: " + ", ".join(f"{int(s * 100)}% {v[-1]:.1f} tok/s" for s, v in runs.items()),
+              flush=True)
+    med = {share: statistics.median(v) for share, v in runs.items()}
+    paired = [full / none for full, none in zip(runs[1.0], runs[0.0], strict=True)]
+    return {"clients": args.structured_clients,
+            "tok_s": {f"{int(s * 100)}%": round(m, 1) for s, m in med.items()},
+            "tok_s_runs": {f"{int(s * 100)}%": [round(x, 1) for x in v] for s, v in runs.items()},
+            "ratio_100_vs_0": round(statistics.median(paired), 3), "ratio_runs": [round(x, 3) for x in paired],
+            "schema": STRUCTURED_FORMAT}
 
 
 async def _ttft(url: str, args, r: int) -> float:
@@ -220,6 +257,12 @@ def write(result: dict, out: Path) -> None:
                      f"({r['ratio_runs']}; of medians {r['ratio_of_medians']:.2f}) "
                      f"| {r['ttft_s']} | {r['ttft_added_ms']:.1f} | {pr['health_p50_ms']} / {pr['health_max_ms']} "
                      f"(prefill {pr['prefill_s']} s) |")
+    st = result["structured"]
+    lines += ["", f"## Structured outputs ({st['clients']} concurrent streams, each to max_tokens)", "",
+              "| constrained share | output tok/s (runs) |", "|---|---|"]
+    lines += [f"| {share} | {tok} ({st['tok_s_runs'][share]}) |" for share, tok in st["tok_s"].items()]
+    lines += ["", f"`structured_overhead` (100% / 0%, median of paired rounds {st['ratio_runs']}) = "
+              f"**{st['ratio_100_vs_0']:.2f}** (goal >= 0.9)."]
     q = result["quietness"]
     lines += ["", f"`http_vs_offline` = **{result['http_vs_offline']:.2f}** (backend `{result['shipped_backend']}`, "
               f"goal >= 0.9).", "",
@@ -239,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ttft-samples", type=int, default=10)
     p.add_argument("--backends", default="thread,process")
+    p.add_argument("--structured-clients", type=int, default=32, help="streams in the structured-output rounds")
     p.add_argument("--probe-prompt-tokens", type=int, default=2000, help="long prompt for the responsiveness probe")
     p.add_argument("--port", type=int, default=8631)
     p.add_argument("--out", type=Path, default=HERE / "results" / "api.json")
@@ -270,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in names:
                 ttft[n].append(asyncio.run(_ttft(urls[n], args, r)))
         probes = {n: asyncio.run(_probe(urls[n], args)) for n in names}
+        structured = structured_rounds(urls["thread" if "thread" in urls else names[0]], args)
         after = other_cpu()
     finally:
         for proc in servers.values():
@@ -287,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
                     "during_long_prefill": probes[n]}
                 for n in names}
     shipped = "thread"
-    result = {"http_vs_offline": backends.get(shipped, next(iter(backends.values())))["ratio"],
+    result = {"goals": [{"name": "structured_overhead", "value": structured["ratio_100_vs_0"], "op": ">=",
+                         "bound": 0.9, "what": "throughput with 100% of requests JSON-schema constrained / 0%"}],
+              "http_vs_offline": backends.get(shipped, next(iter(backends.values())))["ratio"],
+              "structured": structured,
               "shipped_backend": shipped,
               "offline": {"tok_s": round(med["offline"], 1), "tok_s_runs": [round(x, 1) for x in tput["offline"]],
                           "ttft_s": round(med_ttft["offline"], 4), "dtype": str(off.engine.dtype).removeprefix("torch.")},
@@ -304,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _engine_only(argv: list[str]) -> list[str]:
     """The engine flags of our own command line, passed on to the server child."""
-    keep, skip = [], {"--clients", "--prompt-tokens", "--max-tokens", "--repeats", "--ttft-samples", "--backends", "--probe-prompt-tokens",
+    keep, skip = [], {"--clients", "--prompt-tokens", "--max-tokens", "--repeats", "--ttft-samples", "--backends", "--probe-prompt-tokens", "--structured-clients",
                       "--port", "--out"}
     it = iter(argv)
     for a in it:
