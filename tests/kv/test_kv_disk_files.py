@@ -206,3 +206,32 @@ def test_a_flush_past_its_deadline_writes_nothing(kv_cache, tmp_path):
     serve_once(kv, list(range(400, 400 + 3 * BS)), "a")
     assert kv.persist(time.monotonic() - 1) == {"written": 0, "skipped": 3, "on_disk": 0}
     kv.mover.close()
+
+
+def test_flush_plan_orders_host_blocks_by_their_chain(kv_cache, tmp_path):
+    cfg = KVConfig(mode="codesign", host_cache_tokens=8 * BS, disk_dir=str(tmp_path), min_prefix_tokens=BS)
+    kv = KVCacheManager(kv_cache.shape[2], BS, cfg, extra_key="fp")
+    kv.attach_mover(TierMover.for_manager(kv, kv_cache, "fp"))
+    seq = serve_once(kv, list(range(500, 500 + 5 * BS)), "a")  # under the device gate: demoted to the host
+    assert len(kv.index) == 0
+    assert kv.persist_plan() == [(h, "host", kv.host.slot_of(h)) for h in kv.keys(seq)]
+    kv.mover.close()
+
+
+def test_shutdown_writes_wait_for_room_and_flush_has_a_deadline(kv_cache, tmp_path, monkeypatch):
+    mover = TierMover(kv_cache, disk_dir=str(tmp_path), fingerprint="fp", queue_size=1)
+    gate = threading.Event()
+    real_write = mover._write
+    monkeypatch.setattr(mover, "_write", lambda h, data: (gate.wait(), real_write(h, data)))
+    assert mover.disk_write(0, "device", 0)
+    while not mover._queue.empty():  # the writer takes it and gets stuck
+        time.sleep(0.001)
+    assert mover.disk_write(1, "device", 1, timeout=0.01)  # room for one
+    started = time.monotonic()
+    assert not mover.disk_write(2, "device", 2, timeout=0.05)  # waited, then gave up
+    assert time.monotonic() - started >= 0.05
+    assert not mover.flush(timeout=0.01)
+    gate.set()
+    assert mover.flush(timeout=10)
+    assert sorted(mover.disk_scan()) == [0, 1]
+    mover.close()
