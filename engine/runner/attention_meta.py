@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from kvloop.engine.runner.cascade_plan import CascadePlan
 
 
 @dataclass
@@ -26,7 +27,10 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor  # int64 [num_decode]: tokens to attend to, the new one included
     prefills: list[PrefillChunk] = field(default_factory=list)
     max_decode_context: int = 0
+    # Decode rows that attend to shared prefixes once, as groups (None: every row reads its whole context).
+    cascade: CascadePlan | None = None
     _packed: dict | None = None
+    _decode_work: object = None  # the torch path's per-step work list, built once and reused by every layer
 
     def packed(self) -> dict:
         """The same information in the packed int32 form the Triton kernels take (built once, lazily)."""

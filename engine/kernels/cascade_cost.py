@@ -1,0 +1,56 @@
+"""Step-cost model of decode attention, plain and cascaded (pure Python, no torch): the runner decides
+per group whether cascade pays; the scheduler and the simulator can price a decode step with it.
+
+One attention call that stacks M query rows against S shared tokens costs, per layer,
+    call_us + row_us * M + S * (token_us + token_row_us * M)
+and every row that takes part in a cascade pays merge_us per extra partial result. Plain decode is one
+such call per row (M = 1) over its whole context. Coefficients are measured by
+bench/calibrate_cascade.py on a CPU and stored below per KV dtype; compare them only within one machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    call_us: float  # fixed cost of one attention call (op dispatch)
+    row_us: float  # per stacked query row
+    token_us: float  # per token read (K/V streamed once per call)
+    token_row_us: float  # per token and stacked row (the products themselves)
+    merge_us: float  # per row and extra partial result (log-sum-exp merge)
+
+    def span_us(self, rows: int, tokens: int) -> float:
+        return self.call_us + self.row_us * rows + tokens * (self.token_us + self.token_row_us * rows)
+
+    def plain_us(self, context_lens: Iterable[int]) -> float:
+        """One decode step's attention per layer without cascade."""
+        return sum(self.span_us(1, n) for n in context_lens)
+
+    def group_gain_us(self, members: int, shared_tokens: int) -> float:
+        """Time saved per layer by reading `shared_tokens` once for `members` rows (negative: a loss)."""
+        alone = members * shared_tokens * (self.token_us + self.token_row_us)
+        together = self.span_us(members, shared_tokens) + self.merge_us * members
+        return alone - together
+
+    def worth(self, members: int, shared_tokens: int) -> bool:
+        return members > 1 and shared_tokens > 0 and self.group_gain_us(members, shared_tokens) > 0
+
+    def step_us(self, context_lens: list[int], groups: Iterable[tuple[int, int]]) -> float:
+        """Per layer: plain cost of these rows minus the gain of each cascaded (members, shared_tokens)."""
+        return self.plain_us(context_lens) - sum(self.group_gain_us(m, s) for m, s in groups)
+
+
+# Measured with bench/calibrate_cascade.py (1 thread; see the script's output for the fit).
+COSTS: dict[str, AttentionCost] = {
+    "bfloat16": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
+    "float16": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
+    "float32": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
+}
+
+
+def cost_for(kv_dtype: str) -> AttentionCost:
+    """The model for a KV dtype name ("bfloat16", "torch.bfloat16", ...)."""
+    return COSTS[kv_dtype.removeprefix("torch.")]
