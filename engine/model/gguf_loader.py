@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
-from kvloop.engine.model.checkpoint import Checkpoint
+from kvloop.engine.model.checkpoint import Checkpoint, LazyWeights
 from kvloop.engine.model.config import ModelConfig
 from tqdm import tqdm
 
@@ -88,22 +88,27 @@ def _hf_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
 
 
-def load_gguf(path: Path, progress: bool = True) -> Checkpoint:
-    reader = GGUFReader(str(path))
-    config = _config(reader)
+def _read_tensor(t, config: ModelConfig) -> torch.Tensor:
+    """One GGUF tensor as HF-layout float32 (dequantized; q/k rows un-permuted for llama/mistral)."""
     llama_permuted = config.architecture in ("llama", "mistral")  # llama.cpp permutes q/k only for these
+    w = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+    if llama_permuted and ".attn_q." in t.name:
+        w = unpermute_rotary(w, config.num_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_heads)[:, 0]
+    elif llama_permuted and ".attn_k." in t.name:
+        w = unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_kv_heads)[:, 0]
+    return torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+
+
+def load_gguf(path: Path, progress: bool = True) -> Checkpoint:
+    reader = GGUFReader(str(path))  # memory-maps the file: tensors are read when the model asks
+    config = _config(reader)
     digest = hashlib.sha256()
-    weights: dict[str, torch.Tensor] = {}
-    for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", disable=not progress, leave=False):
-        raw = np.asarray(t.data)
+    by_name = {}
+    for t in tqdm(reader.tensors, desc=f"hashing {path.name}", unit="tensor", disable=not progress, leave=False):
         digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
-        digest.update(raw.tobytes())
-        w = dequantize(raw, t.tensor_type).astype(np.float32, copy=False)
-        if llama_permuted and ".attn_q." in t.name:
-            w = unpermute_rotary(w, config.num_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_heads)[:, 0]
-        elif llama_permuted and ".attn_k." in t.name:
-            w = unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_kv_heads)[:, 0]
-        weights[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
+        digest.update(np.asarray(t.data).tobytes())
+        by_name[_hf_name(t.name)] = t
+    weights = LazyWeights(list(by_name), lambda name: _read_tensor(by_name[name], config))
     tokenizer_source = {
         "kind": "gguf",
         "model": field_value(reader, "tokenizer.ggml.model"),

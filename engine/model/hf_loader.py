@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from kvloop.engine.model.checkpoint import Checkpoint
+from kvloop.engine.model.checkpoint import Checkpoint, LazyWeights
 from kvloop.engine.model.config import ModelConfig
 from safetensors import safe_open
 from tqdm import tqdm
@@ -31,14 +31,14 @@ def load_hf_dir(path: Path, progress: bool = True) -> Checkpoint:
     if not files:
         raise FileNotFoundError(f"{path} has no *.safetensors files (pickle checkpoints are not loaded)")
     digest = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode())
-    weights: dict[str, torch.Tensor] = {}
-    for file in tqdm(files, desc=f"loading {path.name}", unit="file", disable=not progress, leave=False):
+    where: dict[str, Path] = {}
+    for file in tqdm(files, desc=f"hashing {path.name}", unit="file", disable=not progress, leave=False):
         with safe_open(str(file), framework="pt") as f:
             for key in sorted(f.keys()):
-                t = f.get_tensor(key)
+                t = f.get_tensor(key)  # one tensor at a time, in its stored dtype
                 digest.update(f"{key}:{t.dtype}:{list(t.shape)}".encode())
                 digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-                weights[key] = t.float()
+                where[key] = file
     tok_cfg_file = path / "tokenizer_config.json"
     tok_cfg = json.loads(tok_cfg_file.read_text()) if tok_cfg_file.is_file() else {}
     gen_cfg_file = path / "generation_config.json"
@@ -54,8 +54,14 @@ def load_hf_dir(path: Path, progress: bool = True) -> Checkpoint:
         "add_bos_token": bool(tok_cfg.get("add_bos_token", False)),
     }
     if config.tie_embeddings:
-        weights.pop("lm_head.weight", None)
+        where.pop("lm_head.weight", None)
+    weights = LazyWeights(list(where), lambda key: _read_tensor(where[key], key))
     return Checkpoint(config, weights, digest.hexdigest()[:32], path, path.name, tokenizer_source)
+
+
+def _read_tensor(file: Path, key: str) -> torch.Tensor:
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_tensor(key).float()
 
 
 def _chat_template_file(path: Path) -> str | None:

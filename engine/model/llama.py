@@ -5,6 +5,8 @@ plain object rather than nn.Module: a step is a straight sequence of tensor ops 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from kvloop.engine.kernels import ops
@@ -14,9 +16,13 @@ from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 
 class Layer:
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device, quant: str):
+    def __init__(self, w: Mapping[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device, quant: str):
         def get(name: str) -> torch.Tensor:
-            return w[prefix + name]
+            # Dense weights go to the model's dtype and device as they are read, so fusing q/k/v and
+            # gate/up never holds more than one float32 tensor (a cast is elementwise: converting the
+            # parts or their concatenation gives the same bits). Quantized formats quantize from float32.
+            t = w[prefix + name]
+            return t.to(device=device, dtype=dtype) if quant == "none" else t
 
         def linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
             return Linear(weight, bias, dtype, device, quant)
@@ -43,16 +49,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaModel:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none"):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.attention_backend = attention_backend
         self.quantization = quantization
         embed = weights["model.embed_tokens.weight"]
         self.embed = embed.to(device=self.device, dtype=dtype).contiguous()
-        lm_head = weights.get("lm_head.weight")
-        self.lm_head = Linear(embed if cfg.tie_embeddings or lm_head is None else lm_head, None, dtype, self.device,
-                              quantization)
+        lm_head = None if cfg.tie_embeddings else weights.get("lm_head.weight")
+        # Tied and dense: the head shares the converted embedding (no second copy, same values).
+        head = lm_head if lm_head is not None else (self.embed if quantization == "none" else embed)
+        self.lm_head = Linear(head, None, dtype, self.device, quantization)
+        del embed, lm_head, head  # the float32 originals are not kept while the layers load
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
         self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device, quantization)
                        for i in range(cfg.num_layers)]
