@@ -107,3 +107,69 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
         hidden = torch.arange(k.shape[0])[None, :] > q_pos[:, None]
         scores = scores.masked_fill(hidden[None], float("-inf"))
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+
+
+def attention64_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 softmax attention of q [Tq, H, D] over every key of k, v [Tk, KV, D], with the natural
+    log-sum-exp of the scores per (query, head): [Tq, H, D] and [Tq, H]."""
+    group = q.shape[1] // k.shape[1]
+    k = k.double().repeat_interleave(group, dim=1)
+    v = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->qhk", q.double(), k) * scale
+    return torch.einsum("qhk,khd->qhd", scores.softmax(-1), v), scores.logsumexp(-1)
+
+
+def cascade_ref(q: torch.Tensor, paged: Paged, scale: float) -> torch.Tensor:
+    """What cascade attention must equal: each row's plain attention over its whole context, in float64."""
+    return torch.cat([attention64_lse(q[b : b + 1], paged.keys[b], paged.values[b], scale)[0]
+                      for b in range(q.shape[0])])
+
+
+def make_cascade_paged(
+    seq_lens: list[int], segments: list, block_size: int, n_kv: int, head_dim: int, dtype: torch.dtype,
+    gen: torch.Generator,
+) -> Paged:
+    """Like make_paged, but the rows of each segment (objects with level, start, end, rows) hold equal K/V
+    for its tokens. Pages are shared the way a prefix cache shares them: rows whose tokens in a block all
+    come from the same owners (segments, or the row itself) point to one page; a block only partly in a
+    segment (a prefix ending mid-block) is a separate page per row holding an equal copy of the shared
+    tokens. Every page's unused slots stay NaN."""
+    owner: dict[tuple[int, int], object] = {}  # (row, token) -> the deepest segment holding it (hashable)
+    for seg in sorted(segments, key=lambda s: s.level):
+        for r in seg.rows:
+            for t in range(seg.start, seg.end):
+                owner[(r, t)] = seg
+    values_of: dict[tuple[int, object], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def kv(r: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (t, owner.get((r, t), ("own", r)))
+        if key not in values_of:
+            pair = torch.randn(2, n_kv, head_dim, generator=gen).to(dtype)
+            values_of[key] = (pair[0], pair[1])
+        return values_of[key]
+
+    pages: dict[tuple, int] = {}  # identity of a page's contents -> page id (0 is never used)
+    tables = torch.zeros(len(seq_lens), max((-(-n // block_size) for n in seq_lens), default=0) + 1,
+                         dtype=torch.int32)
+    for r, n in enumerate(seq_lens):
+        for j in range(-(-n // block_size)):
+            tokens = range(j * block_size, min(n, (j + 1) * block_size))
+            ident = (j, tuple(owner.get((r, t), ("own", r)) for t in tokens))
+            tables[r, j] = pages.setdefault(ident, len(pages) + 1)
+    num_blocks = len(pages) + 4
+    ids = torch.cat([torch.zeros(1, dtype=torch.int64), 1 + torch.randperm(num_blocks - 1, generator=gen)])
+    tables = ids[tables.long()].to(torch.int32)  # shuffled page order; padding stays 0
+    shape = (num_blocks, block_size, n_kv, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    keys, values = [], []
+    for r, n in enumerate(seq_lens):
+        pairs = [kv(r, t) for t in range(n)]
+        k = torch.stack([p[0] for p in pairs]) if pairs else torch.zeros(0, n_kv, head_dim, dtype=dtype)
+        v = torch.stack([p[1] for p in pairs]) if pairs else torch.zeros(0, n_kv, head_dim, dtype=dtype)
+        for t in range(n):
+            k_cache[tables[r, t // block_size], t % block_size] = k[t]
+            v_cache[tables[r, t // block_size], t % block_size] = v[t]
+        keys.append(k.float())
+        values.append(v.float())
+    return Paged(k_cache, v_cache, tables, keys, values)

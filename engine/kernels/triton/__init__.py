@@ -15,6 +15,7 @@ import torch
 from . import torch_ops
 from ._common import LAUNCHES, is_interpreted, use_triton
 from .block_copy import copy_blocks_triton, inner_contiguous
+from .cascade import CascadeSegment, PackedCascade, cascade_triton, pack_segments
 from .decode import decode_triton
 from .extend import extend_triton
 from .kv_write import write_kv_triton
@@ -22,8 +23,12 @@ from .rmsnorm import rms_norm_triton
 
 __all__ = [
     "LAUNCHES",
+    "CascadeSegment",
+    "PackedCascade",
+    "cascade_decode_attention",
     "copy_blocks",
     "is_interpreted",
+    "pack_segments",
     "paged_decode_attention",
     "paged_extend_attention",
     "rms_norm",
@@ -51,6 +56,20 @@ def paged_decode_attention(
     num_splits overrides the split-K heuristic (tests use it to cover both paths)."""
     if use_triton(q.device, backend):
         return decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, num_splits)
+    return torch_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def cascade_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, segments: list[CascadeSegment] | PackedCascade,
+    *, num_splits: int | None = None, shared_splits: int | None = None, backend: str | None = None,
+) -> torch.Tensor:
+    """paged_decode_attention's result, with the rows of each segment attending to its shared tokens
+    once, as a group (cascade.py). Pack the segments once per step (pack_segments) to reuse them
+    across layers. The torch path has no cascade here and computes the same attention row by row."""
+    if use_triton(q.device, backend):
+        return cascade_triton(q, k_cache, v_cache, block_tables, context_lens, scale, segments,
+                              num_splits, shared_splits)
     return torch_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 

@@ -7,6 +7,10 @@ keeps the GPU full when batch * kv_heads is small (batch 1, long contexts); a se
 the partial results by their log-sum-exp. When one split suffices the first kernel writes the output
 directly and the merge is skipped. The split count depends only on tensor shapes (never on
 context_lens' values), so the call does not synchronise with the host and can be graph-captured.
+
+Cascade (cascade.py) reuses both kernels: the split kernel with a per-row start offset (HAS_START) attends
+to each row's own suffix after its shared prefix, writing its splits at slot split_base onwards of a
+workspace whose lower slots hold the shared-prefix partials; the merge kernel then combines them all.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ TUNING: dict[str, int | None] = {"block_n": None, "num_warps": None, "num_stages
 
 @triton.jit
 def decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, partition,
+    q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, start_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2, partition, split_base,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -36,7 +40,7 @@ def decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_T: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_T: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr, HAS_START: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -44,6 +48,8 @@ def decode_split_kernel(
 
     ctx = tl.load(ctx_ptr + b)
     start = split * partition
+    if HAS_START:  # cascade suffix: tokens before start_ptr[b] were attended as a shared prefix
+        start += tl.load(start_ptr + b)
     end = tl.minimum(start + partition, ctx)  # end <= start: empty split, the loop does not run
 
     h = tl.arange(0, BLOCK_H)
@@ -84,10 +90,11 @@ def decode_split_kernel(
     o = acc / l_safe[:, None]
     o_mask = h_mask[:, None] & d_mask[None, :]
     if SPLIT:
-        p_off = (b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :])
+        slot = split_base + split
+        p_off = (b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + slot * stride_ps + d[None, :])
         tl.store(part_out_ptr + p_off, o, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=h_mask)
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + slot, lse, mask=h_mask)
     else:
         o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=o_mask)
@@ -109,13 +116,15 @@ def decode_merge_kernel(
     d_mask = d < HEAD_DIM
 
     lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+    # A slot with no keys (-inf) may never have been written (cascade levels a row is not in): skip its data.
+    valid = s_mask & (lse > float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # zero-length context: all weights 0, output 0
     w = tl.exp2(lse - m)
     denom = tl.sum(w, 0)
     denom = tl.where(denom > 0, denom, 1.0)
     p_off = b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :]
-    parts = tl.load(part_out_ptr + p_off, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    parts = tl.load(part_out_ptr + p_off, mask=valid[:, None] & d_mask[None, :], other=0.0)
     o = tl.sum(parts * w[:, None], 0) / denom
     o_off = b.to(tl.int64) * stride_ob + h * stride_oh + d
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d_mask)
@@ -152,60 +161,87 @@ def plan_splits(
     return max(1, triton.cdiv(max_tokens, partition)), partition
 
 
-def decode_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
-) -> torch.Tensor:
-    dtype = check_dtype(q, k_cache, v_cache)
-    batch, n_heads, head_dim = q.shape
-    _, block_size, n_kv, _ = k_cache.shape
+def check_decode_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """q with a unit inner stride, and the GQA group size; raises on shapes the kernels cannot take."""
+    check_dtype(q, k_cache, v_cache)
+    n_heads, n_kv = q.shape[1], k_cache.shape[2]
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
-    group = n_heads // n_kv
-    q = q if q.stride(-1) == 1 else q.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("caches must have a contiguous head_dim")
-    out = torch.empty_like(q)
-    if batch == 0:
-        return out
+    return (q if q.stride(-1) == 1 else q.contiguous()), n_heads // n_kv
 
-    max_tokens = block_tables.shape[1] * block_size  # an upper bound on context_lens, known without a sync
-    block_n = tile_tokens(head_dim, dtype)
-    splits, partition = plan_splits(batch, n_kv, max_tokens, block_n, q.device, num_splits)
-    split = splits > 1
+
+def launch_split(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, splits: int, partition: int, block_n: int,
+    out: torch.Tensor | None, part_out: torch.Tensor | None, part_lse: torch.Tensor | None,
+    row_start: torch.Tensor | None = None, split_base: int = 0,
+) -> None:
+    """One launch of decode_split_kernel: straight into out (out given), or splits into the workspace
+    part_out [B, H, slots, D] / part_lse [B, H, slots] at slots split_base ... split_base + splits - 1."""
+    batch, n_heads, head_dim = q.shape
+    n_kv = k_cache.shape[2]
+    split = out is None
     if split:
-        part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
-        part_lse = torch.empty(batch, n_heads, splits, device=q.device, dtype=torch.float32)
-    else:  # unused by the kernel; any tensor will do for the pointer arguments
-        part_out = out
-        part_lse = out
-    dot_t, prec = dot_config(dtype)
-
+        assert part_out is not None and part_lse is not None
+        out = part_out  # unused by the kernel; any tensor will do for the pointer arguments
+    else:
+        part_out = part_lse = out
+    dot_t, prec = dot_config(q.dtype)
     LAUNCHES["decode"] += 1
     decode_split_kernel[(batch, n_kv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part_out, part_lse,
-        scale * LOG2E, partition,
+        q, k_cache, v_cache, block_tables, context_lens, context_lens if row_start is None else row_start,
+        out, part_out, part_lse,
+        scale * LOG2E, partition, split_base,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
+        out.stride(0) if not split else 0, out.stride(1) if not split else 0,
         part_out.stride(0) if split else 0, part_out.stride(1) if split else 0,
         part_out.stride(2) if split else 0,
         part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
-        GROUP=group, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
-        DOT_T=dot_t, PREC=prec, SPLIT=split,
-        num_warps=decode_warps(dtype), num_stages=TUNING["num_stages"],
+        GROUP=n_heads // n_kv, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
+        BLOCK_H=max(16, next_pow2(n_heads // n_kv)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
+        DOT_T=dot_t, PREC=prec, SPLIT=split, HAS_START=row_start is not None,
+        num_warps=decode_warps(q.dtype), num_stages=TUNING["num_stages"],
     )
-    if split:
-        LAUNCHES["decode_merge"] += 1
-        decode_merge_kernel[(batch, n_heads)](
-            part_out, part_lse, out, splits,
-            part_out.stride(0), part_out.stride(1), part_out.stride(2),
-            part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(splits),
-            num_warps=4,
-        )
+
+
+def launch_merge(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """out[b, h] = the log-sum-exp weighted mean of the workspace's slots (empty slots: lse -inf)."""
+    batch, n_heads, slots, head_dim = part_out.shape
+    LAUNCHES["decode_merge"] += 1
+    decode_merge_kernel[(batch, n_heads)](
+        part_out, part_lse, out, slots,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(slots),
+        num_warps=4,
+    )
+
+
+def decode_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, num_splits: int | None = None,
+) -> torch.Tensor:
+    q, _ = check_decode_shapes(q, k_cache, v_cache)
+    batch, n_heads, head_dim = q.shape
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+
+    max_tokens = block_tables.shape[1] * k_cache.shape[1]  # an upper bound on context_lens, known without a sync
+    block_n = tile_tokens(head_dim, q.dtype)
+    splits, partition = plan_splits(batch, k_cache.shape[2], max_tokens, block_n, q.device, num_splits)
+    if splits == 1:
+        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, 1, partition, block_n, out, None, None)
+        return out
+    part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
+    part_lse = torch.empty(batch, n_heads, splits, device=q.device, dtype=torch.float32)
+    launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, splits, partition, block_n,
+                 None, part_out, part_lse)
+    launch_merge(part_out, part_lse, out)
     return out
