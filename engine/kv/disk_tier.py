@@ -30,5 +30,11 @@ class DiskTier:
         if h in self._lru:
             self._lru.move_to_end(h)
 
+    def touch_chain(self, hashes: list[int]) -> None:
+        """Marks blocks given parents first as used, tails first: the head ends up the most recent, so
+        the LRU evicts a chain's tail before the head that makes the rest usable."""
+        for h in reversed(hashes):
+            self.touch(h)
+
     def remove(self, h: int) -> None:
         self._lru.pop(h, None)

@@ -165,14 +165,19 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self.stats.short_prefix_misses += found > 0
             return 0
         by_tier: dict[str, int] = {}
+        from_disk: list[int] = []
         parent = ROOT
         for h in usable[:found]:
             tier = self._attach(seq, h, parent)
             if tier is None:
                 break
             by_tier[tier] = by_tier.get(tier, 0) + bs
+            if tier == "disk":
+                from_disk.append(h)
             seq.block_hashes.append(h)
             parent = h
+        if from_disk:
+            self.disk.touch_chain(from_disk)
         hit = len(seq.block_table) * bs
         if hit < min_tokens:  # promotion fell short (no room, bad disk file): give the blocks back
             self._unref_all(seq.block_table)
@@ -214,8 +219,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self.host.hit(slot)
             self.stats.promotions_host += 1
         elif self.mover.disk_read(h, block):
-            self.disk.touch(h)
-            self.stats.promotions_disk += 1
+            self.stats.promotions_disk += 1  # recency: lookup_prefix touches the chain afterwards
         else:
             self.disk.remove(h)
             self.stats.disk_bad_files += 1
@@ -310,6 +314,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         batch, self._disk_batch = self._disk_batch, None
         for h, block in reversed(batch):
             self._disk_write(h, "device", block)
+        if batch:
+            self.disk.touch_chain([h for h, _ in reversed(batch)])
 
     def _unref(self, block: int) -> None:
         if not self.pool.decref(block):

@@ -26,6 +26,7 @@ class PersistMixin:
                 break
             self._disk_added(h)
             written += 1
+        self.disk.touch_chain([h for h, _, _ in plan[:written]])
         self.mover.flush(timeout=max(0.0, deadline - time.monotonic()))
         return {"written": written, "skipped": len(plan) - written, "on_disk": len(self.disk)}
 

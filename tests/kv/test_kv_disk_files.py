@@ -235,3 +235,15 @@ def test_shutdown_writes_wait_for_room_and_flush_has_a_deadline(kv_cache, tmp_pa
     assert mover.flush(timeout=10)
     assert sorted(mover.disk_scan()) == [0, 1]
     mover.close()
+
+
+def test_a_full_disk_evicts_tails_before_the_heads_they_need():
+    cfg = KVConfig(mode="codesign", host_cache_tokens=0, disk_dir="unused", disk_admit_min_requests=1,
+                   min_prefix_tokens=BS, disk_cache_tokens=4 * BS)
+    kv = KVCacheManager(8, BS, cfg)
+    kv.mover = RecordingMover(room=100)
+    first = serve_once(kv, list(range(600, 600 + 3 * BS + 1)), "a")  # three blocks written, in prefix order
+    serve_once(kv, list(range(700, 700 + 3 * BS + 1)), "b")  # three more: two must go
+    head = kv.keys(first)[0]
+    assert kv.disk.has(head) and not any(kv.disk.has(h) for h in kv.keys(first)[1:3])
+    assert kv.stats.disk_evictions == 2
