@@ -18,6 +18,8 @@ class Mover(Protocol):
     def disk_delete(self, h: int) -> None: ...
     def disk_scan(self) -> list[int]:
         """Hashes with files in the directory, oldest first."""
+    def disk_set_order(self, hashes: list[int]) -> None:
+        """Makes the next disk_scan list these files in this order (oldest first), after any others."""
     def flush(self, timeout: float | None = None) -> bool:
         """Waits (at most timeout seconds) for the queued writes; True when all have landed."""
 
@@ -42,6 +44,9 @@ class NullMover:
 
     def disk_scan(self) -> list[int]:
         return []
+
+    def disk_set_order(self, hashes: list[int]) -> None:
+        pass
 
     def flush(self, timeout: float | None = None) -> bool:
         return True

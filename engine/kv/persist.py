@@ -26,8 +26,10 @@ class PersistMixin:
                 break
             self._disk_added(h)
             written += 1
-        self.disk.touch_chain([h for h, _, _ in plan[:written]])
-        self.mover.flush(timeout=max(0.0, deadline - time.monotonic()))
+        done = [h for h, _, _ in plan[:written]]
+        self.disk.touch_chain(done)
+        if self.mover.flush(timeout=max(0.0, deadline - time.monotonic())):
+            self.mover.disk_set_order(done[::-1])  # a restart's scan: tails oldest, heads the most recent
         return {"written": written, "skipped": len(plan) - written, "on_disk": len(self.disk)}
 
     def persist_plan(self: KVCacheManager) -> list[tuple[int, str, int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -102,8 +103,18 @@ class TierMover:
                 continue
             h = fmt.parse_name(entry.name)
             if h is not None and entry.is_file():
-                found.append((entry.stat().st_mtime, h))
+                found.append((entry.stat().st_mtime_ns, h))
         return [h for _, h in sorted(found)]
+
+    def disk_set_order(self, hashes: list[int]) -> None:
+        """Stamps the files' mtimes in the given order, 1 µs apart, so a restart's scan rebuilds this LRU
+        order (files written in prefix order would otherwise put every head before its tail)."""
+        base = time.time_ns()
+        for i, h in enumerate(hashes):
+            try:
+                os.utime(self.dir / fmt.file_name(h), ns=(base + i * 1000,) * 2)
+            except OSError:
+                pass  # gone or never landed: nothing to order
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for the queued writes (at most timeout seconds); True when all have landed."""

@@ -167,6 +167,7 @@ def test_shutdown_flush_then_restart_serves_the_blocks_in_prefix_order(kv_cache,
     assert [h for h, _, _ in kv.persist_plan()] == hashes  # parents before children
     assert kv.persist(time.monotonic() + 30) == {"written": 5, "skipped": 0, "on_disk": 5}
     original = {h: kv_cache[:, :, kv.index.slot_of(h)].clone() for h in hashes}
+    assert kv.mover.disk_scan() == hashes[::-1]  # a restart's LRU: the head is the most recent
     assert sorted(p.name for p in tmp_path.glob("*.kvb")) == sorted(fmt.file_name(h) for h in hashes)
     kv.mover.close()
 
