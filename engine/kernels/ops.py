@@ -31,9 +31,26 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, 
     from kvloop.engine.kernels import triton as tk
 
     packed = meta.packed()
+    if meta.cascade is not None and meta.cascade.groups and meta.num_decode:
+        return _cascade_step(tk, q, k_cache, v_cache, meta, packed, scale)
     if not meta.prefills:
         return tk.paged_decode_attention(q, k_cache, v_cache, packed["decode_block_tables"],
                                          packed["decode_context_lens"], scale)
     # Mixed or prefill-only steps: the extend kernel covers decode rows too (a decode is a 1-token extend).
     return tk.paged_extend_attention(q, k_cache, v_cache, packed["block_tables"], packed["query_start_loc"],
                                      packed["seq_lens"], scale)
+
+
+def _cascade_step(tk, q, k_cache, v_cache, meta: AttentionMetadata, packed: dict, scale: float) -> torch.Tensor:
+    """Decode rows through the cascade kernels (the plan packed once per step, reused by every layer);
+    a mixed step's prefill rows through the extend kernel."""
+    n = meta.num_decode
+    if "cascade" not in packed:
+        packed["cascade"] = tk.pack_for(tk.segments_from_groups(meta.cascade.groups), q[:n], k_cache)
+    out = tk.cascade_decode_attention(q[:n], k_cache, v_cache, packed["decode_block_tables"],
+                                      packed["decode_context_lens"], scale, packed["cascade"])
+    if not meta.prefills:
+        return out
+    rest = tk.paged_extend_attention(q[n:], k_cache, v_cache, packed["block_tables"][n:],
+                                     packed["query_start_loc"][n:] - n, packed["seq_lens"][n:], scale)
+    return torch.cat([out, rest])

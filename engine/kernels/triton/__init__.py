@@ -15,7 +15,14 @@ import torch
 from . import torch_ops
 from ._common import LAUNCHES, is_interpreted, use_triton
 from .block_copy import copy_blocks_triton, inner_contiguous
-from .cascade import CascadeSegment, PackedCascade, cascade_triton, pack_segments
+from .cascade import (
+    CascadeSegment,
+    PackedCascade,
+    cascade_triton,
+    pack_for,
+    pack_segments,
+    segments_from_groups,
+)
 from .decode import decode_triton
 from .extend import extend_triton
 from .kv_write import write_kv_triton
@@ -28,10 +35,12 @@ __all__ = [
     "cascade_decode_attention",
     "copy_blocks",
     "is_interpreted",
+    "pack_for",
     "pack_segments",
     "paged_decode_attention",
     "paged_extend_attention",
     "rms_norm",
+    "segments_from_groups",
     "torch_ops",
     "write_kv",
 ]
@@ -66,7 +75,7 @@ def cascade_decode_attention(
 ) -> torch.Tensor:
     """paged_decode_attention's result, with the rows of each segment attending to its shared tokens
     once, as a group (cascade.py). Pack the segments once per step (pack_segments) to reuse them
-    across layers. The torch path has no cascade here and computes the same attention row by row."""
+    across layers (pack_for). The torch path has no cascade here and computes the same attention row by row."""
     if use_triton(q.device, backend):
         return cascade_triton(q, k_cache, v_cache, block_tables, context_lens, scale, segments,
                               num_splits, shared_splits)

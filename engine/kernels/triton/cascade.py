@@ -141,6 +141,20 @@ def shared_tiles(members: int, group: int, head_dim: int, dtype: torch.dtype) ->
     return block_m, block_n, 8 if dtype == torch.float32 or block_m * head_dim > 4096 else 4
 
 
+def segments_from_groups(groups: Sequence) -> list[CascadeSegment]:
+    """Segments from a runner's cascade groups (engine/runner/cascade_plan.py: rows, start_token,
+    num_tokens; a group's ancestors hold all of its rows). Its level is the number of groups before it
+    in the chain of its rows."""
+    ordered = sorted(groups, key=lambda g: g.start_token)
+    return [
+        CascadeSegment(
+            level=sum(1 for h in ordered if h.start_token < g.start_token and g.rows[0] in h.rows),
+            start=g.start_token, end=g.start_token + g.num_tokens, rows=tuple(g.rows),
+        )
+        for g in ordered
+    ]
+
+
 def validate_segments(segments: Sequence[CascadeSegment], batch: int) -> list[int]:
     """Each row's segments must be levels 0, 1, ... covering [0, its suffix start) without gaps.
     Returns the suffix start per row."""
@@ -196,6 +210,14 @@ def pack_segments(
     )
 
 
+def pack_for(
+    segments: Sequence[CascadeSegment], q: torch.Tensor, k_cache: torch.Tensor, shared_splits: int | None = None,
+) -> PackedCascade:
+    """pack_segments for decode queries q [B, H, D] over this cache (tile sizes follow dtype and head dim)."""
+    _, block_n, _ = shared_tiles(1, q.shape[1] // k_cache.shape[2], q.shape[2], q.dtype)  # not member-dependent
+    return pack_segments(segments, q.shape[0], k_cache.shape[2], block_n, q.device, shared_splits)
+
+
 def cascade_partials(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, scale: float, segments: Sequence[CascadeSegment] | PackedCascade,
@@ -205,9 +227,7 @@ def cascade_partials(
     q, group = check_decode_shapes(q, k_cache, v_cache)
     batch, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
-    _, block_n, _ = shared_tiles(1, group, head_dim, q.dtype)  # BLOCK_N does not depend on the members
-    packed = segments if isinstance(segments, PackedCascade) else pack_segments(
-        segments, batch, n_kv, block_n, q.device, shared_splits)
+    packed = segments if isinstance(segments, PackedCascade) else pack_for(segments, q, k_cache, shared_splits)
     block_m, block_n, warps = shared_tiles(packed.max_members, group, head_dim, q.dtype)
 
     # The suffix splits: an upper bound on the longest suffix, known without reading context_lens.
