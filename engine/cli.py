@@ -11,6 +11,8 @@ from kvloop.engine.config import DTYPES, QUANTIZATIONS
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--kv-dtype", default="auto", choices=DTYPES,
+                   help="KV cache storage (auto: the model dtype, or bf16 under an fp32 model chosen by --dtype auto)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="weight-only quantization for decode-sized steps (none keeps the exact path)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="device KV pool size in tokens")
@@ -30,7 +32,8 @@ def engine_config_from_args(args: argparse.Namespace):
     from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
     sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, mode=args.mode,
+    return EngineConfig(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, quantization=args.quantization,
+                        mode=args.mode,
                         kv_cache_tokens=args.kv_cache_tokens,
                         block_size=args.block_size, threads=args.threads, scheduler=sched,
                         control_file=args.control_file, control_stale_after_s=args.control_stale_after)

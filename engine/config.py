@@ -9,6 +9,7 @@ from kvloop.engine.scheduler.config import SCHED_MODES, SchedulerConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "int4", "int8")
+CASCADE_MODES = ("auto", "off", "always")
 
 
 @dataclass
@@ -24,6 +25,13 @@ class EngineConfig:
     host_pool_mib: float | None = None
     disk_pool_gib: float | None = None
     attention_backend: str = "auto"
+    # KV storage dtype. auto: the model dtype when it is 16-bit; under an fp32 model chosen by dtype=auto (a
+    # CPU without native bf16) bf16, halving the bytes a decode step reads, accumulated in fp32; an explicit
+    # dtype=float32 keeps fp32 KV (the exact path).
+    kv_dtype: str = "auto"
+    # Shared-prefix decode: auto cascades a group where the measured cost model says it is faster; always
+    # cascades every shared prefix of two or more rows (tests); off reads every row's whole context.
+    cascade: str = "auto"
     quantization: str = "none"  # none (exact) | int4 | int8: weight-only, for decode-sized steps (model/linear.py)
     threads: int | None = None  # torch intra-op threads; None leaves torch's default
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -38,6 +46,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}")
+        if self.kv_dtype not in DTYPES:
+            raise ValueError(f"kv_dtype must be one of {DTYPES}")
+        if self.cascade not in CASCADE_MODES:
+            raise ValueError(f"cascade must be one of {CASCADE_MODES}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

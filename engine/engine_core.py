@@ -15,7 +15,7 @@ from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
 from kvloop.engine.output_processor import OutputState, RequestOutput
-from kvloop.engine.runner.model_runner import ModelRunner
+from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
@@ -79,13 +79,15 @@ class EngineCore:
         self.model_config: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint
-        apply_pool_sizes(config, model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.dtype).element_size()))
+        self.kv_dtype = resolve_kv_dtype(config.kv_dtype, config.dtype, self.dtype)
+        apply_pool_sizes(config, model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.kv_dtype).element_size()))
         sched_cfg = config.scheduler
         sched_cfg.max_model_len = min(sched_cfg.max_model_len, model.cfg.max_position)
-        # The dtype is part of the block key too: a bf16 and an fp32 engine never share cached K/V.
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.kv, extra_key=f"{fingerprint}|{self.dtype}")
+        # The dtypes are part of the block key too: a bf16 and an fp32 engine never share cached K/V.
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.kv,
+                                 extra_key=f"{fingerprint}|{self.dtype}|kv={self.kv_dtype}")
         self.scheduler = Scheduler(sched_cfg, self.kv)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size)
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size, self.kv_dtype, config.cascade)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
             from kvloop.engine.structured.processor import GrammarMask

@@ -15,7 +15,7 @@ from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.config import SchedulerConfig
 
 _TOP = {"model", "device", "dtype", "block_size", "max_model_len", "scheduler", "kv_cache", "control", "log_level",
-        "instance", "quantization"}
+        "instance", "quantization", "kv_dtype"}
 
 
 class SettingsFileError(ValueError):
@@ -65,6 +65,7 @@ def load_engine_settings(path: str | Path) -> tuple[EngineConfig, dict[str, Any]
     config = EngineConfig(
         model=None if source == "embedded" else model.get("path"),
         dtype=raw.get("dtype", "auto"),
+        kv_dtype=raw.get("kv_dtype", "auto"),
         device=raw.get("device", "cpu"),
         block_size=int(raw.get("block_size", 16)),
         quantization=raw.get("quantization", "none"),

@@ -1,4 +1,5 @@
-"""The torch (CPU) attention path over the paged KV cache.
+"""The torch (CPU) attention path over the paged KV cache: K/V writes, prefill attention, and dispatch
+of decode rows to torch_decode (in place, with cascade over shared prefixes).
 
 Grouped-query attention without repeating K/V heads: queries are viewed as [kv_heads, group, ...] and
 multiplied against each KV head once. Products run in the model dtype (bf16 matmul is fast on this
@@ -8,14 +9,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from kvloop.engine.kernels import torch_decode
 from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     n_kv, hd = k_cache.shape[-2:]
-    k_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, v)
+    k_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
@@ -24,9 +26,10 @@ def gather_blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return flat.view(*tables.shape, *cache.shape[1:])
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+def decode_attention_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, max_context: int, scale: float) -> torch.Tensor:
-    """q [B, heads, hd] → [B, heads, hd]; each row attends to its first context_lens[b] cached tokens.
+    """The previous decode path, kept as the reference and the benchmark baseline: copies every row's whole
+    context out of the cache and pads rows to the longest. q [B, heads, hd] → [B, heads, hd].
 
     One batched matmul per KV head: the head's [span, hd] slice of the gathered keys has unit inner stride,
     so BLAS reads it in place, where a single matmul over all heads would first copy a permuted view."""
@@ -61,6 +64,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     n_kv = k_cache.shape[2]
     keys = gather_blocks(k_cache, block_table).view(-1, n_kv, hd)[:seq_len]  # [S, kv, hd]
     values = gather_blocks(v_cache, block_table).view(-1, n_kv, hd)[:seq_len]
+    if keys.dtype != q.dtype:  # 16-bit KV under a wider model dtype
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
     visible = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
     if q.dtype == torch.float32:
@@ -85,8 +90,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
-        out[:nd] = decode_attention(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                    meta.max_decode_context, scale)
+        out[:nd] = torch_decode.decode_attention(q[:nd], k_cache, v_cache, meta, scale)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk.block_table, chunk.seq_len, scale)

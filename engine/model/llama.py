@@ -108,7 +108,8 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def new_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
+    def new_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """dtype: the KV storage dtype (default: the model's); a narrower one is converted on read."""
         cfg = self.cfg
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)

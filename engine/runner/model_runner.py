@@ -4,18 +4,34 @@ runs the forward pass, computes logits only where a token is sampled, and sample
 from __future__ import annotations
 
 import torch
+from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.runner.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.runner.sampler import Sampler
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 
 
+def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV storage dtype: see EngineConfig.kv_dtype."""
+    if kv_dtype != "auto":
+        return getattr(torch, kv_dtype)
+    if model_dtype == torch.float32 and dtype_option == "auto":
+        return torch.bfloat16  # fp32 chosen for compute speed: KV still stored in 16 bits, read at half the bytes
+    return model_dtype
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
+                 cascade: str = "auto"):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.kv_cache = model.new_kv_cache(num_blocks, block_size)
+        self.kv_cache = model.new_kv_cache(num_blocks, block_size, kv_dtype)
+        self.cascade = cascade
+        cost = cost_for(str(self.kv_cache.dtype))
+        worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
+        self.planner = CascadePlanner(block_size, worth)
         self.sampler = Sampler()
         self.device = model.device
         self.keep_all_logits = False  # tests: keep every row's logits of the last step in last_logits
@@ -55,6 +71,9 @@ class ModelRunner:
             prefills=prefills,
             max_decode_context=max_ctx,
         )
+        if self.cascade != "off" and len(batch.decodes) > 1:
+            key = tuple((item.seq.request_id, item.seq.num_preemptions) for item in batch.decodes)
+            meta.cascade = self.planner.plan(key, tables, context_lens)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
                 meta)
 
