@@ -26,6 +26,7 @@ from triton.compiler import ASTSource
 
 from ._common import dot_config, next_pow2
 from .block_copy import COPY_BLOCK, copy_blocks_kernel
+from .cascade import cascade_shared_kernel, shared_tiles
 from .decode import decode_merge_kernel, decode_split_kernel, decode_warps, tile_tokens
 from .extend import extend_kernel, extend_tiles
 from .kv_write import write_kv_kernel
@@ -37,6 +38,7 @@ NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Pointer arguments that are not of the cache dtype.
 FIXED_PTRS = {
     "bt_ptr": "*i32", "ctx_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
+    "start_ptr": "*i32", "seg_info_ptr": "*i32", "seg_rows_ptr": "*i32",
     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
     "slot_ptr": "*i64", "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64",
 }
@@ -78,14 +80,27 @@ def specs() -> list[Spec]:
     for dtype, n_kv, hd, bs in [(torch.bfloat16, 8, 128, 16), (torch.float32, 3, 64, 32)]:
         out.append(Spec(f"write_kv/{NAMES[dtype]}/hd{hd}", write_kv_kernel, dtype, dict(
             N_KV=n_kv, HEAD_DIM=hd, BLOCK_SIZE=bs, BLOCK_H=next_pow2(n_kv), BLOCK_D=next_pow2(hd))))
-    for dtype, group, hd, bs, split in [
-        (torch.bfloat16, 4, 128, 16, True), (torch.bfloat16, 4, 128, 16, False),
-        (torch.float16, 3, 64, 32, True), (torch.float32, 8, 128, 16, False),
+    for dtype, group, hd, bs, split, start in [
+        (torch.bfloat16, 4, 128, 16, True, False), (torch.bfloat16, 4, 128, 16, False, False),
+        (torch.float16, 3, 64, 32, True, False), (torch.float32, 8, 128, 16, False, False),
+        (torch.bfloat16, 4, 128, 16, True, True), (torch.float32, 3, 64, 16, True, True),  # cascade suffixes
     ]:
         dot_t, prec = dot_config(dtype)
-        out.append(Spec(f"decode/{NAMES[dtype]}/g{group}/hd{hd}/split{int(split)}", decode_split_kernel, dtype, dict(
+        out.append(Spec(f"decode/{NAMES[dtype]}/g{group}/hd{hd}/split{int(split)}/start{int(start)}",
+                        decode_split_kernel, dtype, dict(
             GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_H=max(16, next_pow2(group)), BLOCK_D=next_pow2(hd),
-            BLOCK_N=tile_tokens(hd, dtype), DOT_T=dot_t, PREC=prec, SPLIT=split), num_warps=decode_warps(dtype)))
+            BLOCK_N=tile_tokens(hd, dtype), DOT_T=dot_t, PREC=prec, SPLIT=split, HAS_START=start),
+            num_warps=decode_warps(dtype)))
+    # Cascade's shared-prefix kernel: 16 sharers (a full 64-row tile) and 2 sharers (the 16-row minimum).
+    for dtype, group, hd, bs, members in [
+        (torch.bfloat16, 4, 128, 16, 16), (torch.bfloat16, 4, 128, 16, 2), (torch.float16, 3, 64, 32, 16),
+        (torch.float32, 4, 128, 16, 16), (torch.float32, 3, 64, 16, 2),
+    ]:
+        dot_t, prec = dot_config(dtype)
+        block_m, block_n, warps = shared_tiles(members, group, hd, dtype)
+        out.append(Spec(f"cascade_shared/{NAMES[dtype]}/g{group}/hd{hd}/m{block_m}", cascade_shared_kernel, dtype,
+                        dict(GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_D=next_pow2(hd),
+                             BLOCK_N=block_n, DOT_T=dot_t, PREC=prec), num_warps=warps))
     out.append(Spec("decode_merge/hd128", decode_merge_kernel, torch.bfloat16, dict(
         HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8)))
     for dtype, group, hd, bs in [(torch.bfloat16, 4, 128, 16), (torch.float16, 3, 64, 32), (torch.float32, 1, 128, 16)]:
