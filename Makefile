@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvloop-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint bench-decode clean
+.PHONY: install serve test lint bench-decode fuzz clean
 
 install: $(STAMP)
 
@@ -31,6 +31,11 @@ test: install
 
 lint: install
 	$(PY) -m ruff check .
+
+# Hostile parameter values against a real `kvloop serve` for FUZZ_MINUTES; figures in bench/results/fuzz_api.json.
+FUZZ_MINUTES ?= 5
+fuzz: install
+	$(PY) bench/fuzz_api.py --minutes $(FUZZ_MINUTES)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

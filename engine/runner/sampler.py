@@ -45,16 +45,18 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str],
                seqs: list[Sequence] | None = None) -> Sampled:
-        """logits: float32 [B, vocab], edited in place by the processors (or a copy of them). seqs: each row's sequence
-        (processors read what it generated so far)."""
+        """logits: float32 [B, vocab], the model's; the processors edit a copy. seqs: each row's sequence
+        (processors read what it generated so far). Logprobs are the model's own, before any processor,
+        temperature or truncation (as vLLM and OpenAI report them)."""
         rows = [SampleRow(rid, p, seqs[i] if seqs is not None else None)
                 for i, (rid, p) in enumerate(zip(request_ids, params, strict=True))]
         errors: dict[int, tuple[str, str]] = {}
+        raw = logits
         for proc in self.processors:
             wanted = [i for i, r in enumerate(rows) if i not in errors and proc.wants(r)]
             if wanted:
-                if logits.is_inference():  # the model's output can't be edited in place outside inference mode
-                    logits = logits.clone()
+                if logits is raw:  # copied once, only in steps where some row is processed
+                    logits = raw.clone()
                 self._process(proc, logits, rows, wanted, errors)
         live = [i for i in range(len(rows)) if i not in errors]
         tokens: list[int | None] = [None] * len(rows)
@@ -62,7 +64,7 @@ class Sampler:
         self._accept(rows, tokens, errors)
         logprobs: list[TokenLogprob | None] = [None] * len(rows)
         wanted = [i for i in range(len(rows)) if i not in errors and params[i].logprobs is not None]
-        _isolated(wanted, errors, "logprobs", lambda part: _logprobs(logits, params, part, tokens, logprobs))
+        _isolated(wanted, errors, "logprobs", lambda part: _logprobs(raw, params, part, tokens, logprobs))
         for i in errors:
             tokens[i], logprobs[i] = None, None
         return Sampled(tokens, logprobs, errors)

@@ -21,6 +21,7 @@ from kvloop.engine.server.serving import (
     check_prompt,
     encode,
     grammar_of,
+    json_logprob,
     logit_bias_of,
     respond,
     sampling_params,
@@ -51,7 +52,7 @@ def token_logprobs(engine: AsyncEngine, pairs) -> list[dict]:
 
     def entry(tid: int, lp: float) -> dict:
         text = tok.token_text(tid)
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8", "replace"))}
+        return {"token": text, "logprob": json_logprob(lp), "bytes": list(text.encode("utf-8", "replace"))}
 
     return [{**entry(t, lp.logprob), "top_logprobs": [entry(i, v) for i, v in lp.top]}
             for t, lp in pairs]

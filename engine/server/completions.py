@@ -20,6 +20,7 @@ from kvloop.engine.server.serving import (
     check_prompt,
     encode,
     grammar_of,
+    json_logprob,
     logit_bias_of,
     respond,
     sampling_params,
@@ -50,8 +51,8 @@ def completion_logprobs(engine: AsyncEngine, pairs, offset: int) -> dict:
     for tid, lp in pairs:
         text = tok.token_text(tid)
         out["tokens"].append(text)
-        out["token_logprobs"].append(lp.logprob)
-        out["top_logprobs"].append({tok.token_text(i): v for i, v in lp.top})
+        out["token_logprobs"].append(json_logprob(lp.logprob))
+        out["top_logprobs"].append({tok.token_text(i): json_logprob(v) for i, v in lp.top})
         out["text_offset"].append(offset)
         offset += len(text)
     return out

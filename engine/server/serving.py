@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -262,6 +263,11 @@ async def respond(call: Call, req: _Sampling, stream) -> Response | list[Request
     except ClientGone:
         return JSONResponse({}, status_code=499)
     return sorted(finals.values(), key=lambda o: call.index[o.request_id])
+
+
+def json_logprob(value: float) -> float:
+    """JSON has no -inf: a token with no probability at all reads -9999.0, as OpenAI's and vLLM's APIs do."""
+    return value if math.isfinite(value) else -9999.0
 
 
 def sse(data: str) -> str:
