@@ -176,3 +176,24 @@ def test_a_failing_model_step_fails_its_requests_and_the_engine_goes_on(make_eng
     engine.scheduler.check_integrity()
     engine.add_request("after", ids, SamplingParams(max_tokens=4, temperature=0))
     assert engine.drain(max_steps=50)["after"].token_ids == reference
+
+
+def test_a_request_failing_in_output_processing_fails_alone(make_engine, tokenizer):
+    engine = make_engine(kv_cache_tokens=1024)
+    ids = tokenizer.encode("The capital of France is")
+    for rid in ("a", "bad"):
+        engine.add_request(rid, ids, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+
+    class BrokenDetokenizer:  # stands in for any fault of detokenization or stop handling
+        text = ""
+
+        def add(self, token_id: int) -> str:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "broken")
+
+    engine._states["bad"].detok = BrokenDetokenizer()
+    final = engine.drain(max_steps=50)
+    assert final["bad"].finish_reason == "error" and final["bad"].error_stage == "output"
+    assert "UnicodeDecodeError" in final["bad"].error
+    assert final["a"].finish_reason == "length" and len(final["a"].token_ids) == 4
+    engine.scheduler.check_integrity()
+    assert not engine.has_unfinished() and engine.request_failures == {"output": 1}
