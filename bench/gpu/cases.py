@@ -70,3 +70,12 @@ def extend_ref(q: torch.Tensor, kv: PagedKV, seqs: list[tuple[int, int]], scale:
         rows.append(attention64(q[start : start + n_new], k, v, scale, prefix))
         start += n_new
     return torch.cat(rows)
+
+
+def share_pages(kv: PagedKV, segments: list, block_size: int) -> None:
+    """Make each segment's rows hold its tokens in the same pages, as the prefix cache does: their table
+    entries for the blocks covering [start, end) point to the first member's pages (levels in order)."""
+    for seg in sorted(segments, key=lambda s: s.level):
+        lo, hi = seg.start // block_size, -(-seg.end // block_size)
+        rows = torch.tensor(seg.rows, device=kv.block_tables.device)
+        kv.block_tables[rows, lo:hi] = kv.block_tables[seg.rows[0], lo:hi]

@@ -6,7 +6,8 @@
 Sections, each guarded so one failure cannot hide the others, the JSON rewritten after each:
 ceilings (copy bandwidth, bf16 matrix throughput) -> correctness of every kernel against float64 ->
 timings (decode at batch 64 / context 2k / Llama-3-8B heads against the copy bandwidth, a launch-config
-sweep, extend, write_kv, copy_blocks) -> the engine decode-throughput hook (engine_decode.py).
+sweep, cascade vs plain decode at batch 16 and 32 / context 2k with 16 rows per shared prefix, extend,
+write_kv, copy_blocks) -> the engine decode-throughput hook (engine_decode.py).
 """
 
 from __future__ import annotations
@@ -61,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     how = ensure_kvloop()
     import torch
     import triton
-    from kernel_bench import bench_decode, bench_extend, bench_write_and_copy, run_checks, sweep_decode
+    from kernel_bench import (
+        bench_cascade,
+        bench_decode,
+        bench_extend,
+        bench_write_and_copy,
+        run_checks,
+        sweep_decode,
+    )
     from kvloop.engine.kernels import triton as tk
     from timing import copy_bandwidth, matmul_tflops
 
@@ -100,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
         section(report, "decode_sweep", out, lambda: sweep_decode(tk, device, ceil["copy_GBps"], decode_shape,
                                                                  reps=2 if small else 20))
 
+    def cascade_timings() -> dict[str, Any]:
+        if small:
+            return {"batch4_share2": bench_cascade(tk, device, 4, 40, 2, 32, 4, 2, 64, reps=2)}
+        # 1,888 shared tokens = 118 full blocks of a 2,000-token context; the rest is each row's own.
+        return {f"batch{b}_share{s}": bench_cascade(tk, device, b, 2000, s, 1888, reps=50, **llama)
+                for b, s in [(16, 16), (32, 16), (32, 4)]}
+
+    section(report, "cascade_timing", out, cascade_timings)
+
     def other_timings() -> dict[str, Any]:
         if small:
             return {"decode_batch1_ctx": bench_decode(tk, device, ceil["copy_GBps"], 1, 60, 4, 2, 64, reps=2),
@@ -128,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         "all_checks_ok": ok,
         "decode_fraction_of_copy": (report.get("decode_bandwidth") or {}).get("fraction_of_copy"),
         "engine_goal": (report.get("engine_decode") or {}).get("goal"),
+        "cascade_speedup": {k: v.get("speedup") for k, v in (report.get("cascade_timing") or {}).items()
+                            if isinstance(v, dict)},
     }
     out.write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report["summary"], default=str))

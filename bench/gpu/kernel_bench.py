@@ -1,5 +1,6 @@
 """Every kernel against a float64 torch reference, then timed: decode bandwidth against the measured copy
-bandwidth (goal >= 70% at batch 64, context 2k, Llama-3-8B heads), extend FLOP rate, write/copy rates.
+bandwidth (goal >= 70% at batch 64, context 2k, Llama-3-8B heads), cascade against plain decode with
+16 rows per shared prefix, extend FLOP rate, write/copy rates.
 `small=True` shrinks every shape for the CPU dry run under the interpreter."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import math
 from typing import Any
 
 import torch
-from cases import PagedKV, decode_ref, extend_ref, make_paged
+from cases import PagedKV, decode_ref, extend_ref, make_paged, share_pages
 from timing import time_rotating
 
 # (atol, rtol) against float64 on the GPU. 16-bit kernels round the softmax weights to the input dtype
@@ -36,6 +37,42 @@ def check_decode(tk, device, gen, dtype, n_kv, group, hd, bs, lens, splits=None)
     out = tk.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, ctx, hd**-0.5, num_splits=splits)
     return _compare("decode", out, decode_ref(q, kv, lens, hd**-0.5), dtype,
                     group=group, head_dim=hd, block_size=bs, max_ctx=max(lens), splits=splits or "auto")
+
+
+def check_cascade(tk, device, gen, dtype, n_kv, group, hd, bs, lens, segments, splits=None) -> dict[str, Any]:
+    """Cascade over pages really shared by each segment's rows, against float64 plain attention per row."""
+    kv = make_paged(lens, bs, n_kv, hd, dtype, device, gen)
+    share_pages(kv, segments, bs)
+    q = torch.randn(len(lens), n_kv * group, hd, device=device, dtype=dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = tk.cascade_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, ctx, hd**-0.5, segments,
+                                      num_splits=splits)
+    return _compare("cascade", out, decode_ref(q, kv, lens, hd**-0.5), dtype, group=group, head_dim=hd,
+                    block_size=bs, max_ctx=max(lens), segments=len(segments),
+                    levels=1 + max(s.level for s in segments), max_members=max(len(s.rows) for s in segments))
+
+
+def cascade_checks(tk, device, gen, small: bool) -> list[dict[str, Any]]:
+    """Groups of 1, 2 and 16, prefixes ending mid-block and on a block edge, nested levels, three dtypes."""
+    seg = tk.CascadeSegment
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    if small:
+        lens = [40, 45, 37, 30, 20]
+        nested = [seg(0, 0, 16, (0, 1, 2, 3)), seg(1, 16, 35, (0, 1, 2)), seg(2, 35, 36, (0,))]
+        return [check_cascade(tk, device, gen, bf16, 2, 4, 64, 16, lens, nested),
+                check_cascade(tk, device, gen, fp16, 2, 3, 64, 16, lens, [seg(0, 0, 29, (1, 3))], splits=2)]
+    lens = [2000 + 37 * i for i in range(32)]
+    halves = [seg(0, 0, 1900, tuple(range(16))), seg(0, 0, 1888, tuple(range(16, 32)))]
+    nested = [seg(0, 0, 300, tuple(range(32))), seg(1, 300, 1999, tuple(range(16))),
+              seg(1, 300, 1024, tuple(range(16, 30))), seg(2, 1024, 1500, (16, 17))]
+    return [
+        check_cascade(tk, device, gen, bf16, 8, 4, 128, 16, lens, halves),
+        check_cascade(tk, device, gen, bf16, 8, 4, 128, 16, lens, nested),
+        check_cascade(tk, device, gen, bf16, 8, 4, 128, 16, lens[:3], [seg(0, 0, 1000, (1,))], splits=1),
+        check_cascade(tk, device, gen, fp16, 3, 3, 64, 32, lens, nested, splits=3),
+        check_cascade(tk, device, gen, fp32, 8, 4, 128, 16, lens, halves),
+        check_cascade(tk, device, gen, fp32, 3, 3, 64, 16, lens[:4], [seg(0, 0, 512, (0, 2))]),
+    ]
 
 
 def check_extend(tk, device, gen, dtype, n_kv, group, hd, bs, seqs) -> dict[str, Any]:
@@ -97,6 +134,7 @@ def run_checks(tk, device: torch.device, small: bool) -> list[dict[str, Any]]:
             check_extend(tk, device, gen, bf16, 2, 4, 64, 16, seqs),
             check_rmsnorm(tk, device, fp32, 3, 64),
             *check_write_and_copy(tk, device, gen, bf16),
+            *cascade_checks(tk, device, gen, small),
         ]
     lens = [1, 15, 17, 333, 1000, 2049, 3001, 4096]
     seqs = [(0, 700), (1500, 300), (37, 1), (200, 129), (4000, 64)]
@@ -113,6 +151,7 @@ def run_checks(tk, device: torch.device, small: bool) -> list[dict[str, Any]]:
         check_rmsnorm(tk, device, fp16, 7, 576),
         *check_write_and_copy(tk, device, gen, bf16),
         *check_write_and_copy(tk, device, gen, fp32),
+        *cascade_checks(tk, device, gen, small),
     ]
 
 
@@ -133,6 +172,46 @@ def bench_decode(tk, device: torch.device, copy_gbps: float, batch: int, ctx: in
     gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9
     return {"batch": batch, "ctx": ctx, "n_heads": n_heads, "n_kv": n_kv, "head_dim": hd, "block_size": bs,
             **t, "bytes": nbytes, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps}
+
+
+def bench_cascade(tk, device: torch.device, batch: int, ctx: int, share: int, shared: int, n_heads: int,
+                  n_kv: int, hd: int, bs: int = 16, reps: int = 50) -> dict[str, Any]:
+    """Plain decode vs cascade on the same pages: groups of `share` rows hold their first `shared` tokens
+    in the same pages. The plan is packed once (as the runner does per step, for every layer); its host
+    cost is reported apart."""
+    import time
+
+    dtype, gen = torch.bfloat16, torch.Generator().manual_seed(10)
+    seg = tk.CascadeSegment
+    segments = [seg(0, 0, shared, tuple(range(g, min(g + share, batch)))) for g in range(0, batch, share)]
+    sets = []
+    for _ in range(2):
+        kv = make_paged([ctx] * batch, bs, n_kv, hd, dtype, device, gen)
+        share_pages(kv, segments, bs)
+        sets.append((torch.randn(batch, n_heads, hd, device=device, dtype=dtype), kv))
+    ctx_t = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+    t0 = time.perf_counter()
+    packed = tk.pack_for(segments, sets[0][0], sets[0][1].k_cache)
+    pack_ms = (time.perf_counter() - t0) * 1e3
+    plain = time_rotating([lambda q=q, kv=kv: tk.paged_decode_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_tables, ctx_t, hd**-0.5) for q, kv in sets], device, reps=reps)
+    casc = time_rotating([lambda q=q, kv=kv: tk.cascade_decode_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_tables, ctx_t, hd**-0.5, packed) for q, kv in sets], device, reps=reps)
+    elem = torch.finfo(dtype).bits // 8
+    kv_bytes = lambda tokens: tokens * n_kv * hd * elem * 2  # noqa: E731 - K and V of that many tokens
+    q0, kv0 = sets[0]
+    a = tk.paged_decode_attention(q0, kv0.k_cache, kv0.v_cache, kv0.block_tables, ctx_t, hd**-0.5)
+    b = tk.cascade_decode_attention(q0, kv0.k_cache, kv0.v_cache, kv0.block_tables, ctx_t, hd**-0.5, packed)
+    return {
+        "batch": batch, "ctx": ctx, "rows_per_share": share, "shared_tokens": shared, "groups": len(segments),
+        "n_heads": n_heads, "n_kv": n_kv, "head_dim": hd, "block_size": bs,
+        "plain_ms": plain["median_ms"], "cascade_ms": casc["median_ms"], "plain": plain, "cascade": casc,
+        "speedup": plain["median_ms"] / casc["median_ms"], "pack_host_ms": pack_ms,
+        "shared_splits": packed.shared_splits,
+        "plain_kv_bytes": kv_bytes(batch * ctx),
+        "cascade_kv_bytes": kv_bytes(len(segments) * shared + batch * (ctx - shared)),
+        "max_abs_diff_vs_plain": float((a.double() - b.double()).abs().max()),
+    }
 
 
 def sweep_decode(tk, device, copy_gbps: float, shape: dict[str, int], reps: int) -> list[dict[str, Any]]:
