@@ -236,7 +236,9 @@ class AsyncEngine:
     def _fail(self, rid: str, exc: BaseException) -> None:
         member = self._members.pop(rid, None)
         if member is not None:
-            if self.metrics:
+            if self.metrics and getattr(exc, "stage", None) is not None:  # failed alone, while being added
+                self.metrics.observe_request_failure(exc.stage)
+            elif self.metrics:
                 self.metrics.observe_rejected(getattr(exc, "reason", "invalid"))
             member.group.queue.put_nowait((rid, exc))
 
