@@ -34,12 +34,12 @@ class Sampler:
             if hasattr(proc, "forget"):
                 proc.forget(request_id)
 
-    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+    def _generator(self, request_id: str, seed: int | None, device: torch.device) -> torch.Generator | None:
         if seed is None:
             return None
         gen = self._generators.get(request_id)
         if gen is None:
-            gen = torch.Generator().manual_seed(seed)
+            gen = torch.Generator(device=device).manual_seed(seed)  # multinomial needs it on the logits' device
             self._generators[request_id] = gen
         return gen
 
@@ -97,7 +97,8 @@ class Sampler:
                 tokens[i] = index
                 continue
             try:
-                tokens[i] = self._sample_row(logits[live[j]], p, self._generator(rows[i].request_id, p.seed))
+                gen = self._generator(rows[i].request_id, p.seed, logits.device)
+                tokens[i] = self._sample_row(logits[live[j]], p, gen)
             except Exception as exc:  # noqa: BLE001 - this request's failure, reported to it alone
                 errors[i] = ("sampling", f"{type(exc).__name__}: {exc}")
 
