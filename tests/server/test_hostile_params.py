@@ -134,6 +134,25 @@ def test_raw_stream_ends_with_error_event_and_done(http, server, injected_fault)
     server.assert_no_leak()
 
 
+def test_a_failing_model_step_is_a_503_and_the_engine_goes_on(oai, http, server):
+    reference = greedy_text(oai)
+    model = server.engine.model
+
+    def forward_once_broken(*args, **kwargs):
+        del model.forward  # the next step runs the real forward again
+        raise RuntimeError("device fault")
+
+    server.in_engine(lambda e: setattr(model, "forward", forward_once_broken))
+    with pytest.raises(openai.InternalServerError) as err:
+        greedy_text(oai)
+    assert err.value.status_code == 503 and err.value.body["code"] == "engine_error"
+    assert "device fault" in err.value.body["message"]
+    assert err.value.response.headers["retry-after"] == "1"
+    assert "kvloop:step_failures_total" in http.get("/metrics").text
+    assert server.in_engine(lambda e: e.step_failures) >= 1
+    assert_still_serving(http, oai, server, reference)
+
+
 # ---- every parameter honoured or refused by name --------------------------------------------------------
 def test_logit_bias_is_applied(oai, server):
     tok = server.engine.tokenizer
