@@ -3,6 +3,8 @@ runs the forward pass, computes logits only where a token is sampled, and sample
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.model.llama import LlamaModel
@@ -32,6 +34,7 @@ class ModelRunner:
         cost = cost_for(str(self.kv_cache.dtype))
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
         self.planner = CascadePlanner(block_size, worth)
+        self.cascade_group_sizes: Counter[int] = Counter()  # members per cascaded group, counted per step
         self.sampler = Sampler()
         self.device = model.device
         self.keep_all_logits = False  # tests: keep every row's logits of the last step in last_logits
@@ -74,6 +77,8 @@ class ModelRunner:
         if self.cascade != "off" and len(batch.decodes) > 1:
             key = tuple((item.seq.request_id, item.seq.num_preemptions) for item in batch.decodes)
             meta.cascade = self.planner.plan(key, tables, context_lens)
+            if meta.cascade is not None:
+                self.cascade_group_sizes.update(len(g.rows) for g in meta.cascade.groups)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
                 meta)
 
