@@ -51,6 +51,8 @@ def _cascade_step(tk, q, k_cache, v_cache, meta: AttentionMetadata, packed: dict
                                       packed["decode_context_lens"], scale, packed["cascade"])
     if not meta.prefills:
         return out
+    if "prefill_query_start_loc" not in packed:
+        packed["prefill_query_start_loc"] = packed["query_start_loc"][n:] - n
     rest = tk.paged_extend_attention(q[n:], k_cache, v_cache, packed["block_tables"][n:],
-                                     packed["query_start_loc"][n:] - n, packed["seq_lens"][n:], scale)
+                                     packed["prefill_query_start_loc"], packed["seq_lens"][n:], scale)
     return torch.cat([out, rest])
