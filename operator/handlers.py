@@ -17,8 +17,9 @@ from kvloop.operator import constants as C
 from kvloop.operator.kube import ApiError, KubeClient, KubeConfig
 from kvloop.operator.prune import prune
 from kvloop.operator.render import render_children
+from kvloop.operator.shape import shape_problems
 from kvloop.operator.spec import problems, with_defaults
-from kvloop.operator.status import compute_status, strip_times
+from kvloop.operator.status import compute_status, readable_status, strip_times
 
 # Children that belong to optional APIs: a 404 on them means the API is not installed.
 OPTIONAL_APIS = {"ServiceMonitor": "monitoring.coreos.com/v1 (Prometheus Operator)",
@@ -65,16 +66,30 @@ async def _apply_children(client: KubeClient, children: list[dict[str, Any]]) ->
     return changes, None
 
 
-async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, spec: Any, meta: Any,
-                    status: Any, name: str, namespace: str, uid: str, patch: kopf.Patch,
-                    logger: kopf.Logger) -> None:
-    full = with_defaults(dict(spec))
-    found = problems(full)
+def read_spec(raw_spec: Any, name: str, namespace: str, uid: str, default_image: str
+              ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
+    """(defaulted spec, problems, children) of a stored spec, whatever its shape: a malformed one gives
+    problems (and the defaults, for the status), never an exception."""
+    found = shape_problems(raw_spec)
+    if found:
+        return with_defaults({}), found, []
+    try:
+        full = with_defaults(dict(raw_spec))
+        found = problems(full)
+        children = [] if found else render_children(name, namespace, uid, dict(raw_spec), default_image)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a shape the schema allows
+        return with_defaults({}), [f"spec cannot be read: {type(exc).__name__}: {exc}"], []
+    return full, found, children
+
+
+async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, meta: Any,
+                              name: str, namespace: str, uid: str, patch: kopf.Patch, logger: kopf.Logger) -> None:
+    # The raw body, not kopf's spec/status views: those raise on a stored spec or status that is no object.
+    full, found, children = read_spec(body.get("spec"), name, namespace, uid, cfg.default_image)
     apply_error = None
     if found:
         logger.info("InferenceService cannot be realised: %s", "; ".join(found))
     else:
-        children = render_children(name, namespace, uid, dict(spec), cfg.default_image)
         changes, apply_error = await _apply_children(client, children)
         if not apply_error:  # only once the new set is in place: a failed apply keeps the old children
             try:
@@ -87,12 +102,15 @@ async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: 
             kopf.event(body, type="Warning", reason="ApplyFailed", message=apply_error)
     deploy = await client.get("apps/v1", "Deployment", namespace, name)
     pods = await client.list("v1", "Pod", namespace, labels=C.selector_labels(name))
-    previous = dict(status or {})
+    stored = body.get("status")
+    previous = readable_status(stored)
     new = compute_status(name=name, namespace=namespace, spec=full, deploy=deploy, pods=pods, problems=found,
                          apply_error=apply_error, previous=previous, generation=meta.get("generation"),
                          observed_generation=meta.get("generation"))
     _post_events(body, previous, new)
-    if strip_times(new) != strip_times({k: previous.get(k) for k in new}):
+    if not isinstance(stored, dict):  # replaced whole: a merge patch cannot descend into a non-object
+        patch["status"] = new
+    elif strip_times(new) != strip_times({k: previous.get(k) for k in new}):
         for key, value in new.items():
             patch.status[key] = value
 
@@ -103,7 +121,7 @@ def _post_events(body: kopf.Body, previous: dict[str, Any], new: dict[str, Any])
     if new_last and (new_last.get("at"), new_last.get("pod")) != (old_last.get("at"), old_last.get("pod")):
         kopf.event(body, type="Normal", reason="FeedbackDecision",
                   message=f"pod {new_last['pod']}: {new_last['knob']} changed ({new_last['reason']})")
-    old = {c["type"]: c for c in previous.get("conditions") or []}
+    old = {c.get("type"): c for c in previous.get("conditions") or []}
     for cond in new["conditions"]:
         before = old.get(cond["type"], {})
         if cond["type"] == "Degraded" and cond["status"] == "True" and (
@@ -164,16 +182,20 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
             if only_generation is not None:
                 # A timer's body can be stale by the time it gets the lock: if the spec changed meanwhile, the
                 # change handler has reconciled the new spec, and re-applying the old one would revert children.
+                # Likewise if it is being deleted: the delete handler may have just removed the children.
                 live = await client.get(C.API_VERSION, C.KIND, kw["namespace"], kw["name"])
-                if live is None or (live.get("metadata") or {}).get("generation") != only_generation:
+                live_meta = (live or {}).get("metadata") or {}
+                if live is None or live_meta.get("deletionTimestamp") or live_meta.get("generation") != only_generation:
                     return
             await _reconcile_unlocked(**kw)
 
     @kopf.timer(**res, interval=cfg.status_interval, initial_delay=cfg.status_interval)
     async def _refresh(**kw: Any) -> None:
         body = kw["body"]
+        stored = body.get("status")
+        observed = stored.get("observedGeneration") if isinstance(stored, dict) else None
         # Timers run beside change handlers: leave a new generation and deletion to them.
-        if body.meta.get("deletionTimestamp") or (body.status or {}).get("observedGeneration") != body.meta.get("generation"):
+        if body.meta.get("deletionTimestamp") or observed != body.meta.get("generation"):
             return
         await reconcile(cfg=cfg, client=client, only_generation=body.meta.get("generation"), **_pick(kw))
 
@@ -187,5 +209,5 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
 
 
 def _pick(kw: dict[str, Any]) -> dict[str, Any]:
-    keys = ("body", "spec", "meta", "status", "name", "namespace", "uid", "patch", "logger")
+    keys = ("body", "meta", "name", "namespace", "uid", "patch", "logger")
     return {k: kw[k] for k in keys}

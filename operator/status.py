@@ -188,6 +188,22 @@ def compute_status(*, name: str, namespace: str, spec: dict[str, Any], deploy: d
     }
 
 
+def readable_status(stored: Any) -> dict[str, Any]:
+    """The parts of a stored status this module reads back, dropped where their shape is wrong
+    (a status written by hand or by something else must not stop the operator from writing its own)."""
+    if not isinstance(stored, dict):
+        return {}
+    out = dict(stored)
+    conds = stored.get("conditions")
+    out["conditions"] = [c for c in conds if isinstance(c, dict)] if isinstance(conds, list) else []
+    feedback = stored.get("feedback")
+    if not isinstance(feedback, dict):
+        out.pop("feedback", None)
+    elif not isinstance(feedback.get("lastDecision"), dict | None):
+        out["feedback"] = {k: v for k, v in feedback.items() if k != "lastDecision"}
+    return out
+
+
 def strip_times(status: dict[str, Any]) -> dict[str, Any]:
     """The status without transition times, to decide whether a patch would change anything."""
     out = dict(status)

@@ -47,8 +47,11 @@ async def test_child_no_longer_rendered_is_pruned(kube, operator, change, resour
         assert obj(kube, res) is not None, res
     for res in ("apps/v1/deployments", "v1/services"):
         assert obj(kube, res) is not None, res
-    messages = [e.raw.get("message", "") for k, e in kube.objects.items() if k[0] == kmock.resource("v1/events")]
-    assert any("pruned " in m for m in messages), messages
+    def pruned_event() -> bool:  # kopf posts events from a queue, a moment after the handler
+        events = [e.raw for k, e in kube.objects.items() if k[0] == kmock.resource("v1/events")]
+        return any("pruned " in e.get("message", "") for e in events)
+
+    await eventually(pruned_event)
 
 
 async def test_scale_subresource_to_one_prunes_the_pdb(kube, operator):
