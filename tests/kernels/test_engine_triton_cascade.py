@@ -1,10 +1,7 @@
 """The engine gives the same greedy tokens through the Triton cascade kernels (interpreter) as through the
-torch path. Rows share pages through the prefix cache: a system prompt shared by all, and two documents
-each shared by two rows (nested groups), with decodes beside chunked prefills (mixed steps).
-
-The decode steps' cascade plans come from engine/runner/cascade_plan.build_plan over the rows' real block
-tables with every group taken (no cost gate, which would skip groups this small), replacing any plan the
-runner builds: what is tested is that the kernels and their dispatch are exact for any plan."""
+torch path without cascade. Rows share pages through the prefix cache: a system prompt shared by all, and
+two documents each shared by two rows (nested groups), with decodes beside chunked prefills (mixed steps).
+The runner builds the plans (cascade="always": every shared prefix of two or more rows, no cost gate)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels import triton as tk
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
-from kvloop.engine.runner.cascade_plan import CascadePlan, build_plan
+from kvloop.engine.runner.cascade_plan import CascadePlan
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from test_engine_triton_path import TINY
@@ -26,29 +23,25 @@ FIRST = {"a1": SYSTEM + DOC_A + [1, 2, 3], "b1": SYSTEM + DOC_B + [4]}
 THEN = {"a2": SYSTEM + DOC_A + [9, 8], "b2": SYSTEM + DOC_B + [6, 6, 6], "s": SYSTEM + [77, 78], "x": [5, 6, 7]}
 
 
-def attach_plans(engine: EngineCore, plans: list[CascadePlan]) -> None:
-    runner = engine.runner
-    build = runner.build_metadata
+def record_plans(engine: EngineCore, plans: list[CascadePlan]) -> None:
+    """Keeps every plan the runner's planner hands out (the plans themselves are untouched)."""
+    plan = engine.runner.planner.plan
 
-    def with_plan(batch):
-        ids, positions, meta = build(batch)
-        if batch.decodes:
-            meta.cascade = build_plan([item.seq.block_table for item in batch.decodes],
-                                      [item.start + 1 for item in batch.decodes], runner.block_size,
-                                      worth=lambda members, tokens: True)
-        if meta.cascade is not None:
-            plans.append(meta.cascade)
-        return ids, positions, meta
+    def recorded(*args):
+        result = plan(*args)
+        if result is not None:
+            plans.append(result)
+        return result
 
-    runner.build_metadata = with_plan
+    engine.runner.planner.plan = recorded
 
 
-def greedy(backend: str, plans: list[CascadePlan] | None) -> dict[str, list[int]]:
+def greedy(backend: str, cascade: str, plans: list[CascadePlan]) -> dict[str, list[int]]:
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.3), torch.float32, attention_backend=backend)
     engine = EngineCore(EngineConfig(dtype="float32", progress=False, block_size=16, kv_cache_tokens=2048,
-                                     scheduler=SchedulerConfig(max_num_batched_tokens=64)), model=model)
-    if plans is not None:
-        attach_plans(engine, plans)
+                                     cascade=cascade, scheduler=SchedulerConfig(max_num_batched_tokens=64)),
+                        model=model)
+    record_plans(engine, plans)
     # The first rows decode long enough to overlap the later ones (groups of 5 need all of them).
     for rid, ids in FIRST.items():
         engine.add_request(rid, ids, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
@@ -65,10 +58,12 @@ def greedy(backend: str, plans: list[CascadePlan] | None) -> dict[str, list[int]
 
 
 def test_cascade_greedy_tokens_equal_torch_path():
-    torch_tokens = greedy("torch", None)
+    no_plans: list[CascadePlan] = []
+    torch_tokens = greedy("torch", "off", no_plans)
+    assert not no_plans
     before = tk.LAUNCHES["cascade_shared"]
     plans: list[CascadePlan] = []
-    triton_tokens = greedy("triton", plans)
+    triton_tokens = greedy("triton", "always", plans)
     assert tk.LAUNCHES["cascade_shared"] > before  # the cascade kernels really ran
     assert triton_tokens == torch_tokens
     assert any(len(set(t)) > 3 for t in torch_tokens.values())  # the outputs are not one repeated token
