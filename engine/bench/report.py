@@ -18,9 +18,11 @@ HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_
             "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share")
 SERVER = ("hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_total", "preemptions", "oom_events",
           "kv_use_mean", "kv_use_mean_while_waiting", "kv_use_max")
-# (system, goal ratio of codesign / system on throughput (>=), on P99 TTFT (<=)), per the issue
-GOALS = (("static", 4.0, 0.45), ("transformers-static", 5.0, None), ("llama.cpp-bf16-np8", 1.5, 1.0),
-         ("llama.cpp-bf16-np32", 1.5, 1.0))
+# Issue 19's W1 goals: (system, metric, op, bound) on codesign / system. Ratios of throughput (higher is
+# better), P99 TTFT and P50 TPOT (lower is better); each becomes {"name", "value", "op", "bound", "met"}.
+GOALS = (("vllm-cpu-bf16", "throughput", ">=", 1.2), ("vllm-cpu-bf16", "tpot_p50", "<=", 1.0),
+         ("llama.cpp-bf16-np8", "throughput", ">=", 1.5), ("llama.cpp-bf16-np8", "tpot_p50", "<=", 1.0),
+         ("continuous+lru", "throughput", ">=", 1.3), ("static", "ttft_p99", "<=", 0.45))
 
 
 def _median(xs: list) -> float | None:
@@ -58,37 +60,38 @@ def summarize(suite: SuiteResult, slo: SLO) -> dict:
     return systems
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
 def ratios(systems: dict) -> dict:
     cd = systems.get("codesign")
     if not cd:
         return {}
-    out = {}
-    for name, d in systems.items():
-        if name == "codesign":
-            continue
-        thr = (cd["throughput_tok_s"] / d["throughput_tok_s"]) if d.get("throughput_tok_s") else None
-        ttft = (cd["ttft_p99_s"] / d["ttft_p99_s"]) if d.get("ttft_p99_s") else None
-        out[name] = {"codesign_throughput_x": thr, "codesign_ttft_p99_x": ttft}
-    return out
+    return {name: {"codesign_throughput_x": _ratio(cd["throughput_tok_s"], d.get("throughput_tok_s")),
+                   "codesign_ttft_p99_x": _ratio(cd["ttft_p99_s"], d.get("ttft_p99_s")),
+                   "codesign_tpot_p50_x": _ratio(cd["tpot_p50_s"], d.get("tpot_p50_s"))}
+            for name, d in systems.items() if name != "codesign"}
+
+
+def goal(name: str, value: float | None, op: str, bound: float, **extra) -> dict:
+    """One goal in the project's shape; `met` is computed from the value, never set by hand."""
+    met = value is not None and (value >= bound if op == ">=" else value <= bound)
+    return {"name": name, "value": value, "op": op, "bound": bound, "met": met, **extra}
 
 
 def goals(systems: dict, rat: dict, missing: dict[str, str]) -> list[dict]:
     out = []
-    cd = systems.get("codesign", {})
-    for name, thr_goal, ttft_goal in GOALS:
-        if name in missing or name not in rat:
-            out.append({"vs": name, "status": "not run", "why": missing.get(name, "system not in this run")})
+    for system, metric, op, bound in GOALS:
+        name = f"codesign {metric} / {system}"
+        if system in missing or system not in rat:
+            out.append(goal(name, None, op, bound, status="not run",
+                            why=missing.get(system, "system not in this run")))
             continue
-        r = rat[name]
-        g = {"vs": name, "throughput_x": r["codesign_throughput_x"], "throughput_goal": thr_goal,
-             "throughput_met": r["codesign_throughput_x"] is not None and r["codesign_throughput_x"] >= thr_goal}
-        if ttft_goal is not None:
-            g.update(ttft_p99_x=r["codesign_ttft_p99_x"], ttft_goal=ttft_goal,
-                     ttft_met=r["codesign_ttft_p99_x"] is not None and (
-                         r["codesign_ttft_p99_x"] <= ttft_goal if ttft_goal < 1 else r["codesign_ttft_p99_x"] < 1))
-        out.append(g)
+        out.append(goal(name, rat[system][f"codesign_{metric}_x"], op, bound))
+    cd = systems.get("codesign")
     if cd:
-        out.append({"vs": "codesign itself", "oom_events": cd.get("oom_events"), "oom_met": not cd.get("oom_events")})
+        out.append(goal("codesign oom_events", cd.get("oom_events") or 0, "<=", 0))
     return out
 
 
@@ -121,9 +124,11 @@ def markdown(report: dict, plots: list[str]) -> str:
                      f"{_f(d['capacity_req_s'], 2)} | {_f(d['noise_other_cores_mean'])} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
-    lines += ["", "## Ratios (codesign / system)", "", "| vs | throughput × | TTFT P99 × |", "|---|---|---|"]
+    lines += ["", "## Ratios (codesign / system)", "", "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
+              "|---|---|---|---|"]
     for name, r in report["ratios"].items():
-        lines.append(f"| {name} | {_f(r['codesign_throughput_x'])} | {_f(r['codesign_ttft_p99_x'])} |")
+        lines.append(f"| {name} | {_f(r['codesign_throughput_x'])} | {_f(r['codesign_ttft_p99_x'])} | "
+                     f"{_f(r.get('codesign_tpot_p50_x'))} |")
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
