@@ -2,7 +2,8 @@
 per group whether cascade pays; the scheduler and the simulator can price a decode step with it.
 
 One attention call that stacks M query rows against S shared tokens costs, per layer,
-    call_us + row_us * M + S * (token_us + token_row_us * M)
+    call_us + row_us * M + S * max(token_us, token_row_us * M)
+(a roofline: a few stacked rows cost what streaming the K/V costs, many rows what the products cost),
 and every row that takes part in a cascade pays merge_us per extra partial result. Plain decode is one
 such call per row (M = 1) over its whole context. Coefficients are measured by
 bench/calibrate_cascade.py on a CPU and stored below per KV dtype; compare them only within one machine.
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 class AttentionCost:
     call_us: float  # fixed cost of one attention call (op dispatch)
     row_us: float  # per stacked query row
-    token_us: float  # per token read (K/V streamed once per call)
-    token_row_us: float  # per token and stacked row (the products themselves)
+    token_us: float  # per token while streaming K/V bounds the call (few stacked rows)
+    token_row_us: float  # per token and stacked row once the products bound it (many rows)
     merge_us: float  # per row and extra partial result (log-sum-exp merge)
 
     def span_us(self, rows: int, tokens: int) -> float:
-        return self.call_us + self.row_us * rows + tokens * (self.token_us + self.token_row_us * rows)
+        return self.call_us + self.row_us * rows + tokens * max(self.token_us, self.token_row_us * rows)
 
     def plain_us(self, context_lens: Iterable[int]) -> float:
         """One decode step's attention per layer without cascade."""
@@ -31,7 +32,7 @@ class AttentionCost:
 
     def group_gain_us(self, members: int, shared_tokens: int) -> float:
         """Time saved per layer by reading `shared_tokens` once for `members` rows (negative: a loss)."""
-        alone = members * shared_tokens * (self.token_us + self.token_row_us)
+        alone = members * shared_tokens * max(self.token_us, self.token_row_us)
         together = self.span_us(members, shared_tokens) + self.merge_us * members
         return alone - together
 
@@ -43,11 +44,14 @@ class AttentionCost:
         return self.plain_us(context_lens) - sum(self.group_gain_us(m, s) for m, s in groups)
 
 
-# Measured with bench/calibrate_cascade.py (1 thread; see the script's output for the fit).
+# Measured with bench/calibrate_cascade.py (1 thread, AVX512-BF16 CPU, on a busy 2-core machine: the fit's
+# worst sample is off by ~50%, the break-even it gives is 464 shared tokens for 16 sharers and 272 for 32
+# in bf16, inside the published 256-512). fp16 reuses bf16's entry (same bytes; not measured separately).
+_BF16 = AttentionCost(call_us=210.292, row_us=0.3523, token_us=0.05986, token_row_us=0.025099, merge_us=2.116)
 COSTS: dict[str, AttentionCost] = {
-    "bfloat16": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
-    "float16": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
-    "float32": AttentionCost(call_us=60.0, row_us=2.0, token_us=0.05, token_row_us=0.005, merge_us=15.0),
+    "bfloat16": _BF16,
+    "float16": _BF16,
+    "float32": AttentionCost(call_us=99.074, row_us=0.0, token_us=0.14495, token_row_us=0.04088, merge_us=2.116),
 }
 
 

@@ -109,8 +109,8 @@ def span_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     group = heads // n_kv
     m = rows * group
     cdt = q.dtype
-    # [kv, M, hd]; the scale folded into q (fp32) so the score buffer needs no extra pass
-    qh = (q.float() * scale).to(cdt).view(rows, n_kv, group, hd).transpose(0, 1).reshape(n_kv, m, hd)
+    # [kv, M, hd]; the scale folded into q so the score buffer needs no extra pass
+    qh = (q * scale).view(rows, n_kv, group, hd).transpose(0, 1).reshape(n_kv, m, hd)
     total = sum(r[2] for r in runs)
     views = []
     for first, blocks, tokens in runs:
@@ -135,13 +135,17 @@ def span_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     probs = torch.softmax(scores, dim=-1)
     lse = scores.amax(-1) - probs.amax(-1).log() if need_lse else None
     probs = probs.to(cdt)
-    out = torch.zeros(n_kv, m, hd, dtype=torch.float32, device=q.device)
-    pos = 0
-    for _, v in views:
-        n = v.shape[0]
-        for h in range(n_kv):
-            out[h] += probs[h, :, pos:pos + n] @ v[:, h]
-        pos += n
+    if len(views) == 1:
+        v = views[0][1]
+        out = torch.stack([probs[h] @ v[:, h] for h in range(n_kv)]).float()
+    else:
+        out = torch.zeros(n_kv, m, hd, dtype=torch.float32, device=q.device)
+        pos = 0
+        for _, v in views:
+            n = v.shape[0]
+            for h in range(n_kv):
+                out[h] += probs[h, :, pos:pos + n] @ v[:, h]
+            pos += n
     out = out.view(n_kv, rows, group, hd).transpose(0, 1).reshape(rows, heads, hd)
     return out, None if lse is None else lse.view(n_kv, rows, group).transpose(0, 1).reshape(rows, heads)
 
@@ -159,7 +163,7 @@ def gathered_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     values = v_cache.index_select(0, short.tables.view(-1)).view(rows, span, n_kv, hd)
     if keys.dtype != cdt:
         keys, values = keys.to(cdt), values.to(cdt)
-    qg = (q.float() * scale).to(cdt).view(rows, n_kv, group, hd)
+    qg = (q * scale).view(rows, n_kv, group, hd)
     scores = torch.empty(rows, n_kv, group, span, dtype=torch.float32, device=q.device)
     for h in range(n_kv):
         scores[:, h] = torch.bmm(qg[:, h], keys[:, :, h].transpose(1, 2))
