@@ -131,14 +131,16 @@ def test_no_segments_is_plain_decode(launches):
 
 
 def test_merge_skips_slots_never_written():
-    """A row outside a level has that level's slot unwritten (NaN here) with lse -inf: the merge ignores it."""
-    part_out = torch.full((1, 2, 3, 64), float("nan"))
-    part_lse = torch.full((1, 2, 3), float("-inf"))
-    part_out[0, :, 2] = 1.5
-    part_lse[0, :, 2] = 0.25
-    out = torch.empty(1, 2, 64)
-    launch_merge(part_out, part_lse, out)
-    assert torch.equal(out, torch.full_like(out, 1.5))
+    """Row 0 is in level 0 only (slot 0) and row 1 in no level: the level-1 slot (1), and level 0's for
+    row 1, stay unwritten (NaN data and lse here) and the merge must skip them; slot 2 is the suffix."""
+    part_out = torch.full((2, 2, 3, 64), float("nan"))
+    part_lse = torch.full((2, 2, 3), float("nan"))
+    part_out[0, :, 0], part_lse[0, :, 0] = 1.0, 1.0  # log2 units: weight 2 against the suffix's 1
+    part_out[:, :, 2], part_lse[:, :, 2] = 4.0, 0.0
+    out = torch.empty(2, 2, 64)
+    launch_merge(part_out, part_lse, out, torch.tensor([1, 0], dtype=torch.int32), slot_base=2)
+    torch.testing.assert_close(out[0], torch.full_like(out[0], (2 * 1.0 + 4.0) / 3))
+    assert torch.equal(out[1], torch.full_like(out[1], 4.0))
 
 
 @pytest.mark.parametrize(("segments", "message"), [

@@ -38,7 +38,7 @@ NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Pointer arguments that are not of the cache dtype.
 FIXED_PTRS = {
     "bt_ptr": "*i32", "ctx_ptr": "*i32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32",
-    "start_ptr": "*i32", "seg_info_ptr": "*i32", "seg_rows_ptr": "*i32",
+    "start_ptr": "*i32", "seg_info_ptr": "*i32", "seg_rows_ptr": "*i32", "row_slots_ptr": "*i32",
     "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32",
     "slot_ptr": "*i64", "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64",
 }
@@ -101,8 +101,9 @@ def specs() -> list[Spec]:
         out.append(Spec(f"cascade_shared/{NAMES[dtype]}/g{group}/hd{hd}/m{block_m}", cascade_shared_kernel, dtype,
                         dict(GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_D=next_pow2(hd),
                              BLOCK_N=block_n, DOT_T=dot_t, PREC=prec), num_warps=warps))
-    out.append(Spec("decode_merge/hd128", decode_merge_kernel, torch.bfloat16, dict(
-        HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8)))
+    for row_slots in (False, True):  # plain split-K, and cascade's per-row slots
+        out.append(Spec(f"decode_merge/hd128/rows{int(row_slots)}", decode_merge_kernel, torch.bfloat16, dict(
+            HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8 if not row_slots else 32, HAS_ROW_SLOTS=row_slots)))
     for dtype, group, hd, bs in [(torch.bfloat16, 4, 128, 16), (torch.float16, 3, 64, 32), (torch.float32, 1, 128, 16)]:
         dot_t, prec = dot_config(dtype)
         block_m, block_n, warps = extend_tiles(hd, dtype)

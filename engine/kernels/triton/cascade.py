@@ -12,7 +12,8 @@ Three launches, whatever the number of groups and levels:
    group heads), so each shared K/V tile is read once for the whole group, through the first member's
    block table. Output: a partial result and log-sum-exp per (row, head) in the row's slot for that level.
 2. decode_split_kernel (decode.py) with a per-row start offset: each row's suffix, into the later slots.
-3. decode_merge_kernel: the exact log-sum-exp merge of every slot (slots a row has no part in hold -inf).
+3. decode_merge_kernel: the exact log-sum-exp merge of each row's slots. A row's levels are 0 .. k-1, so
+   it skips the shared slots from k * shared_splits on (never written for it; no workspace fill needed).
 
 Workspace: part_out [B, H, slots, D] fp32, part_lse [B, H, slots] fp32 (log2 units), where
 slots = levels * shared_splits + suffix_splits.
@@ -51,6 +52,7 @@ class PackedCascade:
     seg_info: torch.Tensor  # int32 [G, SEG_FIELDS]
     seg_rows: torch.Tensor  # int32 [sum of members]: rows of segment g at seg_info[g, 3] .. seg_info[g, 4]
     row_start: torch.Tensor  # int32 [B]: where each row's own suffix starts
+    row_slots: torch.Tensor  # int32 [B]: the shared slots row b fills, levels it is in * shared_splits
     levels: int
     shared_splits: int
     shared_partition: int
@@ -156,9 +158,9 @@ def segments_from_groups(groups: Sequence) -> list[CascadeSegment]:
     ]
 
 
-def validate_segments(segments: Sequence[CascadeSegment], batch: int) -> list[int]:
+def validate_segments(segments: Sequence[CascadeSegment], batch: int) -> tuple[list[int], list[int]]:
     """Each row's segments must be levels 0, 1, ... covering [0, its suffix start) without gaps.
-    Returns the suffix start per row."""
+    Returns the suffix start and the number of levels per row."""
     by_row: dict[int, dict[int, CascadeSegment]] = {}
     for seg in segments:
         if not seg.rows:
@@ -170,15 +172,16 @@ def validate_segments(segments: Sequence[CascadeSegment], batch: int) -> list[in
                 raise ValueError(f"cascade segment {seg} names row {r}, outside the batch of {batch}")
             if by_row.setdefault(r, {}).setdefault(seg.level, seg) is not seg:
                 raise ValueError(f"row {r} is in two cascade segments at level {seg.level}")
-    starts = [0] * batch
+    starts, depth = [0] * batch, [0] * batch
     for r, levels in by_row.items():
+        depth[r] = len(levels)
         for level in range(len(levels)):
             seg = levels.get(level)
             if seg is None or seg.start != starts[r]:
                 raise ValueError(f"row {r}: cascade level {level} must start where level {level - 1} ends "
                                  f"(token {starts[r]}), got {seg}")
             starts[r] = seg.end
-    return starts
+    return starts, depth
 
 
 def pack_segments(
@@ -188,7 +191,7 @@ def pack_segments(
     """Host-side layout of a step's segments (built once per plan). The shared range's split count
     follows the decode kernel's rule: about four waves of programs, each at least SHARED_MIN_PARTITION
     tokens; shared_splits overrides it (tests cover several)."""
-    starts = validate_segments(segments, batch)
+    starts, depth = validate_segments(segments, batch)
     levels = 1 + max((s.level for s in segments), default=-1)
     longest = max((s.end - s.start for s in segments), default=1)
     max_members = max((len(s.rows) for s in segments), default=1)
@@ -206,6 +209,7 @@ def pack_segments(
         seg_info=torch.tensor(info, dtype=torch.int32).view(-1, SEG_FIELDS).to(device),
         seg_rows=torch.tensor(rows or [0], dtype=torch.int32).to(device),
         row_start=torch.tensor(starts, dtype=torch.int32).to(device),
+        row_slots=torch.tensor([d * shared_splits for d in depth], dtype=torch.int32).to(device),
         levels=levels, shared_splits=shared_splits, shared_partition=partition, max_members=max_members,
         min_row_start=min(starts, default=0),
     )
@@ -236,8 +240,7 @@ def cascade_partials(
     suffix_n = tile_tokens(head_dim, q.dtype)
     splits, partition = plan_splits(batch, n_kv, suffix_bound, suffix_n, q.device, num_splits)
     base = packed.levels * packed.shared_splits
-    # Slots a row takes no part in must read as empty: -inf lse (the merge then skips their data).
-    part_lse = torch.full((batch, n_heads, base + splits), float("-inf"), device=q.device, dtype=torch.float32)
+    part_lse = torch.empty(batch, n_heads, base + splits, device=q.device, dtype=torch.float32)
     part_out = torch.empty(batch, n_heads, base + splits, head_dim, device=q.device, dtype=torch.float32)
 
     groups = packed.seg_info.shape[0]
@@ -271,7 +274,7 @@ def cascade_triton(
     out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    part_out, part_lse, _ = cascade_partials(q, k_cache, v_cache, block_tables, context_lens, scale, segments,
-                                             num_splits, shared_splits)
-    launch_merge(part_out, part_lse, out)
+    part_out, part_lse, packed = cascade_partials(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                                  segments, num_splits, shared_splits)
+    launch_merge(part_out, part_lse, out, packed.row_slots, packed.levels * packed.shared_splits)
     return out

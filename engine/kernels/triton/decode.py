@@ -102,29 +102,29 @@ def decode_split_kernel(
 
 @triton.jit
 def decode_merge_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, num_splits,
+    part_out_ptr, part_lse_ptr, out_ptr, row_slots_ptr, num_splits, slot_base,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, HAS_ROW_SLOTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     s_mask = s < num_splits
+    if HAS_ROW_SLOTS:  # cascade: row b wrote shared slots [0, row_slots[b]) and the suffix's [slot_base, ...)
+        s_mask = s_mask & ((s < tl.load(row_slots_ptr + b)) | (s >= slot_base))
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
 
     lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
-    # A slot with no keys (-inf) may never have been written (cascade levels a row is not in): skip its data.
-    valid = s_mask & (lse > float("-inf"))
     m = tl.max(lse, 0)
     m = tl.where(m == float("-inf"), 0.0, m)  # zero-length context: all weights 0, output 0
     w = tl.exp2(lse - m)
     denom = tl.sum(w, 0)
     denom = tl.where(denom > 0, denom, 1.0)
     p_off = b.to(tl.int64) * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :]
-    parts = tl.load(part_out_ptr + p_off, mask=valid[:, None] & d_mask[None, :], other=0.0)
+    parts = tl.load(part_out_ptr + p_off, mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     o = tl.sum(parts * w[:, None], 0) / denom
     o_off = b.to(tl.int64) * stride_ob + h * stride_oh + d
     tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d_mask)
@@ -209,17 +209,21 @@ def launch_split(
     )
 
 
-def launch_merge(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """out[b, h] = the log-sum-exp weighted mean of the workspace's slots (empty slots: lse -inf)."""
+def launch_merge(
+    part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
+    row_slots: torch.Tensor | None = None, slot_base: int = 0,
+) -> None:
+    """out[b, h] = the log-sum-exp weighted mean of the workspace's slots. With row_slots (cascade), row b
+    merges only slots [0, row_slots[b]) and [slot_base, slots): the others were never written for it."""
     batch, n_heads, slots, head_dim = part_out.shape
     LAUNCHES["decode_merge"] += 1
     decode_merge_kernel[(batch, n_heads)](
-        part_out, part_lse, out, slots,
+        part_out, part_lse, out, part_lse if row_slots is None else row_slots, slots, slot_base,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=next_pow2(head_dim), BLOCK_S=next_pow2(slots),
-        num_warps=4,
+        HAS_ROW_SLOTS=row_slots is not None, num_warps=4,
     )
 
 
