@@ -53,7 +53,7 @@ async def test_malformed_object_is_degraded_and_deletable(kube, operator, stored
     assert operator.task is not None and not operator.task.done()
     rsp = await kube.delete(f"{BASE}/{NAME}")
     assert rsp.status == 200
-    await eventually(lambda: obj(kube, CR) is None)  # the delete handler ran and removed the finalizer
+    await eventually(lambda: obj(kube, CR) is None, timeout=20)  # the delete handler ran and removed the finalizer
     assert obj(kube, "v1/services") is None and obj(kube, "apps/v1/deployments") is None
 
 

@@ -80,7 +80,7 @@ async def test_only_this_services_children_are_pruned(kube, operator):
     await eventually(lambda: obj(kube, PDBS) is None)
     assert obj(kube, PDBS, "hand-made") is not None and obj(kube, PDBS, "other") is not None
     await kube.delete(f"{BASE}/{NAME}")
-    await eventually(lambda: obj(kube, CR) is None)
+    await eventually(lambda: obj(kube, CR) is None, timeout=20)
     assert obj(kube, PDBS, "hand-made") is not None and obj(kube, PDBS, "other") is not None
 
 
@@ -94,7 +94,7 @@ async def test_delete_removes_children_of_older_specs_too(kube, operator):
     stale["metadata"]["name"] = f"{NAME}-config-old"
     assert (await kube.post(f"/api/v1/namespaces/{NS}/configmaps", json=stale)).status in (200, 201)
     await kube.delete(f"{BASE}/{NAME}")
-    await eventually(lambda: obj(kube, CR) is None)  # the finalizer was removed
+    await eventually(lambda: obj(kube, CR) is None, timeout=20)  # the finalizer was removed
     for api_version, kind in OWNED_KINDS:
         res = kmock.resource(f"{api_version}/{PLURALS[kind]}")
         left = [k for k, o in kube.objects.items() if k[0] == res and not o.deleted]
