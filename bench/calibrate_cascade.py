@@ -50,6 +50,26 @@ def measure(dtype: torch.dtype, rows_grid: list[int], tokens_grid: list[int], re
     return samples
 
 
+def copy_crossover(dtype: torch.dtype, tokens_grid: list[int], reps: int, batch: int = 16) -> int:
+    """The longest own part for which copying rows out and batching them beats reading each in place."""
+    blocks = max(tokens_grid) // BLOCK + 1
+    k = torch.randn(batch * blocks + 1, BLOCK, N_KV, HD).to(dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, HEADS, HD).to(dtype)
+    best = 0
+    starts = [1 + b * blocks for b in range(batch)]
+    for s in sorted(tokens_grid):
+        nb = -(-s // BLOCK)
+        short = torch_decode.bucket_short_rows([(b, list(range(st, st + nb)), s) for b, st in enumerate(starts)],
+                                               "cpu")[0]
+        copied = best_us(lambda short=short: torch_decode.gathered_attention(q, k, v, short, HD ** -0.5, False), reps)
+        in_place = best_us(lambda nb=nb, s=s: [torch_decode.span_attention(
+            q[b:b + 1], k, v, [(st, nb, s)], HD ** -0.5, False) for b, st in enumerate(starts)], reps)
+        if copied < in_place:
+            best = s
+    return best
+
+
 def measure_merge(rows: int, reps: int) -> float:
     acc = torch.randn(rows * 2, HEADS, HD)
     acc_lse = torch.randn(rows * 2, HEADS)
@@ -105,6 +125,7 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         samples = measure(dtype, rows_grid, tokens_grid, reps)
         cost, worst = fit(samples, merge_us)
+        cost = AttentionCost(**{**cost.__dict__, "copy_max_tokens": copy_crossover(dtype, tokens_grid, reps)})
         name = str(dtype).removeprefix("torch.")
         evens = {m: break_even(cost, m) for m in (2, 4, 8, 16, 32)}
         result["dtypes"][name] = {"cost": cost.__dict__, "fit_worst_relative_error": round(worst, 3),

@@ -22,6 +22,9 @@ class AttentionCost:
     token_us: float  # per token while streaming K/V bounds the call (few stacked rows)
     token_row_us: float  # per token and stacked row once the products bound it (many rows)
     merge_us: float  # per row and extra partial result (log-sum-exp merge)
+    # A row's own part up to this many tokens is copied out and batched with rows of similar length; longer
+    # ones are read in place (per-call overhead of thin products beats the copy only for long spans).
+    copy_max_tokens: int = 512
 
     def span_us(self, rows: int, tokens: int) -> float:
         return self.call_us + self.row_us * rows + tokens * max(self.token_us, self.token_row_us * rows)
@@ -47,11 +50,13 @@ class AttentionCost:
 # Measured with bench/calibrate_cascade.py (1 thread, AVX512-BF16 CPU, on a busy 2-core machine: the fit's
 # worst sample is off by ~50%, the break-even it gives is 464 shared tokens for 16 sharers and 272 for 32
 # in bf16, inside the published 256-512). fp16 reuses bf16's entry (same bytes; not measured separately).
-_BF16 = AttentionCost(call_us=210.292, row_us=0.3523, token_us=0.05986, token_row_us=0.025099, merge_us=2.116)
+_BF16 = AttentionCost(call_us=210.292, row_us=0.3523, token_us=0.05986, token_row_us=0.025099, merge_us=2.116,
+                      copy_max_tokens=1024)
 COSTS: dict[str, AttentionCost] = {
     "bfloat16": _BF16,
     "float16": _BF16,
-    "float32": AttentionCost(call_us=99.074, row_us=0.0, token_us=0.14495, token_row_us=0.04088, merge_us=2.116),
+    "float32": AttentionCost(call_us=99.074, row_us=0.0, token_us=0.14495, token_row_us=0.04088, merge_us=2.116,
+                             copy_max_tokens=512),
 }
 
 

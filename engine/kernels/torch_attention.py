@@ -85,12 +85,23 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out.permute(2, 0, 1, 3).reshape(q_len, heads, hd)
 
 
+def decode_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """The previous path behind the decode_rows interface (ignores any cascade plan)."""
+    return decode_attention_gathered(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                                     meta.max_decode_context, scale)
+
+
+# The decode rows' attention; bench/decode_shared.py swaps in decode_gathered to measure the previous path.
+decode_rows = torch_decode.decode_attention
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float) -> torch.Tensor:
     out = torch.empty_like(q)
     nd = meta.num_decode
     if nd:
-        out[:nd] = torch_decode.decode_attention(q[:nd], k_cache, v_cache, meta, scale)
+        out[:nd] = decode_rows(q[:nd], k_cache, v_cache, meta, scale)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk.block_table, chunk.seq_len, scale)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 Run = tuple[int, int, int]  # (first block id, blocks, tokens): a view k_cache[first:first + blocks]
@@ -45,7 +46,8 @@ class GroupWork:
 
 @dataclass
 class ShortRows:
-    """Rows whose own part is short: copied out together (a bounded copy) and attended as one batch."""
+    """Rows whose own parts are short and of similar length: copied out together (a bounded copy, padded
+    to the longest of the bucket) and attended as one batch."""
     rows: torch.Tensor  # int64 [R]
     tables: torch.Tensor  # int64 [R, W]: each row's blocks from its suffix start, padded with a real block
     lens: torch.Tensor  # int64 [R]: own tokens per row (>= 1)
@@ -55,45 +57,54 @@ class ShortRows:
 class DecodeWork:
     """What every layer of one step does (built once per step from the metadata)."""
     own: list[list[Run]]  # per row: its own part [suffix_start, context_len) read in place ([] if short/empty)
-    short: ShortRows | None
+    short: list[ShortRows]  # length buckets
     groups: list[GroupWork]
 
 
-# Own parts up to this many tokens are copied and batched: below it per-row op overhead outweighs the
-# copy (a 256-token K/V slice of one layer is 96 KiB at bf16); above it rows are read in place.
-SHORT_TOKENS = 256
+# Short rows are bucketed so that padding stays under a quarter of a bucket's longest row (or one block).
+BUCKET_SLACK = 1.25
 
 
-def decode_work(meta: AttentionMetadata, block_size: int) -> DecodeWork:
+def bucket_short_rows(rows: list[tuple[int, list[int], int]], device) -> list[ShortRows]:
+    """rows: (row, its blocks from its suffix start, own tokens), each one a batch call per bucket."""
+    buckets: list[list[tuple[int, list[int], int]]] = []
+    for item in sorted(rows, key=lambda x: x[2]):
+        if buckets and item[2] <= max(buckets[-1][0][2] * BUCKET_SLACK, buckets[-1][0][2] + 16):
+            buckets[-1].append(item)
+        else:
+            buckets.append([item])
+    out = []
+    for bucket in buckets:
+        width = max(len(t) for _, t, _ in bucket)
+        out.append(ShortRows(torch.tensor([r for r, _, _ in bucket], dtype=torch.long, device=device),
+                             torch.tensor([t + [t[0]] * (width - len(t)) for _, t, _ in bucket], dtype=torch.long,
+                                          device=device),
+                             torch.tensor([n for _, _, n in bucket], dtype=torch.long, device=device)))
+    return out
+
+
+def decode_work(meta: AttentionMetadata, block_size: int, copy_max_tokens: int) -> DecodeWork:
+    """copy_max_tokens: own parts up to this long are copied and batched (per-call overhead of thin
+    products outweighs the copy there; measured per KV dtype in cascade_cost), longer ones read in place."""
     if meta._decode_work is None:
         tables = meta.decode_block_tables.tolist()
         lens = meta.decode_context_lens.tolist()
         plan = meta.cascade
         starts = plan.suffix_start if plan is not None else [0] * len(lens)
         own: list[list[Run]] = []
-        short_rows, short_tables, short_lens = [], [], []
+        short = []
         for r, (t, s, n) in enumerate(zip(tables, starts, lens, strict=True)):
-            if 0 < n - s <= SHORT_TOKENS:
-                short_rows.append(r)
-                short_tables.append(t[s // block_size: -(-n // block_size)])
-                short_lens.append(n - s)
+            if 0 < n - s <= copy_max_tokens:
+                short.append((r, t[s // block_size: -(-n // block_size)], n - s))
                 own.append([])
             else:
                 own.append(runs_of(t, s, n, block_size))
-        short = None
-        if short_rows:
-            width = max(len(t) for t in short_tables)
-            padded = [t + [t[0]] * (width - len(t)) for t in short_tables]
-            dev = meta.slot_mapping.device
-            short = ShortRows(torch.tensor(short_rows, dtype=torch.long, device=dev),
-                              torch.tensor(padded, dtype=torch.long, device=dev),
-                              torch.tensor(short_lens, dtype=torch.long, device=dev))
         groups = []
         for g in plan.groups if plan is not None else ():
             table = [0] * (g.start_token // block_size) + list(g.block_ids)
             groups.append(GroupWork(torch.tensor(g.rows, dtype=torch.long, device=meta.slot_mapping.device),
                                     runs_of(table, g.start_token, g.start_token + g.num_tokens, block_size)))
-        meta._decode_work = DecodeWork(own, short, groups)
+        meta._decode_work = DecodeWork(own, bucket_short_rows(short, meta.slot_mapping.device), groups)
     return meta._decode_work
 
 
@@ -191,13 +202,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float) -> torch.Tensor:
     """q [B, heads, hd] (the decode rows) → [B, heads, hd]: in place over the paged cache, with the
     step's cascade groups (meta.cascade) when there are any."""
-    work = decode_work(meta, k_cache.shape[1])
+    work = decode_work(meta, k_cache.shape[1], cost_for(str(k_cache.dtype)).copy_max_tokens)
     batch, heads, hd = q.shape
     if not work.groups:
         out = torch.empty_like(q)
-        if work.short is not None:
-            rows = work.short.rows
-            out[rows] = gathered_attention(q[rows], k_cache, v_cache, work.short, scale, False)[0].to(q.dtype)
+        for short in work.short:
+            out[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short, scale, False)[0].to(q.dtype)
         for r, runs in enumerate(work.own):
             if runs:
                 out[r] = span_attention(q[r:r + 1], k_cache, v_cache, runs, scale, need_lse=False)[0][0]
@@ -205,9 +215,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     acc = torch.zeros(batch, heads, hd, dtype=torch.float32, device=q.device)
     acc_lse = torch.full((batch, heads), float("-inf"), device=q.device)
     # own parts first (a row whose context is all shared has none), then each group merged in
-    if work.short is not None:
-        rows = work.short.rows
-        acc[rows], acc_lse[rows] = gathered_attention(q[rows], k_cache, v_cache, work.short, scale, True)
+    for short in work.short:
+        acc[short.rows], acc_lse[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short, scale, True)
     for r, runs in enumerate(work.own):
         if runs:
             acc[r], acc_lse[r] = (t[0] for t in span_attention(q[r:r + 1], k_cache, v_cache, runs, scale))

@@ -135,7 +135,7 @@ def test_16bit_kv(model_dtype):
     K/V rounding itself, which the reference sees too."""
     gen, seed = new_generator()
     cache = Cache(600, torch.bfloat16, gen, True)
-    spec = group_of_16(cache)[:6] + [([], 500), ([], 20)]
+    spec = group_of_16(cache)[:6] + [([], 1100), ([], 500), ([], 20)]  # in place, copied, copied
     tables = rows_from(cache, spec)
     lens = [ctx for _, ctx in spec]
     q = torch.randn(len(tables), HEADS, HD, generator=gen).to(model_dtype)

