@@ -7,7 +7,8 @@ Sections, each guarded so one failure cannot hide the others, the JSON rewritten
 ceilings (copy bandwidth, bf16 matrix throughput) -> correctness of every kernel against float64 ->
 timings (decode at batch 64 / context 2k / Llama-3-8B heads against the copy bandwidth, a launch-config
 sweep, cascade vs plain decode at batch 16 and 32 / context 2k with 16 rows per shared prefix, extend,
-write_kv, copy_blocks) -> the engine decode-throughput hook (engine_decode.py).
+write_kv, copy_blocks) -> the engine decode-throughput hook (engine_decode.py) -> the engine's decode step
+with 16 rows per cached shared prefix, cascade off / always / auto (engine_cascade.py).
 """
 
 from __future__ import annotations
@@ -139,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         section(report, "engine_decode", out, lambda: engine_decode.run(
             device, ceil, batches, 8 if small else args.prompt_len, 3 if small else args.gen_tokens,
             tiny=small, budget_s=args.engine_budget_s))
+        import engine_cascade
+
+        section(report, "engine_cascade", out, lambda: engine_cascade.run(
+            device, [2, 4] if small else [16, 32], 2 if small else 16, 32 if small else 1888, 8 if small else 112,
+            3 if small else 32, tiny=small, budget_s=args.engine_budget_s / 2))
 
     ok = bool(checks) and all(c["ok"] for c in checks)
     report["summary"] = {
@@ -147,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "engine_goal": (report.get("engine_decode") or {}).get("goal"),
         "cascade_speedup": {k: v.get("speedup") for k, v in (report.get("cascade_timing") or {}).items()
                             if isinstance(v, dict)},
+        "engine_cascade_speedup": {b: (v.get("speedup_always"), v.get("speedup_auto"))
+                                   for b, v in ((report.get("engine_cascade") or {}).get("batches") or {}).items()},
     }
     out.write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report["summary"], default=str))
