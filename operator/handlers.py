@@ -70,7 +70,9 @@ def read_spec(raw_spec: Any, name: str, namespace: str, uid: str, default_image:
               ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
     """(defaulted spec, problems, children) of a stored spec, whatever its shape: a malformed one gives
     problems (and the defaults, for the status), never an exception."""
-    found = shape_problems(raw_spec)
+    # An API server always sets metadata.uid; an object stored around one may lack it, and children
+    # whose owner reference names no uid would be refused (or collected at once).
+    found = shape_problems(raw_spec) + ([] if uid else ["metadata.uid is not set, so children cannot name their owner"])
     if found:
         return with_defaults({}), found, []
     try:

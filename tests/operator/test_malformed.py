@@ -4,6 +4,7 @@ the others, and a delete still completes (the finalizer is removed)."""
 
 from __future__ import annotations
 
+import kmock
 import pytest
 from conftest import eventually
 from kvloop.operator import constants as C
@@ -65,3 +66,14 @@ async def test_repaired_spec_recovers(kube, operator):
     assert rsp.status == 200
     await eventually(lambda: raw(kube, "apps/v1/deployments")["spec"]["replicas"] == 2)
     await eventually(lambda: cond(status_of(kube), "Degraded")["status"] == "False")
+
+
+async def test_object_without_uid_or_generation(kube, operator):
+    """Stored around the API server (which always sets them): no children that name no owner."""
+    kube.objects[kmock.resource(CR), NS, NAME] = body({"replicas": 1})
+    st = await eventually(lambda: status_of(kube).get("conditions") and status_of(kube))
+    degraded = cond(st, "Degraded")
+    assert degraded["status"] == "True" and "metadata.uid is not set" in degraded["message"], degraded
+    assert obj(kube, "apps/v1/deployments") is None
+    assert (await kube.delete(f"{BASE}/{NAME}")).status == 200
+    await eventually(lambda: obj(kube, CR) is None, timeout=20)
