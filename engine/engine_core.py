@@ -87,7 +87,9 @@ class EngineCore:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.kv,
                                  extra_key=f"{fingerprint}|{self.dtype}|kv={self.kv_dtype}")
         self.scheduler = Scheduler(sched_cfg, self.kv)
-        self.runner = ModelRunner(model, config.num_blocks, config.block_size, self.kv_dtype, config.cascade)
+        self.runner = ModelRunner(model, config.num_blocks, config.block_size, self.kv_dtype, config.cascade,
+                                  self.scheduler.step_cost.groups)
+        self.scheduler.set_attention_cost(self.runner.attention_cost)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
             from kvloop.engine.structured.processor import GrammarMask

@@ -2,7 +2,8 @@
 
 One definition for the real engine (bench.systems) and the simulator (sim.modes), so a mode is the same
 configuration in both: `static` is the scheduler's static mode over the no-cache KV manager; the host and
-disk tiers exist only in `codesign`."""
+disk tiers exist only in `codesign`; decode cascade covers nested shared prefixes in `codesign` and only
+the prefix common to every decode row in `continuous+lru` (scheduler.config.resolve_cascade_groups)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.scheduler.config import SchedulerConfig
+from kvloop.engine.scheduler.config import SchedulerConfig, resolve_cascade_groups
 
 ENGINE_MODES = ("static", "continuous", "continuous+lru", "codesign")
 
@@ -41,7 +42,8 @@ class Sizing:
 def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
     if mode not in ENGINE_MODES:
         raise ValueError(f"mode must be one of {ENGINE_MODES}")
-    sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens}
+    sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens,
+                      "cascade_groups": resolve_cascade_groups("auto", mode)}
     if mode == "static":
         sched_kw.update(mode="static", static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)

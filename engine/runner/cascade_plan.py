@@ -42,10 +42,11 @@ class CascadePlan:
 
 
 def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], block_size: int,
-               worth: Worth) -> CascadePlan | None:
+               worth: Worth, nested: bool = True) -> CascadePlan | None:
     """The cascade plan for decode rows with these block tables and context lengths (the new token
     included), or None when no group pays. Only blocks filled before this step are shared: a block
-    the step writes into belongs to one row."""
+    the step writes into belongs to one row. nested=False keeps only the prefix common to every row
+    (vLLM's cascade: one group of all rows at most)."""
     # blocks of row r that hold only tokens written before this step
     full = [max(0, (n - 1) // block_size) for n in context_lens]
     groups: list[CascadeGroup] = []
@@ -67,6 +68,8 @@ def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], blo
             covered = end
             for r in rows:
                 suffix[r] = covered * block_size
+        if not nested:
+            break  # the root node (every row) is the only candidate
         children: dict[int, list[int]] = {}
         for r in rows:
             if end < full[r]:
@@ -87,16 +90,17 @@ class CascadePlanner:
     shared blocks while they decode (new blocks are private), and any join, leave, finish or preemption
     changes the key for at least one step, so the cached plan is never stale."""
 
-    def __init__(self, block_size: int, worth: Worth):
+    def __init__(self, block_size: int, worth: Worth, nested: bool = True):
         self.block_size = block_size
         self.worth = worth
+        self.nested = nested  # False: only the prefix common to all rows (see build_plan)
         self._key: tuple | None = None
         self._plan: CascadePlan | None = None
         self.builds = 0  # plans actually built (tests check the reuse)
 
     def plan(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> CascadePlan | None:
         if key != self._key:
-            self._plan = build_plan(tables, context_lens, self.block_size, self.worth)
+            self._plan = build_plan(tables, context_lens, self.block_size, self.worth, self.nested)
             self._key = key
             self.builds += 1
         return self._plan

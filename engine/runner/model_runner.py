@@ -25,15 +25,16 @@ def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
-                 cascade: str = "auto"):
+                 cascade: str = "auto", cascade_groups: str = "nested"):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = model.new_kv_cache(num_blocks, block_size, kv_dtype)
         self.cascade = cascade
-        cost = cost_for(str(self.kv_cache.dtype))
+        self.attention_cost = cost = cost_for(str(self.kv_cache.dtype))  # the scheduler prices steps with it too
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
-        self.planner = CascadePlanner(block_size, worth)
+        # cascade_groups: nested (any shared prefix) or common (only the prefix of all rows: continuous+lru)
+        self.planner = CascadePlanner(block_size, worth, nested=cascade_groups == "nested")
         self.cascade_group_sizes: Counter[int] = Counter()  # members per cascaded group, counted per step
         self.sampler = Sampler()
         self.device = model.device

@@ -10,6 +10,17 @@ from dataclasses import dataclass
 
 SCHED_MODES = ("auto", "static", "continuous", "continuous+lru", "codesign")
 STATIC_OOM = ("fail", "retry")
+CASCADE_GROUPS = ("auto", "nested", "common")
+
+
+def resolve_cascade_groups(setting: str, mode: str) -> str:
+    """Which shared prefixes decode steps may cascade (the one place a mode picks it). auto: `codesign`
+    any group, nested (its scheduler brings sharers together); `continuous+lru` only the prefix common to
+    every decode row (vLLM's cascade, so the baseline stays honest); `continuous` and `static` run without
+    a prefix cache, so no two rows share a block and the choice is moot: nested, the runner's default."""
+    if setting != "auto":
+        return setting
+    return "common" if mode == "continuous+lru" else "nested"
 
 
 @dataclass
@@ -25,6 +36,12 @@ class SchedulerConfig:
     # grouping_max_queue waiting requests the order is plain FCFS (overload: fairness and O(1) per step)
     aging_s: float = 5.0
     grouping_max_queue: int = 64
+    # decode cascade scope (resolve_cascade_groups): auto | nested | common
+    cascade_groups: str = "auto"
+    # codesign batch cap: the cap counts plain rows; requests joining a running group's shared prefix may
+    # run beyond it while the step's priced attention stays within what the cap's plain rows would cost,
+    # up to this factor times the cap (1: the cap is a hard row count)
+    cascade_cap_factor: float = 2.0
     # static mode: fixed batches, filled for up to the timeout, prompt + max_tokens reserved up front
     static_batch_size: int = 16
     static_fill_timeout_s: float = 0.5
@@ -35,6 +52,10 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.mode not in SCHED_MODES:
             raise ValueError(f"scheduler mode must be one of {SCHED_MODES}")
+        if self.cascade_groups not in CASCADE_GROUPS:
+            raise ValueError(f"cascade_groups must be one of {CASCADE_GROUPS}")
+        if self.cascade_cap_factor < 1:
+            raise ValueError("cascade_cap_factor must be >= 1")
         if self.static_oom not in STATIC_OOM:
             raise ValueError(f"static_oom must be one of {STATIC_OOM}")
         if min(self.max_waiting, self.static_batch_size, self.grouping_max_queue) < 1:

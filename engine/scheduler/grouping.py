@@ -3,8 +3,10 @@
 1. Requests admitted before (preempted: swapped or to recompute) first, then aged requests (waiting at
    least `aging_s`), both oldest first. They are `priority`: if one does not fit, admission stops there
    and holds the memory for it, so no request is passed over once it has waited the bound.
-2. The rest by longest cached-or-in-flight prefix hit (same document, same system prompt: they share
-   blocks and need little prefill), ties oldest first.
+2. The rest by what joining a running group saves in every decode step (`join_saving`, priced by the
+   step-cost function: a row that joins adds only its suffix to the step's reads), then by longest
+   cached-or-in-flight prefix hit (same document, same system prompt: they share blocks and need little
+   prefill), ties oldest first.
 3. A non-priority request whose prompt shares at least `min_share` more blocks with a running request
    that is still prefilling than the cache holds now is deferred for this step: once that prefill
    commits its blocks, the request gets them as a hit instead of computing the same prefix twice.
@@ -16,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
-from kvloop.engine.scheduler.prefix import PrefixView
+from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.sequence import Sequence
 
 
 def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixView, now: float,
                   enqueued: Callable[[Sequence], float], aging_s: float, max_queue: int,
-                  min_share: int) -> tuple[list[Sequence], set[int]]:
+                  min_share: int, join_saving: Callable[[PrefixHit], float] | None = None
+                  ) -> tuple[list[Sequence], set[int]]:
     """(candidates in offer order, ids of the priority ones)."""
     if len(waiting) > max_queue:
         return list(waiting), {id(s) for s in waiting}  # FCFS: every one holds its place
@@ -34,9 +37,11 @@ def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixVi
     for s in waiting:
         if id(s) in prio_ids:
             continue
-        hit = view.peek(s).blocks
+        peek = view.peek(s)
+        hit = peek.blocks
         if prefilling and any(view.common_blocks(s, r) - hit >= min_share for r in prefilling):
             continue  # deferred: its prefix is being computed right now
-        rest.append((-hit, enqueued(s), s))
-    rest.sort(key=lambda x: (x[0], x[1]))
-    return first + [s for _, _, s in rest], prio_ids
+        saving = join_saving(peek) if join_saving is not None and peek.shared else 0.0
+        rest.append((-saving, -hit, enqueued(s), s))
+    rest.sort(key=lambda x: x[:3])
+    return first + [x[3] for x in rest], prio_ids

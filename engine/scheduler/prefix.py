@@ -17,6 +17,9 @@ class PrefixHit:
     shared: int = 0  # device blocks that running sequences already hold (free to share)
     cached: int = 0  # device blocks cached but unreferenced (sharing them takes them from the cache)
     lower: int = 0  # blocks in the host or disk tier (promoted into new device blocks)
+    # block tables holding the last shared block: tables are prefix chains, so every one of them holds the
+    # whole shared prefix (the running group the sequence would join)
+    sharers: int = 0
 
     @property
     def blocks(self) -> int:
@@ -45,6 +48,7 @@ class PrefixView:
             if block is not None:
                 if refs[block] > 0:
                     hit.shared += 1
+                    hit.sharers = refs[block]
                 else:
                     hit.cached += 1
             elif (cfg.codesign and kv.host is not None and kv.host.has(h)) or (kv.disk is not None and kv.disk.has(h)):

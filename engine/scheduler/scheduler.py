@@ -6,7 +6,9 @@ there is room, else freed and recomputed later) instead of failing. Then waiting
 while the batch cap, the token budget and memory allow:
 - continuous, continuous+lru: in arrival order; the head waits for memory (FCFS).
 - codesign: in prefix-grouping order with aging (grouping.py), each through the cache-aware
-  admission gate (admission.py).
+  admission gate (admission.py). Requests that join a running group's shared prefix come first and may
+  run beyond the batch cap while the step's attention, priced by the step-cost function shared with the
+  simulator (step_cost.py), stays within what the cap's plain rows would cost (`_past_cap`).
 - static: fixed batches instead of admission (static.py).
 
 Time comes from `clock` (default time.monotonic, looked up at each call so the simulator can swap it):
@@ -14,19 +16,23 @@ aging and the static fill timeout run on it."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections import deque
 from collections.abc import Callable
 
+from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
 from kvloop.engine.scheduler.admission import AdmissionGate
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq
-from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig
+from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
 from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.preemption import Preemptor
-from kvloop.engine.scheduler.prefix import PrefixView
+from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
 from kvloop.engine.scheduler.static import StaticBatcher
+from kvloop.engine.scheduler.step_cost import StepCost
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
 
@@ -36,11 +42,16 @@ def _monotonic() -> float:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Callable[[], float] | None = None):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Callable[[], float] | None = None,
+                 attention: AttentionCost | None = None, layers: int = 1):
+        """attention: the runner's per-layer decode attention model (the engine sets it from its KV dtype
+        with set_attention_cost; bf16's until then); layers: the model's (the simulator prices with it)."""
         self.config = config
         self.kv = kv
         self.clock = clock or _monotonic
         self.mode = kv.config.mode if config.mode == "auto" else config.mode
+        self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
+                                  resolve_cascade_groups(config.cascade_groups, self.mode))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.view = PrefixView(kv)
@@ -62,6 +73,16 @@ class Scheduler:
         if int(n) < 1:
             raise ValueError("batch cap must be >= 1")
         self.config.max_num_seqs = int(n)
+
+    @property
+    def row_ceiling(self) -> int:
+        """Running rows at most: the cap, or in codesign the cap stretched for rows that join a group."""
+        if not self.codesign:
+            return self.batch_cap
+        return max(self.batch_cap, math.floor(self.batch_cap * self.config.cascade_cap_factor))
+
+    def set_attention_cost(self, attention: AttentionCost) -> None:
+        self.step_cost = dataclasses.replace(self.step_cost, attention=attention)
 
     @property
     def codesign(self) -> bool:
@@ -126,7 +147,7 @@ class Scheduler:
         if self.static is not None:
             self.static.form(self, now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
-        if self.static is None and budget > 0 and self.waiting and len(self.running) < self.batch_cap:
+        if self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling:
             if self.codesign:
                 self._admit_codesign(batch, budget, now)
             else:
@@ -157,11 +178,20 @@ class Scheduler:
         cfg = self.config
         order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued, cfg.aging_s,
                                         cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
-                                                                    self.kv.block_size))
+                                                                    self.kv.block_size), self.join_saving_us)
         headroom = self.gate.headroom(self.running)
+        past_cap: list[float] | None = None  # [priced step, its budget] once the cap is reached
         for seq in order:
-            if budget <= 0 or len(self.running) >= self.batch_cap:
+            if budget <= 0 or len(self.running) >= self.row_ceiling:
                 return
+            extra = 0.0
+            if len(self.running) >= self.batch_cap:
+                if id(seq) in priority:
+                    return  # an aged or preempted request waits for a slot within the cap: nobody passes it
+                past_cap = past_cap or self._step_price()
+                extra = self._added_price(seq)
+                if extra is None or past_cap[0] + extra > past_cap[1]:
+                    continue
             need = self.gate.need(seq)
             # A lone request always gets its chance (progress); otherwise the gate decides.
             n = self._try_start(seq, budget, now) if need <= headroom or not self.running else 0
@@ -169,9 +199,52 @@ class Scheduler:
                 if id(seq) in priority:
                     return  # hold memory for a request that has waited its bound (or was preempted)
                 continue
+            if past_cap is not None:
+                past_cap[0] += extra
             headroom -= need
             self._place(batch, seq, n)
             budget -= n
+
+    # ---- the step-cost function in codesign admission -----------------------------------------------
+    def join_saving_us(self, hit: PrefixHit) -> float:
+        """Decode attention saved per step by a request with this hit joining the running rows that hold
+        its shared prefix (0 when that group would not cascade)."""
+        return self.step_cost.join_saving_us(hit.sharers, hit.shared * self.kv.block_size)
+
+    def _row_contexts(self) -> tuple[list[list[int]], list[int]]:
+        """Running rows' block tables and next decode contexts (prefilling rows: as far as allocated)."""
+        bs = self.kv.block_size
+        rows = [s for s in self.running if s.block_table]
+        return [s.block_table for s in rows], [min(s.num_tokens, len(s.block_table) * bs) for s in rows]
+
+    def _step_price(self) -> list[float]:
+        """[the running rows' decode step as the runner would run it, the budget past the cap: what
+        batch_cap plain rows of their mean context cost]."""
+        tables, ctx = self._row_contexts()
+        sc = self.step_cost
+        return [sc.price_us(tables, ctx), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
+
+    def _added_price(self, seq: Sequence) -> float | None:
+        """What seq adds to a decode step if it joins a running group (None: it joins none that cascades)."""
+        hit = self.view.peek(seq)
+        saving = self.join_saving_us(hit) if hit.shared else 0.0
+        if saving <= 0:
+            return None
+        return self.step_cost.decode_us([seq.num_tokens]) - saving
+
+    def may_admit_past_cap(self) -> bool:
+        """Whether schedule() could admit a waiting request beyond the batch cap now: codesign below the
+        row ceiling, no aged or preempted request waiting (it would hold the next slot), and a waiting
+        request that joins a running group. The simulator's fast-forward asks before skipping steps."""
+        cfg = self.config
+        if not self.codesign or not self.waiting or len(self.running) >= self.row_ceiling:
+            return False
+        if len(self.waiting) > cfg.grouping_max_queue:
+            return False  # plain FCFS: every waiting request holds its place
+        now = self.clock()
+        if any(s.num_preemptions or now - self.enqueued(s) >= cfg.aging_s for s in self.waiting):
+            return False
+        return any(self._added_price(s) is not None for s in self.waiting)
 
     def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
         """Attaches seq's cached prefix (or swaps it in) and allocates its first chunk; on success seq runs.

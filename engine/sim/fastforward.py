@@ -24,10 +24,14 @@ from kvloop.engine.sim.workload import output_tokens
 
 def admits_nobody(sched) -> bool:
     """schedule() would admit no waiting request however many wait: static mode with a batch running,
-    or the batch cap or the token budget reached. Arrivals then only join the queue, and a window may
-    take them in instead of ending at them (near saturation, that is most steps)."""
+    or the batch cap or the token budget reached. Arrivals then only join the queue, and a window may take
+    them in instead of ending at them (near saturation, that is most steps). In codesign, past the cap
+    and below its row ceiling, a request that joins a running group may still run: the window ends at an
+    arrival that makes `may_admit_past_cap` true."""
     n = len(sched.running)
-    return getattr(sched, "static", None) is not None or n >= sched.batch_cap or n >= sched.config.max_num_batched_tokens
+    if getattr(sched, "static", None) is not None or n >= sched.row_ceiling or n >= sched.config.max_num_batched_tokens:
+        return True
+    return n >= sched.batch_cap and not sched.may_admit_past_cap()
 
 
 def eligible(sched, kv) -> bool:
@@ -41,6 +45,8 @@ def eligible(sched, kv) -> bool:
     static = getattr(sched, "static", None) is not None  # static mode: nobody joins a running batch
     if sched.waiting and not static and n < sched.batch_cap and n < budget:
         return False  # the scheduler would try to admit from the queue
+    if n < budget and sched.may_admit_past_cap():
+        return False  # codesign: a waiting request joins a running group and may run past the cap
     for seq in running:
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.first_token_time is None or kv.is_swapped(seq):
             return False
@@ -78,9 +84,13 @@ class Window:
         for j in range(max_steps):
             if t >= deadline:  # step j may start only while nothing else is due
                 break
+            took = False
             while take_arrivals and heap and heap[0][0] <= t:
                 sim.now = t
                 sim.arrive_next()
+                took = True
+            if took and sim.scheduler.may_admit_past_cap():
+                break  # an arrival joins a running group past the cap: the scheduler decides step j
             failed = False
             # ascending i: the scheduler's order within a step. The first step allocates for everyone,
             # as schedule() would: that also commits blocks the last step filled (and shares a block
