@@ -86,9 +86,12 @@ def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], blo
 class CascadePlanner:
     """Builds plans and reuses the last one while the decode set is unchanged.
 
-    The key is the step's decode rows in order, each as (request id, preemption count): rows cannot gain
-    shared blocks while they decode (new blocks are private), and any join, leave, finish or preemption
-    changes the key for at least one step, so the cached plan is never stale."""
+    The key is the step's decode rows in order, each as (request id, preemption count): any join, leave,
+    finish or preemption changes it (a swapped row can be back within one step: its count tells). While
+    the key holds, a plan stays correct: its shared blocks are indexed, so the KV manager never swaps them
+    out of a running row's table, and each row's own part is read from its current table every step. What
+    a reused plan can miss is sharing that appears mid-decode (the manager deduplicating two rows'
+    identical new blocks); it is picked up when the decode set next changes."""
 
     def __init__(self, block_size: int, worth: Worth, nested: bool = True):
         self.block_size = block_size
