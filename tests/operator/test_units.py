@@ -178,3 +178,19 @@ def test_owned_kinds_cover_every_rendered_kind():
     spec = {"replicas": 2, "observability": {"serviceMonitor": {"enabled": True}},
             "routing": {"inferencePool": {"enabled": True}}}
     assert {c["kind"] for c in render_children("x", "ns", "uid", spec)} == {kind for _, kind in OWNED_KINDS}
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ({}, []),
+    ({"replicas": 2, "resources": {"limits": {"cpu": "1", "memory": 1024}}}, []),
+    ("replicas: 2", ["spec must be an object, not string"]),
+    ({"replicas": True}, ["spec.replicas must be an integer, not boolean"]),
+    ({"replicas": 1.5}, ["spec.replicas must be an integer, not number"]),
+    ({"engine": {"kvCache": {"retentionWatermark": "high"}}},
+     ["spec.engine.kvCache.retentionWatermark must be a number, not string"]),
+    ({"resources": {"limits": {"cpu": [1]}}}, ["spec.resources.limits.cpu must be an integer or a string, not array"]),
+])
+def test_shape_problems_name_the_field(spec, expected):
+    from kvloop.operator.shape import shape_problems
+
+    assert shape_problems(spec) == expected
