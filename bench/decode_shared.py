@@ -236,8 +236,9 @@ def main() -> None:
     else:
         from kvloop.engine.bench.guard import NoiseGuard
 
-        batches, ctx, per_docs, reps = ((4,), 300, (1, 2, 4), 1) if args.quick else ((8, 16, 32), 2000, (1, 4, 16),
-                                                                                     args.reps)
+        # quick: small enough for a smoke run, long enough that the cost model cascades the 8-row group
+        batches, ctx, per_docs, reps = ((8,), 1000, (1, 8), 1) if args.quick else ((8, 16, 32), 2000, (1, 4, 16),
+                                                                                    args.reps)
         bench = Bench(args.dtype, args.kv_dtype, args.threads)
         with NoiseGuard() as guard:
             runs = [bench.run(b, ctx, min(g, b), reps) for b in batches for g in per_docs]

@@ -166,3 +166,28 @@ def test_16bit_kv_write_and_prefill():
     scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vr.repeat_interleave(group, 1))
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-6, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_long_rows_are_read_in_place_and_short_ones_bucketed(monkeypatch):
+    """Rows longer than the cost model's copy limit never go through the copying path; copied rows are
+    bucketed so that a bucket's padding stays small."""
+    gen, _ = new_generator()
+    cache = Cache(600, torch.float32, gen, True)
+    lens = [1100, 700, 30, 33, 40, 200, 210, 1]
+    tables = rows_from(cache, [([], n) for n in lens])
+    limit = torch_decode.cost_for("float32").copy_max_tokens
+    copied: list[list[int]] = []
+    real = torch_decode.gathered_attention
+
+    def spy(q, k_cache, v_cache, short, scale, need_lse):
+        copied.append(short.lens.tolist())
+        return real(q, k_cache, v_cache, short, scale, need_lse)
+
+    monkeypatch.setattr(torch_decode, "gathered_attention", spy)
+    q = torch.randn(len(lens), HEADS, HD, generator=gen)
+    out = run(q, cache, tables, lens, HD ** -0.5, None)
+    torch.testing.assert_close(out.double(), reference(q, cache, tables, lens, HD ** -0.5), atol=2e-6, rtol=2e-6)
+    flat = sorted(n for bucket in copied for n in bucket)
+    assert flat == sorted(n for n in lens if n <= limit)
+    for bucket in copied:
+        assert max(bucket) <= max(min(bucket) * torch_decode.BUCKET_SLACK, min(bucket) + 16)
