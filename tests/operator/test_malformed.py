@@ -42,7 +42,7 @@ MALFORMED = {
 async def test_malformed_object_is_degraded_and_deletable(kube, operator, stored, message):
     await create(kube, stored)
     st = await eventually(lambda: isinstance(status_of(kube), dict) and status_of(kube).get("observedGeneration") == 1
-                          and status_of(kube))
+                          and status_of(kube), timeout=20)
     degraded = cond(st, "Degraded")
     if message is None:  # the stored status was replaced by a well-formed one; the spec was realised
         assert degraded["status"] == "False", degraded
@@ -71,7 +71,7 @@ async def test_repaired_spec_recovers(kube, operator):
 async def test_object_without_uid_or_generation(kube, operator):
     """Stored around the API server (which always sets them): no children that name no owner."""
     kube.objects[kmock.resource(CR), NS, NAME] = body({"replicas": 1})
-    st = await eventually(lambda: status_of(kube).get("conditions") and status_of(kube))
+    st = await eventually(lambda: status_of(kube).get("conditions") and status_of(kube), timeout=20)
     degraded = cond(st, "Degraded")
     assert degraded["status"] == "True" and "metadata.uid is not set" in degraded["message"], degraded
     assert obj(kube, "apps/v1/deployments") is None
