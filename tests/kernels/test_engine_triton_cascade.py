@@ -1,10 +1,12 @@
 """The engine gives the same greedy tokens through the Triton cascade kernels (interpreter) as through the
 torch path without cascade. Rows share pages through the prefix cache: a system prompt shared by all, and
 two documents each shared by two rows (nested groups), with decodes beside chunked prefills (mixed steps).
-The runner builds the plans (cascade="always": every shared prefix of two or more rows, no cost gate)."""
+The runner builds the plans (cascade="always": every shared prefix of two or more rows, no cost gate).
+With fp32 and with bf16 KV storage under the fp32 model."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
@@ -36,11 +38,12 @@ def record_plans(engine: EngineCore, plans: list[CascadePlan]) -> None:
     engine.runner.planner.plan = recorded
 
 
-def greedy(backend: str, cascade: str, plans: list[CascadePlan]) -> dict[str, list[int]]:
+def greedy(backend: str, cascade: str, kv_dtype: str, plans: list[CascadePlan]) -> dict[str, list[int]]:
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.3), torch.float32, attention_backend=backend)
-    engine = EngineCore(EngineConfig(dtype="float32", progress=False, block_size=16, kv_cache_tokens=2048,
-                                     cascade=cascade, scheduler=SchedulerConfig(max_num_batched_tokens=64)),
-                        model=model)
+    engine = EngineCore(EngineConfig(dtype="float32", kv_dtype=kv_dtype, progress=False, block_size=16,
+                                     kv_cache_tokens=2048, cascade=cascade,
+                                     scheduler=SchedulerConfig(max_num_batched_tokens=64)), model=model)
+    assert engine.runner.kv_cache.dtype == getattr(torch, kv_dtype)
     record_plans(engine, plans)
     # The first rows decode long enough to overlap the later ones (groups of 5 need all of them).
     for rid, ids in FIRST.items():
@@ -57,13 +60,14 @@ def greedy(backend: str, cascade: str, plans: list[CascadePlan]) -> dict[str, li
     return tokens
 
 
-def test_cascade_greedy_tokens_equal_torch_path():
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])  # bf16: the fp32 model over a 16-bit KV cache
+def test_cascade_greedy_tokens_equal_torch_path(kv_dtype):
     no_plans: list[CascadePlan] = []
-    torch_tokens = greedy("torch", "off", no_plans)
+    torch_tokens = greedy("torch", "off", kv_dtype, no_plans)
     assert not no_plans
     before = tk.LAUNCHES["cascade_shared"]
     plans: list[CascadePlan] = []
-    triton_tokens = greedy("triton", "always", plans)
+    triton_tokens = greedy("triton", "always", kv_dtype, plans)
     assert tk.LAUNCHES["cascade_shared"] > before  # the cascade kernels really ran
     assert triton_tokens == torch_tokens
     assert any(len(set(t)) > 3 for t in torch_tokens.values())  # the outputs are not one repeated token

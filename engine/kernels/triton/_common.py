@@ -37,6 +37,13 @@ def check_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
+def check_attention_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.dtype:
+    """The compute dtype of an attention kernel: the caches'. Queries (and outputs) may differ, e.g. an fp32
+    model over a 16-bit KV cache: they are converted on load and on store."""
+    check_dtype(q)
+    return check_dtype(k_cache, v_cache)
+
+
 def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     """Operand dtype and precision for tl.dot. The interpreter gets bf16 arithmetic wrong, so there
     everything is computed in fp32; on the GPU 16-bit operands feed the tensor cores natively and fp32

@@ -52,6 +52,8 @@ class Spec:
     constexprs: dict[str, Any]
     num_warps: int = 4
     num_stages: int = 2
+    io_dtype: torch.dtype | None = None  # these pointers' dtype when it differs from the cache's (fp32 model, 16-bit KV)
+    io_ptrs: tuple[str, ...] = ("q_ptr", "out_ptr")
 
 
 def signature(spec: Spec) -> tuple[dict[str, str], dict[tuple[int, ...], list[list[Any]]]]:
@@ -63,7 +65,8 @@ def signature(spec: Spec) -> tuple[dict[str, str], dict[tuple[int, ...], list[li
         if arg in spec.constexprs:
             sig[arg] = "constexpr"
         elif arg.endswith("_ptr"):
-            sig[arg] = FIXED_PTRS.get(arg, PTR_TYPES[spec.dtype])
+            io = spec.io_dtype is not None and arg in spec.io_ptrs
+            sig[arg] = PTR_TYPES[spec.io_dtype] if io else FIXED_PTRS.get(arg, PTR_TYPES[spec.dtype])
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif arg in ("scale_log2", "eps"):
             sig[arg] = "fp32"
@@ -101,6 +104,22 @@ def specs() -> list[Spec]:
         out.append(Spec(f"cascade_shared/{NAMES[dtype]}/g{group}/hd{hd}/m{block_m}", cascade_shared_kernel, dtype,
                         dict(GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_D=next_pow2(hd),
                              BLOCK_N=block_n, DOT_T=dot_t, PREC=prec), num_warps=warps))
+    # An fp32 model over a bf16 KV cache: fp32 queries, outputs and new K/V, bf16 pages.
+    bf16, fp32 = torch.bfloat16, torch.float32
+    dot_t, prec = dot_config(bf16)
+    out.append(Spec("write_kv/fp32-into-bf16/hd128", write_kv_kernel, bf16, dict(
+        N_KV=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=8, BLOCK_D=128), io_dtype=fp32, io_ptrs=("k_ptr", "v_ptr")))
+    out.append(Spec("decode/fp32q-bf16kv/g4/hd128/split0/start1", decode_split_kernel, bf16, dict(
+        GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_H=16, BLOCK_D=128, BLOCK_N=tile_tokens(128, bf16),
+        DOT_T=dot_t, PREC=prec, SPLIT=False, HAS_START=True), num_warps=decode_warps(bf16), io_dtype=fp32))
+    block_m, block_n, warps = shared_tiles(16, 4, 128, bf16)
+    out.append(Spec("cascade_shared/fp32q-bf16kv/g4/hd128", cascade_shared_kernel, bf16, dict(
+        GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_M=block_m, BLOCK_D=128, BLOCK_N=block_n, DOT_T=dot_t,
+        PREC=prec), num_warps=warps, io_dtype=fp32))
+    block_m, block_n, warps = extend_tiles(128, bf16)
+    out.append(Spec("extend/fp32q-bf16kv/g4/hd128", extend_kernel, bf16, dict(
+        GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128, DOT_T=dot_t,
+        PREC=prec), num_warps=warps, io_dtype=fp32))
     for row_slots in (False, True):  # plain split-K, and cascade's per-row slots
         out.append(Spec(f"decode_merge/hd128/rows{int(row_slots)}", decode_merge_kernel, torch.bfloat16, dict(
             HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8 if not row_slots else 32, HAS_ROW_SLOTS=row_slots)))

@@ -219,7 +219,7 @@ def pack_for(
     segments: Sequence[CascadeSegment], q: torch.Tensor, k_cache: torch.Tensor, shared_splits: int | None = None,
 ) -> PackedCascade:
     """pack_segments for decode queries q [B, H, D] over this cache (tile sizes follow dtype and head dim)."""
-    _, block_n, _ = shared_tiles(1, q.shape[1] // k_cache.shape[2], q.shape[2], q.dtype)  # not member-dependent
+    _, block_n, _ = shared_tiles(1, q.shape[1] // k_cache.shape[2], q.shape[2], k_cache.dtype)  # not member-dependent
     return pack_segments(segments, q.shape[0], k_cache.shape[2], block_n, q.device, shared_splits)
 
 
@@ -233,11 +233,11 @@ def cascade_partials(
     batch, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     packed = segments if isinstance(segments, PackedCascade) else pack_for(segments, q, k_cache, shared_splits)
-    block_m, block_n, warps = shared_tiles(packed.max_members, group, head_dim, q.dtype)
+    block_m, block_n, warps = shared_tiles(packed.max_members, group, head_dim, k_cache.dtype)
 
     # The suffix splits: an upper bound on the longest suffix, known without reading context_lens.
     suffix_bound = max(block_tables.shape[1] * block_size - packed.min_row_start, 1)
-    suffix_n = tile_tokens(head_dim, q.dtype)
+    suffix_n = tile_tokens(head_dim, k_cache.dtype)
     splits, partition = plan_splits(batch, n_kv, suffix_bound, suffix_n, q.device, num_splits)
     base = packed.levels * packed.shared_splits
     part_lse = torch.empty(batch, n_heads, base + splits, device=q.device, dtype=torch.float32)
@@ -246,7 +246,7 @@ def cascade_partials(
     groups = packed.seg_info.shape[0]
     if groups:
         m_tiles = triton.cdiv(packed.max_members * group, block_m)
-        dot_t, prec = dot_config(q.dtype)
+        dot_t, prec = dot_config(k_cache.dtype)
         LAUNCHES["cascade_shared"] += 1
         cascade_shared_kernel[(groups, n_kv, m_tiles * packed.shared_splits)](
             q, k_cache, v_cache, block_tables, packed.seg_info, packed.seg_rows, part_out, part_lse,

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCHES, check_dtype, dot_config, is_interpreted, next_pow2, num_sms
+from ._common import LAUNCHES, check_attention_dtypes, dot_config, is_interpreted, next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split, at least: below this the merge costs more than it saves
@@ -163,7 +163,7 @@ def plan_splits(
 
 def check_decode_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
     """q with a unit inner stride, and the GQA group size; raises on shapes the kernels cannot take."""
-    check_dtype(q, k_cache, v_cache)
+    check_attention_dtypes(q, k_cache, v_cache)
     n_heads, n_kv = q.shape[1], k_cache.shape[2]
     if n_heads % n_kv:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv}")
@@ -188,7 +188,7 @@ def launch_split(
         out = part_out  # unused by the kernel; any tensor will do for the pointer arguments
     else:
         part_out = part_lse = out
-    dot_t, prec = dot_config(q.dtype)
+    dot_t, prec = dot_config(k_cache.dtype)
     LAUNCHES["decode"] += 1
     decode_split_kernel[(batch, n_kv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, context_lens if row_start is None else row_start,
@@ -205,7 +205,7 @@ def launch_split(
         GROUP=n_heads // n_kv, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim,
         BLOCK_H=max(16, next_pow2(n_heads // n_kv)), BLOCK_D=next_pow2(head_dim), BLOCK_N=block_n,
         DOT_T=dot_t, PREC=prec, SPLIT=split, HAS_START=row_start is not None,
-        num_warps=decode_warps(q.dtype), num_stages=TUNING["num_stages"],
+        num_warps=decode_warps(k_cache.dtype), num_stages=TUNING["num_stages"],
     )
 
 
@@ -238,7 +238,7 @@ def decode_triton(
         return out
 
     max_tokens = block_tables.shape[1] * k_cache.shape[1]  # an upper bound on context_lens, known without a sync
-    block_n = tile_tokens(head_dim, q.dtype)
+    block_n = tile_tokens(head_dim, k_cache.dtype)
     splits, partition = plan_splits(batch, k_cache.shape[2], max_tokens, block_n, q.device, num_splits)
     if splits == 1:
         launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, 1, partition, block_n, out, None, None)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCHES, check_dtype, dot_config, is_interpreted, next_pow2
+from ._common import LAUNCHES, check_attention_dtypes, dot_config, is_interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -98,7 +98,7 @@ def extend_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_q_len: int | None = None,
 ) -> torch.Tensor:
-    dtype = check_dtype(q, k_cache, v_cache)
+    dtype = check_attention_dtypes(q, k_cache, v_cache)
     total, n_heads, head_dim = q.shape
     _, block_size, n_kv, _ = k_cache.shape
     if n_heads % n_kv:

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import LAUNCHES, check_dtype, next_pow2
+from ._common import LAUNCHES, check_dtype, is_interpreted, next_pow2
 
 
 @triton.jit
@@ -39,7 +39,12 @@ def write_kv_kernel(
 def write_kv_triton(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    check_dtype(k, v, k_cache, v_cache)
+    check_dtype(k, v)  # the new K/V may be wider than the cache (an fp32 model, 16-bit KV): rounded on store
+    check_dtype(k_cache, v_cache)
+    if k.dtype != k_cache.dtype and is_interpreted():
+        # The interpreter truncates fp32 -> bf16 (any rounding mode asked); the GPU rounds to nearest even,
+        # as torch does, so round here to store what the GPU would.
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     n_tokens, n_kv, head_dim = k.shape
     if n_tokens == 0:
         return
