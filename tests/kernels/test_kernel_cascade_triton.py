@@ -156,6 +156,15 @@ def test_bad_plans_are_refused(segments, message):
         pack_segments(segments, 2, 2, 16, torch.device("cpu"))
 
 
+def test_plan_must_fit_the_call():
+    paged, q, ctx, dtype, seed = build("group_of_2_block_edge")
+    args = (q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, 0.125)
+    with pytest.raises(ValueError, match="packed for 2 rows"):
+        tk.cascade_decode_attention(*args, pack_segments([S(0, 0, 16, (0, 1))], 2, 3, 16, q.device))
+    with pytest.raises(ValueError, match="past the block tables"):
+        tk.cascade_decode_attention(*args, [S(0, 0, paged.block_tables.shape[1] * 16 + 1, (0, 1))])
+
+
 def test_torch_backend_computes_the_same_attention():
     paged, q, ctx, dtype, seed = build("nested")
     segments = CASES["nested"][6]

@@ -58,6 +58,7 @@ class PackedCascade:
     shared_partition: int
     max_members: int
     min_row_start: int
+    max_end: int  # the furthest shared token: the block tables must reach it
 
 
 @triton.jit
@@ -211,7 +212,7 @@ def pack_segments(
         row_start=torch.tensor(starts, dtype=torch.int32).to(device),
         row_slots=torch.tensor([d * shared_splits for d in depth], dtype=torch.int32).to(device),
         levels=levels, shared_splits=shared_splits, shared_partition=partition, max_members=max_members,
-        min_row_start=min(starts, default=0),
+        min_row_start=min(starts, default=0), max_end=max((s.end for s in segments), default=0),
     )
 
 
@@ -233,6 +234,12 @@ def cascade_partials(
     batch, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
     packed = segments if isinstance(segments, PackedCascade) else pack_for(segments, q, k_cache, shared_splits)
+    # Host-side checks only (no sync): that each segment's rows hold its tokens is the plan's contract.
+    if packed.row_start.shape[0] != batch:
+        raise ValueError(f"cascade plan packed for {packed.row_start.shape[0]} rows, called with {batch}")
+    if packed.max_end > block_tables.shape[1] * block_size:
+        raise ValueError(f"cascade segment ends at token {packed.max_end}, past the block tables' "
+                         f"{block_tables.shape[1] * block_size} tokens")
     block_m, block_n, warps = shared_tiles(packed.max_members, group, head_dim, k_cache.dtype)
 
     # The suffix splits: an upper bound on the longest suffix, known without reading context_lens.
