@@ -24,7 +24,8 @@ def _set_mode(llm, mode: str, auto_planner) -> None:
 
     runner = llm.engine.runner
     runner.cascade = mode
-    runner.planner = auto_planner if mode == "auto" else CascadePlanner(runner.block_size, lambda m, t: m > 1)
+    runner.planner = auto_planner if mode == "auto" else CascadePlanner(
+        runner.block_size, lambda members, tokens: members > 1, nested=auto_planner.nested)
 
 
 def run(device: torch.device, batches: list[int], share: int, shared_len: int, tail_len: int, gen: int,
