@@ -99,3 +99,17 @@ async def test_delete_removes_children_of_older_specs_too(kube, operator):
         res = kmock.resource(f"{api_version}/{PLURALS[kind]}")
         left = [k for k, o in kube.objects.items() if k[0] == res and not o.deleted]
         assert left == [], (kind, left)
+
+
+async def test_kinds_the_operator_may_not_list_are_skipped(kube, operator):
+    """minimal-rbac-values.yaml grants nothing on ServiceMonitors: listing them answers 403, and the
+    operator cannot have created any, so pruning passes over them instead of failing the reconcile."""
+    kube["get", kmock.resource(MONITORS)] << 403
+    await create(kube, cr_body(replicas=2))
+    await generation_done(kube, 1)
+    await patch(kube, f"{BASE}/{NAME}", {"spec": {"replicas": 1}})
+    await generation_done(kube, 2)
+    await eventually(lambda: obj(kube, PDBS) is None)
+    assert any(r.method == "GET" and r.url.path.endswith("/servicemonitors") for r in kube._requests)
+    degraded = next(c for c in status_of(kube)["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False", degraded
