@@ -249,7 +249,8 @@ def main() -> None:
         result["goals"] = goals(runs)
     if args.peers:
         for peer, tpots in json.loads(Path(args.peers).read_text()).items():
-            add_peer_tpots(result, peer, tpots)
+            if not peer.startswith("_"):  # peer_tpot.py keeps its details under _-keys
+                add_peer_tpots(result, peer, tpots)
     write(result, stem)
     print(render_md(result))
 
