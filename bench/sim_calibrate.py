@@ -4,7 +4,10 @@ Runs the embedded SmolLM2-135M through the real engine (prefix cache off, so eve
 says) for a few decode batch sizes and prompt lengths, times every engine.step() (scheduler, runner
 and bookkeeping: everything the simulator's step time stands for), records each step's shape, and fits
 the cost model: efficiencies of bandwidth and peak on a log grid, then non-negative least squares for
-the fixed, per-sequence and per-token overheads, minimising relative error. Few, short runs; the
+the fixed, per-sequence and per-token overheads, minimising relative error. Decode attention is not
+fitted here: it is the step-cost function's (engine/scheduler/step_cost.py, with the coefficients
+bench/calibrate_cascade.py measured for the engine's KV dtype, and each step's cascade groups as the
+runner planned them), taken as known and subtracted before the fit. Few, short runs; the
 other processes' CPU use during the runs is recorded (NoiseGuard) because this machine is shared.
 
     .venv/bin/python bench/sim_calibrate.py            # writes bench/results/sim_calibration.json
@@ -21,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 from kvloop.engine.bench.guard import NoiseGuard
-from kvloop.engine.sim.cost import CostModel, Efficiency, step_shape
+from kvloop.engine.kernels.cascade_cost import cost_for
+from kvloop.engine.sim.cost import CostModel, Efficiency, decode_contexts, step_shape
 from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
 from sim_fidelity import StepTimer, sim_sizing, workload  # bench/ is on sys.path when run as a script
 
@@ -68,27 +72,36 @@ def run_workload_steps(modes: list[str], threads: int | None, seed: int = 1) -> 
 
 
 def features(cost: CostModel, items) -> list[float]:
-    """Seconds at efficiency 1 of each term (weights, matmul FLOPs, KV bytes, attention FLOPs), then the
-    sequence, token and prefill-chunk counts."""
-    tokens, seqs, samples, ctx, pairs, chunks = step_shape([tuple(x) for x in items], pad_decodes=True)
+    """Seconds at efficiency 1 of each term (weights, matmul FLOPs, prefill KV bytes, prefill attention
+    FLOPs), then the sequence, token and prefill-chunk counts."""
+    tokens, seqs, samples, ctx, pairs, chunks = step_shape([tuple(x) for x in items])
     w, kv, mm, attn = cost.components(tokens, samples, ctx, pairs)
     hw = cost.hw
     return [w / hw.mem_bw, mm / hw.peak_flops, kv / hw.mem_bw, attn / hw.peak_flops, seqs, tokens, chunks]
 
 
-def fit(rows: list[dict], model) -> dict:
-    """The CPU form of the cost model: a weights/matmul roofline, plus KV traffic and attention run
-    serially, plus fixed, per-sequence, per-token and per-prefill-chunk overheads. A grid over the
-    roofline's two efficiencies; non-negative least squares (relative error) for the rest."""
-    cost = CostModel(model, THIS_CPU, Efficiency(bw=1.0, flops=1.0))
+def decode_seconds(cost: CostModel, row: dict) -> float:
+    """The step's decode attention by the step-cost function (known, not fitted); rows saved before groups
+    were recorded count as plain."""
+    items = [tuple(x) for x in row["items"]]
+    return 1e-6 * cost.decode.decode_us(decode_contexts(items), [tuple(g) for g in row.get("groups", ())])
+
+
+def fit(rows: list[dict], model, kv_dtype: str) -> dict:
+    """The CPU form of the cost model: a weights/matmul roofline, plus prefill KV traffic and attention run
+    serially, plus the decode attention of the step-cost function, plus fixed, per-sequence, per-token and
+    per-prefill-chunk overheads. A grid over the roofline's two efficiencies; non-negative least squares
+    (relative error) for the rest."""
+    cost = CostModel(model, THIS_CPU, Efficiency(bw=1.0, flops=1.0), cost_for(kv_dtype))
     f = np.array([features(cost, r["items"]) for r in rows])
+    known = np.array([decode_seconds(cost, r) for r in rows])
     y = np.array([r["seconds"] for r in rows])
     w = 1.0 / y  # relative error
     a = np.stack([np.ones_like(y), f[:, 4], f[:, 5], f[:, 2], f[:, 3], f[:, 6]], 1)
     best = None
     for bw in np.geomspace(0.02, 1.0, 40):
         for fl in np.geomspace(0.02, 1.0, 40):
-            roof = np.maximum(f[:, 0] / bw, f[:, 1] / fl)
+            roof = np.maximum(f[:, 0] / bw, f[:, 1] / fl) + known
             coef = _nnls((a * w[:, None]), (y - roof) * w)
             pred = roof + a @ coef
             err = float(np.sqrt(np.mean(((pred - y) / y) ** 2)))
@@ -100,7 +113,7 @@ def fit(rows: list[dict], model) -> dict:
     return {"bw": float(bw), "flops": float(fl), "step_overhead_s": float(coef[0]), "seq_overhead_s": float(coef[1]),
             "token_overhead_s": float(coef[2]), "kv_bw": float(1 / coef[3]) if coef[3] > 0 else 1e9,
             "attn_flops": float(1 / coef[4]) if coef[4] > 0 else 1e9, "chunk_overhead_s": float(coef[5]),
-            "pad_decodes": True,  # the engine's CPU decode attention runs every row over the longest context
+            "decode_share": float(np.sum(known) / np.sum(y)),  # of the steps' time, the known decode attention
             "rms_rel_error": err,
             "max_abs_rel_error": float(np.max(np.abs(rel))), "steps": len(rows)}
 
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.refit:
         result = json.loads(Path(args.out).read_text())
-        result["fit"] = fit(result["rows"], replace(SMOLLM2_135M, dtype_bytes=result["dtype_bytes"]))
+        result["fit"] = fit(result["rows"], replace(SMOLLM2_135M, dtype_bytes=result["dtype_bytes"]),
+                            result.get("kv_dtype", "float32"))
         Path(args.out).write_text(dump(result))
         print(json.dumps(result["fit"], indent=1))
         return 0
@@ -152,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                        kv=KVConfig(mode="continuous", host_cache_tokens=0), threads=args.threads, progress=False)
     engine = EngineCore(cfg)
     dtype = str(engine.dtype).removeprefix("torch.")
+    kv_dtype = str(engine.kv_dtype).removeprefix("torch.")  # the profile prices decode attention with it
     model = replace(SMOLLM2_135M, dtype_bytes=4 if dtype == "float32" else 2)
     run_shapes(engine, [(1, 32), (4, 64)], 4, seed=99)  # warm-up, not fitted
     guard = NoiseGuard()
@@ -159,12 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = run_shapes(engine, SHAPES, args.decode_steps)
         del engine
         rows += run_workload_steps([m for m in args.modes.split(",") if m], args.threads)
-    result = {"machine": THIS_CPU.name, "dtype": dtype, "threads": args.threads, "model": model.name,
-              "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model), "noise": guard.report().as_dict(),
+    result = {"machine": THIS_CPU.name, "dtype": dtype, "kv_dtype": kv_dtype, "threads": args.threads,
+              "model": model.name, "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model, kv_dtype),
+              "noise": guard.report().as_dict(),
               "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(dump(result))
-    print(json.dumps({k: result[k] for k in ("dtype", "fit")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("dtype", "kv_dtype", "fit")}, indent=1))
     print("noise:", {k: v for k, v in result["noise"].items() if k != "series"})
     return 0
 

@@ -44,17 +44,31 @@ def sim_sizing() -> Sizing:
 
 class StepTimer:
     """Wraps an engine's step (and its runner's execute): counts steps and their seconds and, when
-    `rows` is given, records each step that ran a batch as {"shape": label(items), "items", "seconds"}
-    with items = (start, num_tokens, samples) per scheduled sequence."""
+    `rows` is given, records each step that ran a batch as {"shape": label(items), "items", "groups",
+    "seconds"} with items = (start, num_tokens, samples) per scheduled sequence and groups = the decode
+    rows' cascaded (members, shared tokens), planned after the timed step as the runner planned them."""
 
     def __init__(self, engine, rows: list[dict] | None = None, label=lambda items: [len(items)]):
         self.steps, self.seconds, self.rows, self.label = 0, 0.0, rows, label
         self._items: list | None = None
+        self._decodes: tuple[list, list] = ([], [])
         step, execute = engine.step, engine.runner.execute
+        cascade = engine.config.cascade != "off"
 
         def spy(batch):
             self._items = [(it.start, it.num_tokens, it.samples) for it in batch.items]
+            if self.rows is not None and cascade:  # copies: a finished request's table is released
+                self._decodes = ([list(it.seq.block_table) for it in batch.decodes],
+                                 [it.start + 1 for it in batch.decodes])
             return execute(batch)
+
+        def groups() -> list:
+            tables, lens = self._decodes
+            self._decodes = ([], [])
+            if len(tables) < 2:
+                return []
+            cost = engine.scheduler.step_cost
+            return [list(g) for g in cost.group_shapes(cost.plan(tables, lens))]
 
         def timed_step():
             self._items = None
@@ -64,7 +78,8 @@ class StepTimer:
             self.steps += 1
             self.seconds += dt
             if self.rows is not None and self._items is not None:
-                self.rows.append({"shape": self.label(self._items), "items": self._items, "seconds": dt})
+                self.rows.append({"shape": self.label(self._items), "items": self._items, "groups": groups(),
+                                  "seconds": dt})
             return out
 
         engine.runner.execute, engine.step = spy, timed_step

@@ -28,6 +28,7 @@ class Sizing:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_context: int = 4096  # longest prompt + output of the workload (llama.cpp per-slot context)
+    cascade_cap_factor: float = 2.0  # codesign: rows past the batch cap within its priced budget, at most x cap
     disk_dir: str | None = None  # the disk tier is off unless a directory is given
 
     def scaled(self, f: float) -> Sizing:
@@ -43,7 +44,8 @@ def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) ->
     if mode not in ENGINE_MODES:
         raise ValueError(f"mode must be one of {ENGINE_MODES}")
     sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens,
-                      "cascade_groups": resolve_cascade_groups("auto", mode)}
+                      "cascade_groups": resolve_cascade_groups("auto", mode),
+                      "cascade_cap_factor": sizing.cascade_cap_factor}
     if mode == "static":
         sched_kw.update(mode="static", static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)

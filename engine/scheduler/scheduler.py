@@ -6,9 +6,11 @@ there is room, else freed and recomputed later) instead of failing. Then waiting
 while the batch cap, the token budget and memory allow:
 - continuous, continuous+lru: in arrival order; the head waits for memory (FCFS).
 - codesign: in prefix-grouping order with aging (grouping.py), each through the cache-aware
-  admission gate (admission.py). Requests that join a running group's shared prefix come first and may
-  run beyond the batch cap while the step's attention, priced by the step-cost function shared with the
-  simulator (step_cost.py), stays within what the cap's plain rows would cost (`_past_cap`).
+  admission gate (admission.py). Requests that join a running group's shared prefix come first (they
+  add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a request
+  is admitted while the step's decode attention with it, priced by the step-cost function shared with
+  the simulator (step_cost.py), stays within what `batch_cap` plain rows would cost; the room running
+  groups save and a joiner's small price are what let it in. At most cascade_cap_factor x the cap.
 - static: fixed batches instead of admission (static.py).
 
 Time comes from `clock` (default time.monotonic, looked up at each call so the simulator can swap it):
@@ -186,11 +188,11 @@ class Scheduler:
                 return
             extra = 0.0
             if len(self.running) >= self.batch_cap:
-                if id(seq) in priority:
-                    return  # an aged or preempted request waits for a slot within the cap: nobody passes it
                 past_cap = past_cap or self._step_price()
                 extra = self._added_price(seq)
-                if extra is None or past_cap[0] + extra > past_cap[1]:
+                if past_cap[0] + extra > past_cap[1]:
+                    if id(seq) in priority:
+                        return  # an aged or preempted request waits for room: nobody passes it
                     continue
             need = self.gate.need(seq)
             # A lone request always gets its chance (progress); otherwise the gate decides.
@@ -224,27 +226,17 @@ class Scheduler:
         sc = self.step_cost
         return [sc.price_us(tables, ctx), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
 
-    def _added_price(self, seq: Sequence) -> float | None:
-        """What seq adds to a decode step if it joins a running group (None: it joins none that cascades)."""
+    def _added_price(self, seq: Sequence) -> float:
+        """What seq adds to a decode step: its plain row, less what joining a running group saves."""
         hit = self.view.peek(seq)
         saving = self.join_saving_us(hit) if hit.shared else 0.0
-        if saving <= 0:
-            return None
         return self.step_cost.decode_us([seq.num_tokens]) - saving
 
     def may_admit_past_cap(self) -> bool:
-        """Whether schedule() could admit a waiting request beyond the batch cap now: codesign below the
-        row ceiling, no aged or preempted request waiting (it would hold the next slot), and a waiting
-        request that joins a running group. The simulator's fast-forward asks before skipping steps."""
-        cfg = self.config
-        if not self.codesign or not self.waiting or len(self.running) >= self.row_ceiling:
-            return False
-        if len(self.waiting) > cfg.grouping_max_queue:
-            return False  # plain FCFS: every waiting request holds its place
-        now = self.clock()
-        if any(s.num_preemptions or now - self.enqueued(s) >= cfg.aging_s for s in self.waiting):
-            return False
-        return any(self._added_price(s) is not None for s in self.waiting)
+        """Whether schedule() might admit a waiting request beyond the batch cap: codesign, someone waiting,
+        below the row ceiling (the priced budget moves with every step's contexts, so this does not try
+        to predict it). The simulator's fast-forward asks before skipping steps."""
+        return self.codesign and bool(self.waiting) and len(self.running) < self.row_ceiling
 
     def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
         """Attaches seq's cached prefix (or swaps it in) and allocates its first chunk; on success seq runs.

@@ -1,9 +1,19 @@
 """Roofline step-time model: bytes over bandwidth, FLOPs over peak, each scaled by an efficiency,
-plus fixed and per-sequence overheads (pure arithmetic, no torch)."""
+plus fixed and per-sequence overheads (pure arithmetic, no torch).
+
+Decode attention is priced apart, by the step-cost function the scheduler shares
+(engine/scheduler/step_cost.py: the runner's cascade plan over the rows' block tables, each group's
+shared K/V read once): with coefficients measured on the CPU (kernels/cascade_cost.py), or, for a GPU
+profile, derived from this roofline (`roofline_attention`: K/V bytes over bandwidth, products over peak).
+Prefill chunks' context reads and attention stay in the roofline terms below."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from kvloop.engine.kernels.cascade_cost import AttentionCost
+from kvloop.engine.scheduler import step_cost as shared
 
 
 @dataclass(frozen=True)
@@ -68,12 +78,9 @@ class Efficiency:
     seq_overhead_s: float = 0.0  # per sequence in the step (metadata, sampler)
     token_overhead_s: float = 0.0  # per token computed (elementwise ops that neither term covers)
     chunk_overhead_s: float = 0.0  # per prefill chunk (a CPU engine runs each chunk's attention on its own)
-    # The CPU decode path gathers every row's KV up to the longest context in the batch and multiplies
-    # over that span, so a decode reads (and attends over) the batch's longest context, not its own.
-    pad_decodes: bool = False
-    # 0: KV reads and attention FLOPs share the one roofline with the weights (a GPU overlaps them).
-    # > 0: they run after the matmuls at these shares of bandwidth and peak (a CPU engine gathers KV
-    # blocks and runs attention as separate, less efficient ops; bench/sim_calibrate.py fits them).
+    # Prefill chunks' KV reads and attention FLOPs. 0: they share the one roofline with the weights (a GPU
+    # overlaps them). > 0: they run after the matmuls at these shares of bandwidth and peak (a CPU engine
+    # runs attention as separate, less efficient ops; bench/sim_calibrate.py fits them).
     kv_bw: float = 0.0
     attn_flops: float = 0.0
 
@@ -86,9 +93,25 @@ class StepCost:
     memory_bound: bool
 
 
+def roofline_attention(model: ModelShape, hw: Hardware, eff: Efficiency) -> AttentionCost:
+    """Decode attention per layer in the step-cost model's form, from the roofline (a GPU): K/V streamed at
+    the achieved bandwidth, the products at the achieved peak (all query heads of a row, 2 products of
+    2 FLOPs per multiply-add), every row in one fused kernel (no per-call or per-row fixed cost); a row
+    in a cascade pays a merge that reads its extra partial output and log-sum-exp in fp32 and writes
+    its result. A stated model, not a measurement: it leaves out the cascade kernels' extra launches."""
+    bw, peak = hw.mem_bw * eff.bw, hw.peak_flops * eff.flops
+    merge_bytes = 2 * model.heads * (model.head_dim + 1) * 4
+    return AttentionCost(call_us=0.0, row_us=0.0, token_us=1e6 * model.kv_bytes_per_token / model.layers / bw,
+                         token_row_us=1e6 * 4 * model.heads * model.head_dim / peak, merge_us=1e6 * merge_bytes / bw)
+
+
 class CostModel:
-    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency):
+    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency, attention: AttentionCost | None = None,
+                 block_size: int = 16):
+        """attention: decode attention per layer (measured on a CPU); None: derived from the roofline."""
         self.model, self.hw, self.eff = model, hw, eff
+        self.attention = attention or roofline_attention(model, hw, eff)
+        self.decode = shared.StepCost(self.attention, model.layers, block_size)  # prices the caller's groups
         m = model
         self._w_bytes = float(m.weight_bytes_per_step)
         self._kv_tok = float(m.kv_bytes_per_token)
@@ -100,11 +123,12 @@ class CostModel:
         self._peak = hw.peak_flops * eff.flops
 
     def step(self, tokens: int, seqs: int, samples: int, ctx_read: float, attn_pairs: float,
-             chunks: int = 0) -> StepCost:
-        """tokens computed; seqs in the step; samples = rows that go through the output head;
-        ctx_read = KV tokens read (each sequence's context up to its last new token);
-        attn_pairs = sum over new tokens of the positions they attend to;
-        chunks = sequences computing more than one token (prefill chunks)."""
+             chunks: int = 0, decode_us: float = 0.0) -> StepCost:
+        """tokens computed (their K/V written); seqs in the step; samples = rows that go through the output
+        head; ctx_read = KV tokens prefill chunks read (each chunk's context before it);
+        attn_pairs = sum over the chunks' new tokens of the positions they attend to;
+        chunks = sequences computing more than one token (prefill chunks);
+        decode_us = the decode rows' attention (the step-cost function), run after the matmuls."""
         w_bytes, kv_bytes, mm_flops, attn_flops = self.components(tokens, samples, ctx_read, attn_pairs)
         byts, flops = w_bytes + kv_bytes, mm_flops + attn_flops
         e = self.eff
@@ -120,7 +144,7 @@ class CostModel:
         else:
             flops_roof = flops
         t_mem, t_cmp = byts_roof / self._bw, flops_roof / self._peak
-        secs = (max(t_mem, t_cmp) + serial + e.step_overhead_s + e.seq_overhead_s * seqs
+        secs = (max(t_mem, t_cmp) + serial + 1e-6 * decode_us + e.step_overhead_s + e.seq_overhead_s * seqs
                 + e.token_overhead_s * tokens + e.chunk_overhead_s * chunks)
         return StepCost(secs, byts, flops, t_mem >= t_cmp)
 
@@ -138,32 +162,30 @@ class CostModel:
         b = self._kv_tok * block_size
         return host_blocks * b / self.hw.link_bw + disk_blocks * b / self.hw.disk_bw
 
-    def decode_context(self, rows: int, total: float, longest: float) -> float:
-        """Context tokens `rows` decodes read, `total` summed over rows, `longest` the largest."""
-        return rows * longest if self.eff.pad_decodes else total
-
-    def step_for(self, items: list[tuple[int, int, bool]]) -> StepCost:
-        """items: (start, num_tokens, samples) per scheduled sequence."""
-        return self.step(*step_shape(items, self.eff.pad_decodes))
+    def step_for(self, items: list[tuple[int, int, bool]], groups: Iterable[tuple[int, int]] = ()) -> StepCost:
+        """items: (start, num_tokens, samples) per scheduled sequence; groups: the decode rows' cascaded
+        (members, shared tokens), from the step-cost function's plan (none: plain decode)."""
+        shape = step_shape(items)
+        return self.step(*shape, decode_us=self.decode.decode_us(decode_contexts(items), groups))
 
 
-def step_shape(items, pad_decodes: bool = False) -> tuple[int, int, int, float, float, int]:
+def decode_contexts(items) -> list[int]:
+    """Context of each single-token row of (start, num_tokens, samples) items, its new token included."""
+    return [start + 1 for start, n, _ in items if n == 1]
+
+
+def step_shape(items) -> tuple[int, int, int, float, float, int]:
     """(tokens, sequences, samples, context read, attention pairs, prefill chunks) of a step's
-    (start, num_tokens, samples) items: the arguments of CostModel.step. With `pad_decodes`, every
-    single-token row reads and attends over the longest decode context of the step."""
-    tokens = samples = chunks = decodes = 0
+    (start, num_tokens, samples) items: the arguments of CostModel.step. Single-token rows (decodes)
+    count their token and sample only: their reads are the step-cost function's (decode_contexts)."""
+    tokens = samples = chunks = 0
     ctx = pairs = 0.0
-    longest = 0
     for start, n, s in items:
         tokens += n
         samples += s
-        if n == 1 and pad_decodes:
-            decodes += 1
-            longest = max(longest, start)
+        if n == 1:
             continue
         ctx += start
         pairs += n * start + n * (n + 1) / 2  # causal within the chunk
-        chunks += n > 1
-    ctx += decodes * longest
-    pairs += decodes * (longest + 1)
+        chunks += 1
     return tokens, len(items), samples, ctx, pairs, chunks

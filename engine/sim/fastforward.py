@@ -70,8 +70,10 @@ class Window:
         # Up to the step at which the first sequence samples its last token (it finishes after it).
         max_steps = min(s.params.max_tokens - s.num_output_tokens for s in running)
         base = [s.num_computed_tokens for s in running]
-        ctx0 = float(sum(base))
-        longest0 = max(base)
+        # The decode set and its shared prefixes hold for the window (new blocks are private): so does the
+        # runner's cascade plan, and each step is priced with its groups as a scheduled step would be.
+        groups = sim.runner.groups(running, base)
+        decode = sim.runner.decode
         # Block crossings: sequence i needs a new block at the 0-based steps j where its
         # num_computed at the step's start is a block multiple.
         crossings: dict[int, list[int]] = {}
@@ -103,8 +105,8 @@ class Window:
                     break
             if failed:
                 break
-            ctx = cost.decode_context(n, ctx0 + n * j, longest0 + j)
-            dt = cost.step(n, n, n, ctx, ctx + n).seconds + sim.charge_moves()
+            decode_us = decode.decode_us([c + j + 1 for c in base], groups)
+            dt = cost.step(n, n, n, 0.0, 0.0, decode_us=decode_us).seconds + sim.charge_moves()
             times.append(dt)
             t += dt
             done = j + 1

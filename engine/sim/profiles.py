@@ -1,5 +1,7 @@
 """Hardware + model profiles for the cost model. The CPU profile's efficiencies come from
-bench/sim_calibrate.py (real EngineCore steps on this machine); the GPU ones are stated assumptions."""
+bench/sim_calibrate.py (real EngineCore steps on this machine) and its decode attention from the
+measured step-cost model of its KV dtype (kernels/cascade_cost.py, bench/calibrate_cascade.py); the GPU
+ones are stated assumptions, their decode attention derived from the roofline (sim/cost.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, ModelShape
 
 SMOLLM2_135M = ModelShape("SmolLM2-135M", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
@@ -39,9 +42,10 @@ class Profile:
     eff: Efficiency
     kv_pool_tokens: int  # device KV pool the engine would get
     block_size: int = 16
+    attention: AttentionCost | None = None  # measured decode attention per layer; None: from the roofline
 
     def cost_model(self) -> CostModel:
-        return CostModel(self.model, self.hw, self.eff)
+        return CostModel(self.model, self.hw, self.eff, self.attention, self.block_size)
 
 
 def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, activations: float = 2e9) -> int:
@@ -50,23 +54,25 @@ def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, a
     return int((free - activations) // model.kv_bytes_per_token) // 16 * 16
 
 
-def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, int]:
-    """(efficiency, dtype bytes) fitted by bench/sim_calibrate.py; placeholders when it has not run."""
+def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, int, str]:
+    """(efficiency, dtype bytes, KV dtype) fitted by bench/sim_calibrate.py; placeholders when it has not
+    run (the engine's default here: an fp32 model, bf16 KV). A fit made before the KV dtype was recorded
+    ran fp32 KV."""
     p = Path(path) if path else CALIBRATION_FILE
     if not p.exists():
-        return CPU_EFF_DEFAULT, 4
+        return CPU_EFF_DEFAULT, 4, "bfloat16"
     data = json.loads(p.read_text())
     fit = data["fit"]
     eff = Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
-                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw", "attn_flops") if k in fit},
-                     pad_decodes=bool(fit.get("pad_decodes", False)))
-    return eff, int(data.get("dtype_bytes", 4))
+                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw", "attn_flops") if k in fit})
+    return eff, int(data.get("dtype_bytes", 4)), str(data.get("kv_dtype", "float32"))
 
 
 def get_profile(name: str, calibration: str | Path | None = None, kv_pool_tokens: int | None = None) -> Profile:
     if name == "cpu":  # the engine's dtype here ('auto' resolves to float32 on this CPU) comes with the fit
-        eff, dtype_bytes = load_cpu_calibration(calibration)
-        prof = Profile("cpu", replace(SMOLLM2_135M, dtype_bytes=dtype_bytes), THIS_CPU, eff, kv_pool_tokens=24576)
+        eff, dtype_bytes, kv_dtype = load_cpu_calibration(calibration)
+        prof = Profile("cpu", replace(SMOLLM2_135M, dtype_bytes=dtype_bytes), THIS_CPU, eff, kv_pool_tokens=24576,
+                       attention=cost_for(kv_dtype))
     elif name == "h100":
         prof = Profile("h100", LLAMA3_8B, H100, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H100))
     elif name == "h200":

@@ -47,8 +47,11 @@ class Simulator:
         sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
         self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
-        self.scheduler = Scheduler(sched_cfg, self.kv, clock=lambda: self.now)
-        self.runner = SimRunner(profile.cost_model(), bs)
+        cost = profile.cost_model()
+        # one decode step-cost function for the scheduler's choices and the runner's prices
+        self.scheduler = Scheduler(sched_cfg, self.kv, clock=lambda: self.now, attention=cost.attention,
+                                   layers=profile.model.layers)
+        self.runner = SimRunner(cost, bs, self.scheduler.step_cost)
         self.coord = VirtualCoordinator(cfg.feedback) if cfg.feedback is not None else None
         self.rec = Recorder()
         self.now = 0.0

@@ -1,6 +1,7 @@
 """The decode step-cost function the scheduler and the simulator share, and codesign admission through
-it: a request joining a running group comes first and may run past the batch cap while the priced step
-stays within the cap's plain price; aged requests still win; continuous+lru keeps plain behaviour."""
+it: a request joining a running group comes first; past the batch cap, requests run while the priced
+step stays within the cap's plain price (a joiner costs only its suffix, a group's savings make room);
+aged requests still win; continuous+lru keeps the cap a row count."""
 
 from __future__ import annotations
 
@@ -98,6 +99,16 @@ def test_joiners_run_past_the_cap_within_the_priced_budget_cold_ones_do_not():
     run_all(s)
 
 
+def test_room_a_running_group_saves_admits_a_short_cold_request_past_the_cap():
+    s = sched(max_num_seqs=2, cascade_cap_factor=2.0)
+    _group_running(s, 2)
+    short = req("short", toks(3, 9))  # its plain row costs less than the pair's cascade saves
+    s.add(short)
+    step(s)
+    assert short in s.running and len(s.running) == 3
+    run_all(s)
+
+
 @pytest.mark.parametrize(("mode", "factor"), [("codesign", 1.0), ("continuous+lru", 2.0)])
 def test_the_cap_stays_a_row_count_without_the_factor_or_outside_codesign(mode, factor):
     s = sched(mode, max_num_seqs=2, cascade_cap_factor=factor)
@@ -117,9 +128,9 @@ def test_an_aged_request_holds_the_next_slot_past_the_cap():
     clock.t += 2.0  # the cold request has waited past its bound
     joiner = req("j", DOC + toks(40, 3))
     s.add(joiner)
-    assert not s.may_admit_past_cap()
     step(s)
-    assert len(s.running) == 2 and joiner in s.waiting  # nobody passes the aged request
+    # the aged request does not fit the priced budget past the cap, and nobody passes it
+    assert len(s.running) == 2 and joiner in s.waiting
     s.finish(rows[0], "abort")
     step(s)
     assert cold in s.running  # first slot within the cap goes to the aged request

@@ -1,7 +1,15 @@
 """Cost-model arithmetic against hand-computed rooflines."""
 
 import pytest
-from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, step_shape
+from kvloop.engine.kernels.cascade_cost import cost_for
+from kvloop.engine.sim.cost import (
+    CostModel,
+    Efficiency,
+    Hardware,
+    decode_contexts,
+    roofline_attention,
+    step_shape,
+)
 from kvloop.engine.sim.profiles import LLAMA3_8B, SMOLLM2_135M, get_profile
 
 
@@ -17,10 +25,11 @@ def test_decode_is_memory_bound_and_prefill_compute_bound():
     cm = CostModel(LLAMA3_8B, hw, Efficiency(bw=0.5, flops=0.5, step_overhead_s=1e-3, seq_overhead_s=1e-5))
     w = LLAMA3_8B.weight_bytes_per_step
     kv = LLAMA3_8B.kv_bytes_per_token
-    # one decode at context 1000: reads weights + 1000 tokens of KV, writes one
+    # one decode at context 1000: reads weights, writes its token's K/V, and attends over 1001 tokens
+    # (the step-cost function's roofline form: K/V streamed at the same achieved bandwidth)
     c = cm.step_for([(1000, 1, True)])
     assert c.memory_bound
-    assert c.seconds == pytest.approx((w + 1001 * kv) / 0.5e12 + 1e-3 + 1e-5)
+    assert c.seconds == pytest.approx((w + kv) / 0.5e12 + 1001 * kv / 0.5e12 + 1e-3 + 1e-5)
     # a 4096-token prefill from scratch: matmul FLOPs dominate
     c = cm.step_for([(0, 4096, True)])
     assert not c.memory_bound
@@ -32,7 +41,7 @@ def test_decode_is_memory_bound_and_prefill_compute_bound():
 def test_step_for_sums_items():
     cm = get_profile("h200").cost_model()
     a = cm.step_for([(100, 1, True), (0, 64, False), (500, 1, True)])
-    b = cm.step(66, 3, 2, 600, (101) + (64 * 65 / 2) + 501)
+    b = cm.step(66, 3, 2, 0, 64 * 65 / 2, 1, decode_us=cm.decode.decode_us([101, 501]))
     assert a.seconds == pytest.approx(b.seconds)
 
 
@@ -55,8 +64,9 @@ def test_serial_kv_and_attention_terms():
     tokens, _, samples, ctx, pairs, chunks = step_shape(items)
     assert chunks == 1
     w, kv, mm, attn = serial.components(tokens, samples, ctx, pairs)
-    assert w == m.weight_bytes_per_step and kv == m.kv_bytes_per_token * (300 + 201)
-    expect = max(w / 0.5e10, mm / 0.5e11) + kv / 0.1e10 + attn / 0.2e11
+    assert w == m.weight_bytes_per_step and kv == m.kv_bytes_per_token * 201  # the decode's reads are apart
+    decode = 1e-6 * serial.decode.decode_us([301])
+    expect = max(w / 0.5e10, mm / 0.5e11) + kv / 0.1e10 + attn / 0.2e11 + decode
     assert serial.step_for(items).seconds == pytest.approx(expect)
     # the totals the step reports do not depend on the form; only its time does
     assert serial.step_for(items).bytes == roof.step_for(items).bytes
@@ -64,16 +74,30 @@ def test_serial_kv_and_attention_terms():
     assert serial.step_for(items).seconds > roof.step_for(items).seconds
 
 
-def test_padded_decodes_read_the_longest_context():
-    """The CPU decode path runs every row over the batch's longest context; prefill chunks are not padded."""
+def test_decode_rows_are_priced_by_the_step_cost_function():
+    """Decode rows read nothing in the roofline terms; their attention is the shared function's, plain or
+    with the groups given; the CPU profile uses the measured model, a GPU one the roofline's."""
     items = [(100, 1, True), (900, 1, True), (50, 30, True)]
-    plain = step_shape(items)
-    padded = step_shape(items, pad_decodes=True)
-    assert plain[3] == 100 + 900 + 50 and padded[3] == 2 * 900 + 50
-    assert padded[4] == 2 * 901 + (30 * 50 + 30 * 31 / 2)
-    hw = Hardware("x", mem_bw=1e10, peak_flops=1e11, mem_bytes=1e10)
-    eff = Efficiency(bw=0.5, flops=0.5, kv_bw=0.1, attn_flops=0.2)
-    pad = CostModel(SMOLLM2_135M, hw, Efficiency(**{**eff.__dict__, "pad_decodes": True}))
-    assert pad.decode_context(2, 1000, 900) == 1800
-    assert CostModel(SMOLLM2_135M, hw, eff).decode_context(2, 1000, 900) == 1000
-    assert pad.step_for(items).seconds > CostModel(SMOLLM2_135M, hw, eff).step_for(items).seconds
+    tokens, seqs, samples, ctx, pairs, chunks = step_shape(items)
+    assert (tokens, seqs, samples, ctx, chunks) == (32, 3, 3, 50, 1)
+    assert pairs == 30 * 50 + 30 * 31 / 2
+    assert decode_contexts(items) == [101, 901]
+    cpu = get_profile("cpu", calibration="/nonexistent")
+    assert cpu.cost_model().attention == cost_for("bfloat16")
+    for prof in (cpu, get_profile("h200")):
+        cm = prof.cost_model()
+        d = [(2000, 1, True)] * 16
+        plain = cm.step_for(d).seconds
+        assert cm.step_for(d, [(16, 1904)]).seconds < plain
+        assert plain - cm.step_for(d, [(16, 1904)]).seconds == pytest.approx(
+            1e-6 * prof.model.layers * cm.attention.group_gain_us(16, 1904))
+
+
+def test_gpu_attention_from_the_roofline():
+    prof = get_profile("h200")
+    a = roofline_attention(prof.model, prof.hw, prof.eff)
+    bw = prof.hw.mem_bw * prof.eff.bw
+    assert a.token_us == pytest.approx(1e6 * 8 * 128 * 2 * 2 / bw)  # K and V of 8 heads x 128 in bf16, per layer
+    assert a.call_us == a.row_us == 0.0
+    # reading a 2,000-token document once for 16 rows instead of 16 times: nearly 16x fewer K/V bytes
+    assert a.group_gain_us(16, 2000) == pytest.approx(15 * 2000 * a.token_us, rel=0.01)
