@@ -25,6 +25,13 @@ _versions = itertools.count(1000)
 
 @attrs.define(kw_only=True)
 class KubeFake(kmock.KubernetesEmulator):
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # Watch streams as JSON (kmock's default is application/octet-stream, which client-go refuses);
+        # a higher sub-priority than kmock's own watch fallback.
+        (self.fallback ** 1)[kmock.action.WATCH] << kmock.headers({"Content-Type": "application/json"}) \
+            << self._serve_watch
+
     def _key(self, request: kmock.Request) -> Any:
         return (request.resource, request.namespace, request.name)
 
@@ -56,7 +63,11 @@ class KubeFake(kmock.KubernetesEmulator):
                     body = self._patch_body(request, current)
                     request.data.clear()
                     request.data.update(body)
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        await self._handle_crd(request)
+        if request.action == UPDATE and request.subresource == "scale" and response.status == 200:
+            return await self._reply(self._scale(self.objects[self._key(request)].raw))  # a Scale, not the object
+        return response
 
     def _patch_body(self, request: kmock.Request, current: dict[str, Any]) -> dict[str, Any]:
         data = copy.deepcopy(request.data)
@@ -90,13 +101,95 @@ class KubeFake(kmock.KubernetesEmulator):
 
         return aiohttp.web.json_response(payload)
 
+    # --- What the real kubectl needs beyond kopf: `kind` on lists, field selectors (kubectl wait and
+    # delete watch one object by metadata.name), the core group's discovery as "v1", subresources
+    # without the parent's short names, a Scale back from a scale patch, and CustomResourceDefinitions
+    # that declare their resource when created. ---
 
-def declare_resources(fake: KubeFake) -> None:
+    async def _serve_list(self, request: kmock.Request):  # type: ignore[override]
+        payload = await super()._serve_list(request)
+        payload["items"] = [o for o in payload["items"] if _fields_match(request.params, o)]
+        info = self._info(request.resource)
+        if info is not None and info.kind:
+            group, version = request.resource.group, request.resource.version
+            payload["kind"] = f"{info.kind}List"
+            payload["apiVersion"] = f"{group}/{version}" if group else version
+        payload["metadata"] = {"resourceVersion": str(next(_versions))}
+        return payload
+
+    async def _serve_watch(self, request: kmock.Request):  # type: ignore[override]
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict) and not _fields_match(request.params, event.get("object") or {}):
+                continue
+            yield event
+
+    async def _serve_version(self, request: kmock.Request):  # type: ignore[override]
+        payload = await super()._serve_version(request)
+        if request.resource.group == "":  # the core group is "v1", not "/v1"
+            payload["groupVersion"] = request.resource.version
+        for entry in payload.get("resources", []):
+            if "/" in entry["name"]:  # a subresource: no short names or categories of its own
+                entry["shortNames"], entry["categories"] = [], []
+                if entry["name"].endswith("/scale"):
+                    entry.update(kind="Scale", group="autoscaling", version="v1", verbs=["get", "patch", "update"])
+                else:
+                    entry["verbs"] = ["get", "patch", "update"]
+        return payload
+
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        try:
+            return self.resources[resource]
+        except KeyError:
+            return None
+
+    async def _handle_crd(self, request: kmock.Request) -> None:
+        if request.resource is not None and request.resource.plural == "customresourcedefinitions" \
+                and request.action in (CREATE, UPDATE):
+            name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+            key = (request.resource, None, name)
+            if name and key in self.objects and not self.objects[key].deleted:
+                register_crd(self, self.objects[key].raw)
+
+
+def _fields_match(params: Any, obj: dict[str, Any]) -> bool:
+    """The `fieldSelector` of a list or watch, for metadata.name and metadata.namespace (= and ==)."""
+    selector = (params or {}).get("fieldSelector") or ""
+    meta = obj.get("metadata") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.replace("==", "=").partition("=")
+        negate = key.endswith("!")
+        field = {"metadata.name": "name", "metadata.namespace": "namespace"}.get(key.rstrip("!"))
+        if field is not None and (meta.get(field) == value) == negate:
+            return False
+    return True
+
+
+VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+
+def register_crd(fake: KubeFake, crd: dict[str, Any]) -> None:
+    """Serves the resource a CustomResourceDefinition defines, as the API server does once it is created."""
+    spec, names = crd["spec"], crd["spec"]["names"]
+    for version in spec.get("versions") or []:
+        if version.get("served", True):
+            fake.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
+                kind=names["kind"], singular=names.get("singular") or names["kind"].lower(),
+                namespaced=spec.get("scope") == "Namespaced", verbs=VERBS,
+                shortnames=set(names.get("shortNames") or []), categories=set(names.get("categories") or []),
+                subresources=set(version.get("subresources") or {}))
+
+
+def declare_resources(fake: KubeFake, inference_services: bool = True) -> None:
+    """The resources the operator uses; without `inference_services`, applying the CRD declares it."""
     info = kmock.ResourceInfo
     verbs = {"get", "list", "watch", "create", "patch", "update", "delete"}
-    fake.resources["kvloop.io/v1alpha1/inferenceservices"] = info(
-        kind="InferenceService", singular="inferenceservice", namespaced=True, verbs=verbs,
-        shortnames={"kvis"}, subresources={"status", "scale"})
+    if inference_services:
+        fake.resources["kvloop.io/v1alpha1/inferenceservices"] = info(
+            kind="InferenceService", singular="inferenceservice", namespaced=True, verbs=verbs,
+            shortnames={"kvis"}, subresources={"status", "scale"})
+    fake.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = info(
+        kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=verbs,
+        shortnames={"crd", "crds"}, categories={"api-extensions"}, subresources={"status"})
     # kopf waits for the namespaces resource in discovery before it starts any watch.
     fake.resources["v1/namespaces"] = info(kind="Namespace", singular="namespace", namespaced=False, verbs=verbs)
     for res, kind in [("apps/v1/deployments", "Deployment"), ("v1/services", "Service"),

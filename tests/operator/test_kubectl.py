@@ -1,0 +1,128 @@
+"""The real kubectl (the binary scripts/install_k8s_tools.sh installs) against the fake API server
+with the real operator running: apply the CRD and a sample, get with the CRD's printer columns,
+scale, patch, wait and delete, as a cluster user would.
+
+kmock serves no OpenAPI documents, so `apply` runs with `--validate=false` (client-side schema
+validation needs /openapi/v3), and it sends no initial-events bookmark, so kubectl's WatchList client
+feature is off (KUBECTL_ENV); everything else uses kubectl's defaults. The fake's pods never run,
+so kubectl itself plays the Deployment controller: it patches the Deployment's status subresource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import kmock
+import pytest
+import yaml
+from conftest import ROOT, OperatorRunner
+from kube_fake import KubeFake, declare_resources
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+CRD = ROOT / "manifests" / "base" / "crd.yaml"
+SAMPLE = ROOT / "manifests" / "samples" / "cpu-embedded.yaml"
+NAME = yaml.safe_load(SAMPLE.read_text())["metadata"]["name"]
+NS = "default"
+# kubectl 1.35 watches with WatchList (sendInitialEvents) and waits for a bookmark marking the end of
+# the initial events, which kmock does not send; with the feature off it lists, then watches.
+KUBECTL_ENV = {"KUBE_FEATURE_WatchListClient": "false"}
+
+
+class Kubectl:
+    def __init__(self, binary: Path, server: str, home: Path):
+        self.binary, self.home = binary, home
+        self.config = home / "kubeconfig"
+        self.config.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": server}}],
+            "users": [{"name": "user", "user": {"token": "unused"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "user", "namespace": NS}}]}))
+
+    async def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            str(self.binary), "--kubeconfig", str(self.config), "--cache-dir", str(self.home / "cache"),
+            "--request-timeout", "20s", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **KUBECTL_ENV})
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {err.decode()}{out.decode()}")
+        return out.decode() + (err.decode() if not check else "")
+
+
+def printer_columns() -> list[dict]:
+    return yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["additionalPrinterColumns"]
+
+
+def custom_columns() -> str:
+    """The CRD's printer columns (header without spaces, so the output splits on whitespace)."""
+    cols = [f"{c['name'].upper().replace(' ', '_')}:{c['jsonPath']}" for c in printer_columns()]
+    return "NAME:.metadata.name," + ",".join(cols)
+
+
+def wait_for_timers_on_delete(settings) -> None:
+    """kopf removes the finalizer only once the status timer has exited; when a deletion arrives while
+    the timer runs (often, at this test's 0.3 s interval), kopf re-checks only after
+    `cancellation_polling` (60 s). Waiting up to 2 s for the timer's current run to end avoids that.
+    TODO(operator): the same belongs in kvloop.operator.handlers.configure for real clusters."""
+    settings.background.instant_exit_timeout = 2.0
+
+
+@pytest.fixture()
+async def cluster(k8s_tools, tmp_path):
+    async with KubeFake() as fake, kmock.Server(fake, host="127.0.0.1"):
+        declare_resources(fake, inference_services=False)  # kubectl applies the CRD, which declares it
+        yield fake, Kubectl(k8s_tools["kubectl"], str(fake.url).rstrip("/"), tmp_path)
+
+
+async def test_kubectl_drives_an_inference_service_end_to_end(cluster):
+    fake, kubectl = cluster
+    # The CRD: created, then served under its short name.
+    await kubectl("apply", "--validate=false", "-f", str(CRD))
+    crd = json.loads(await kubectl("get", "crd", "inferenceservices.kvloop.io", "-o", "json"))
+    assert crd["spec"]["names"]["shortNames"] == ["kvis"]
+    resources = await kubectl("api-resources", "--api-group=kvloop.io", "-o", "name")
+    assert resources.split() == ["inferenceservices.kvloop.io"]
+    assert "No resources found" in await kubectl("get", "kvis", check=False)
+    assert "pods" in (await kubectl("api-resources", "--api-group=", "-o", "name")).split()  # core group
+
+    operator = OperatorRunner(fake, tune=wait_for_timers_on_delete)
+    await operator.start()
+    try:
+        await kubectl("apply", "--validate=false", "-f", str(SAMPLE))
+        await kubectl("wait", "--for=create", f"deployment/{NAME}", "--timeout=30s")
+        assert NAME in await kubectl("get", "kvis")
+        # Play the Deployment controller: every replica is up.
+        gen = await kubectl("get", "deployment", NAME, "-o", "jsonpath={.metadata.generation}")
+        await kubectl("patch", "deployment", NAME, "--subresource=status", "--type=merge", "-p", json.dumps(
+            {"status": {"observedGeneration": int(gen), "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                        "availableReplicas": 1}}))
+        await kubectl("wait", "--for=condition=Ready", f"kvis/{NAME}", "--timeout=30s")
+
+        header, row = (await kubectl("get", "kvis", NAME, "-o", f"custom-columns={custom_columns()}")).splitlines()
+        values = dict(zip(header.split(), row.split(), strict=True))
+        assert values["NAME"] == NAME and values["READY"] == "True" and values["REPLICAS"] == "1"
+        assert values["URL"] == f"http://{NAME}.{NS}.svc.cluster.local:8000/v1"
+        assert values["AGE"].endswith("Z")  # the creation timestamp
+
+        await kubectl("scale", f"kvis/{NAME}", "--replicas=2")
+        await kubectl("wait", "--for=jsonpath={.spec.replicas}=2", f"deployment/{NAME}", "--timeout=30s")
+        assert (await kubectl("get", f"kvis/{NAME}", "-o", "jsonpath={.spec.replicas}")) == "2"
+        await kubectl("wait", "--for=create", f"poddisruptionbudget/{NAME}", "--timeout=30s")
+
+        await kubectl("patch", f"kvis/{NAME}", "--type=merge", "-p", '{"spec": {"feedback": {"mode": "observe"}}}')
+        gen = await kubectl("get", f"kvis/{NAME}", "-o", "jsonpath={.metadata.generation}")
+        await kubectl("wait", f"--for=jsonpath={{.status.observedGeneration}}={gen}", f"kvis/{NAME}",
+                      "--timeout=30s")
+        sidecar = await kubectl("get", "configmap", f"{NAME}-config", "-o", r"jsonpath={.data.sidecar\.yaml}")
+        assert "mode: observe" in sidecar
+
+        await kubectl("delete", f"kvis/{NAME}", "--wait=false")
+        await kubectl("wait", "--for=delete", f"kvis/{NAME}", "--timeout=30s")  # the finalizer ran
+        assert "No resources found" in await kubectl("get", "kvis", check=False)
+        await kubectl("wait", "--for=delete", f"deployment/{NAME}", "--timeout=30s")
+    finally:
+        await operator.stop()
