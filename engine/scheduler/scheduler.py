@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
+from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.scheduler.admission import AdmissionGate
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq
 from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
@@ -54,6 +55,7 @@ class Scheduler:
         self.mode = kv.config.mode if config.mode == "auto" else config.mode
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
+        self._planner: CascadePlanner | None = None  # prices past the cap (the runner keeps its own)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.view = PrefixView(kv)
@@ -213,18 +215,20 @@ class Scheduler:
         its shared prefix (0 when that group would not cascade)."""
         return self.step_cost.join_saving_us(hit.sharers, hit.shared * self.kv.block_size)
 
-    def _row_contexts(self) -> tuple[list[list[int]], list[int]]:
-        """Running rows' block tables and next decode contexts (prefilling rows: as far as allocated)."""
-        bs = self.kv.block_size
-        rows = [s for s in self.running if s.block_table]
-        return [s.block_table for s in rows], [min(s.num_tokens, len(s.block_table) * bs) for s in rows]
-
     def _step_price(self) -> list[float]:
         """[the running rows' decode step as the runner would run it, the budget past the cap: what
-        batch_cap plain rows of their mean context cost]."""
-        tables, ctx = self._row_contexts()
+        batch_cap plain rows of their mean context cost]. Prefilling rows count as far as allocated; the
+        plan is reused while the rows (and the prefilling ones' lengths) are unchanged."""
+        bs = self.kv.block_size
+        rows = [s for s in self.running if s.block_table]
+        ctx = [min(s.num_tokens, len(s.block_table) * bs) for s in rows]
+        key = tuple((s.request_id, s.num_preemptions, c if s.num_computed_tokens < s.num_prompt_tokens else -1)
+                    for s, c in zip(rows, ctx, strict=True))
         sc = self.step_cost
-        return [sc.price_us(tables, ctx), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
+        if self._planner is None or self._planner.worth != sc.attention.worth:
+            self._planner = sc.planner()
+        plan = self._planner.plan(key, [s.block_table for s in rows], ctx)
+        return [sc.decode_us(ctx, sc.group_shapes(plan)), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
 
     def _added_price(self, seq: Sequence) -> float:
         """What seq adds to a decode step: its plain row, less what joining a running group saves."""
