@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from kvloop.engine.bench.ready import wait_ready
 
 HERE = Path(__file__).resolve().parent
 STRUCTURED_SHARES = (0.0, 0.5, 1.0)
@@ -185,19 +186,8 @@ async def _probe(url: str, args) -> dict:
 def start_server(backend: str, port: int, args) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "--child-server", backend, "--port", str(port), *args.engine_argv]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{backend} server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{backend} server not ready")
+    wait_ready(proc, f"http://127.0.0.1:{port}/ready", what=f"{backend} server")
+    return proc
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from kvloop.engine.bench.ready import wait_ready
 
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 VOCAB_HINT = 49152  # SmolLM2's; ids around it are the interesting boundary
@@ -239,18 +240,8 @@ def start_server(port: int) -> subprocess.Popen:
     cmd = [str(kvloop), "serve", "--port", str(port), "--threads", "1", "--kv-cache-tokens", "8192",
            "--max-pending", "64", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("the server did not become ready")
+    wait_ready(proc, f"http://127.0.0.1:{port}/ready")
+    return proc
 
 
 def engine_alive(client: httpx.Client, proc: subprocess.Popen) -> bool:

@@ -12,9 +12,9 @@ import functools
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
+from kvloop.engine.bench.ready import wait_ready
 from kvloop.engine.bench.sizing import ENGINE_MODES, Sizing, mode_configs
 from kvloop.engine.bench.targets.base import Target
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
@@ -84,20 +84,9 @@ class ServerProcessTarget(Target):
         log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"{self.name}.log", "w")
         env = None if self.env is None else {**os.environ, **self.env}
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        import httpx
-
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}); see {log.name}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}{self.health_path}", timeout=2).status_code == 200:
-                    self.http.start()
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"{self.name} did not become healthy in {self.start_timeout_s:.0f} s")
+        wait_ready(self.proc, f"http://127.0.0.1:{self.port}{self.health_path}", self.start_timeout_s,
+                   f"{self.name} (log: {log.name})")
+        self.http.start()
 
     def submit(self, request_id, prompt, max_tokens):
         self.http.submit(request_id, prompt, max_tokens)
