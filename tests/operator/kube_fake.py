@@ -25,6 +25,10 @@ _versions = itertools.count(1000)
 
 @attrs.define(kw_only=True)
 class KubeFake(kmock.KubernetesEmulator):
+    # (group, version, plural) -> the CRD that declared it: objects are validated against its schema
+    # and CEL rules on create and update, as the API server's admission does (see crdcheck).
+    crds: dict[tuple[str, str, str], dict[str, Any]] = attrs.field(factory=dict)
+
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         # Watch streams as JSON (kmock's default is application/octet-stream, which client-go refuses);
@@ -53,6 +57,8 @@ class KubeFake(kmock.KubernetesEmulator):
             meta["resourceVersion"] = str(next(_versions))
             meta["generation"] = 1
             meta["creationTimestamp"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if (refusal := self._admit(request, data)) is not None:
+                return refusal
         elif request.resource is not None and request.name and self._key(request) in self.objects:
             obj = self.objects[self._key(request)]
             if not obj.deleted:
@@ -61,6 +67,9 @@ class KubeFake(kmock.KubernetesEmulator):
                     return await self._reply(self._scale(current))
                 if request.action == UPDATE and isinstance(request.data, dict):
                     body = self._patch_body(request, current)
+                    if request.subresource != "status" and (
+                            refusal := self._admit(request, dicts.merge_patch_dict(current, body))) is not None:
+                        return refusal
                     request.data.clear()
                     request.data.update(body)
         response = await super()._handle(request)
@@ -104,7 +113,7 @@ class KubeFake(kmock.KubernetesEmulator):
     # --- What the real kubectl needs beyond kopf: `kind` on lists, field selectors (kubectl wait and
     # delete watch one object by metadata.name), the core group's discovery as "v1", subresources
     # without the parent's short names, a Scale back from a scale patch, and CustomResourceDefinitions
-    # that declare their resource when created. ---
+    # that declare their resource when created and validate its objects from then on. ---
 
     async def _serve_list(self, request: kmock.Request):  # type: ignore[override]
         payload = await super()._serve_list(request)
@@ -135,6 +144,27 @@ class KubeFake(kmock.KubernetesEmulator):
                 else:
                     entry["verbs"] = ["get", "patch", "update"]
         return payload
+
+    def _admit(self, request: kmock.Request, obj: dict[str, Any]):
+        """A 422 Invalid Status (as the API server answers) when the object breaks its CRD's schema."""
+        res = request.resource
+        crd = self.crds.get((res.group, res.version, res.plural))
+        if crd is None:
+            return None
+        from crdcheck import validate
+
+        errors = validate(obj, crd)
+        if not errors:
+            return None
+        import aiohttp.web
+
+        kind, name = crd["spec"]["names"]["kind"], (obj.get("metadata") or {}).get("name")
+        message = f'{kind}.{crd["spec"]["group"]} "{name}" is invalid: ' + "; ".join(errors)
+        return aiohttp.web.json_response(status=422, data={
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": "Invalid", "code": 422,
+            "details": {"name": name, "group": crd["spec"]["group"], "kind": kind,
+                        "causes": [{"reason": "FieldValueInvalid", "message": e} for e in errors]}})
 
     def _info(self, resource: Any) -> kmock.ResourceInfo | None:
         try:
@@ -172,6 +202,7 @@ def register_crd(fake: KubeFake, crd: dict[str, Any]) -> None:
     spec, names = crd["spec"], crd["spec"]["names"]
     for version in spec.get("versions") or []:
         if version.get("served", True):
+            fake.crds[(spec["group"], version["name"], names["plural"])] = crd
             fake.resources[f"{spec['group']}/{version['name']}/{names['plural']}"] = kmock.ResourceInfo(
                 kind=names["kind"], singular=names.get("singular") or names["kind"].lower(),
                 namespaced=spec.get("scope") == "Namespaced", verbs=VERBS,

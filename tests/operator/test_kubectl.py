@@ -78,7 +78,13 @@ async def cluster(k8s_tools, tmp_path):
         yield fake, Kubectl(k8s_tools["kubectl"], str(fake.url).rstrip("/"), tmp_path)
 
 
-async def test_kubectl_drives_an_inference_service_end_to_end(cluster):
+async def kubectl_apply_text(kubectl: Kubectl, tmp_path: Path, obj: dict) -> str:
+    path = tmp_path / f"{obj['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    return await kubectl("apply", "--validate=false", "-f", str(path), check=False)
+
+
+async def test_kubectl_drives_an_inference_service_end_to_end(cluster, tmp_path):
     fake, kubectl = cluster
     # The CRD: created, then served under its short name.
     await kubectl("apply", "--validate=false", "-f", str(CRD))
@@ -88,6 +94,15 @@ async def test_kubectl_drives_an_inference_service_end_to_end(cluster):
     assert resources.split() == ["inferenceservices.kvloop.io"]
     assert "No resources found" in await kubectl("get", "kvis", check=False)
     assert "pods" in (await kubectl("api-resources", "--api-group=", "-o", "name")).split()  # core group
+
+    # Refused at apply time with the CRD's message (the fake admits objects by the applied CRD).
+    bad = yaml.safe_load(SAMPLE.read_text())
+    bad["metadata"]["name"] = "too-big"
+    bad["spec"]["resources"] = {"requests": {"cpu": "-2"}, "limits": {"memory": "1Gi"}}
+    refused = await kubectl_apply_text(kubectl, tmp_path, bad)
+    assert "resources.requests.cpu must not be negative" in refused
+    assert "must fit the memory limit resources.limits.memory" in refused and "is invalid" in refused
+    assert "No resources found" in await kubectl("get", "kvis", check=False)
 
     operator = OperatorRunner(fake, tune=wait_for_timers_on_delete)
     await operator.start()
