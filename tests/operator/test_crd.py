@@ -241,3 +241,39 @@ def test_cel_quantity_library():
     assert ev("quantity('2').sub(1).asInteger() == 1") and ev("quantity('1500m').asApproximateFloat() == 1.5")
     with pytest.raises(celpy.CELEvalError):  # an evaluation error (the object is refused), as in Kubernetes
         ev("quantity('1.5.5').sign()")
+
+
+def _every_resource_rule():
+    """(valid spec, invalid spec, message) for every generated quantity rule: both containers, both
+    parts, every checked resource; GPUs requested equal to their limits as the CRD demands."""
+    from kvloop.operator import limits as L
+
+    def res(field, requests=None, limits=None):
+        return {field: {k: v for k, v in (("requests", requests), ("limits", limits)) if v is not None}}
+
+    for field in ("resources", "sidecarResources"):
+        for key in L.CHECKED_RESOURCES:
+            both = key == "nvidia.com/gpu"  # requests must equal limits: set both
+            for part in ("requests", "limits"):
+                value = {key: "8Gi"} if not both else {key: 1}
+                bad = {key: "-8Gi"} if not both else {key: -1}
+                yield (f"{field}.{part}.{key} negative",
+                       res(field, **{part: value, **({"limits" if part == "requests" else "requests": value}
+                                                     if both else {})}),
+                       res(field, **{part: bad, **({"limits" if part == "requests" else "requests": bad}
+                                                   if both else {})}),
+                       L.negative_message(field, part, key))
+            if not both:
+                yield (f"{field}.requests.{key} above limit", res(field, {key: "4Gi"}, {key: "8Gi"}),
+                       res(field, {key: "9Gi"}, {key: "8Gi"}), L.above_limit_message(field, key))
+
+
+@pytest.mark.parametrize("case", list(_every_resource_rule()), ids=lambda c: c[0].replace(" ", "-"))
+def test_every_generated_resource_rule_has_its_operator_twin(case):
+    from kvloop.operator.spec import problems, with_defaults
+
+    _, valid, invalid, message = case
+    assert validate(with_spec(**valid)) == []
+    assert any(message in e for e in validate(with_spec(**invalid)))
+    assert not any(message in p for p in problems(with_defaults(valid)))
+    assert any(message in p for p in problems(with_defaults(invalid)))
