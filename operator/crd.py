@@ -126,6 +126,11 @@ def resources(field: str, desc: str, floors: dict[str, str] | None = None) -> di
                      "nvidia.com/gpu requests must equal limits"), *resource_rules(field, floors or {})])
 
 
+def _describe(res: dict[str, Any]) -> str:
+    """'requests cpu 1, memory 2Gi; limits memory 4Gi' for a resources block."""
+    return "; ".join(f"{part} " + ", ".join(f"{k} {v}" for k, v in values.items()) for part, values in res.items())
+
+
 def image(key: str, desc: str) -> dict[str, Any]:
     out = s(desc, minLength=1, maxLength=512)
     out["x-kubernetes-validations"] = [{"rule": f"self.matches('{L.IMAGE_REFERENCE}')",
@@ -218,9 +223,9 @@ def spec_schema() -> dict[str, Any]:
         "imagePullSecrets": {"type": "array", "description": "Pull secrets for the images.",
                              "items": o("A secret reference.", {"name": s("Secret name.")}, required=["name"])},
         "resources": resources("resources", "Engine container resources, including nvidia.com/gpu "
-                               f"(default: {L.DEFAULT_ENGINE_RESOURCES})."),
+                               f"(default: {_describe(L.DEFAULT_ENGINE_RESOURCES)})."),
         "sidecarResources": resources("sidecarResources", f"Sidecar container resources (default: "
-                                      f"{L.SIDECAR_RESOURCES}; limits.memory at least {L.SIDECAR_FLOORS['memory']}).",
+                                      f"{_describe(L.SIDECAR_RESOURCES)}; limits.memory at least {L.SIDECAR_FLOORS['memory']}).",
                                       L.SIDECAR_FLOORS),
         "engine": engine,
         "feedback": feedback,
