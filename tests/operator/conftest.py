@@ -49,8 +49,8 @@ async def kube() -> AsyncIterator[KubeFake]:
 class OperatorRunner:
     """Starts and stops the real kopf operator (standalone, cluster-wide) against the fake."""
 
-    def __init__(self, kube: KubeFake, interval: float = 0.3, tune: Callable[[Any], None] | None = None):
-        self.kube, self.interval, self.tune = kube, interval, tune  # tune: edits kopf's settings after configure()
+    def __init__(self, kube: KubeFake, interval: float = 0.3):
+        self.kube, self.interval = kube, interval
         self.task: asyncio.Task | None = None
         self.stop_flag: asyncio.Event | None = None
 
@@ -63,8 +63,6 @@ class OperatorRunner:
                              request_timeout=5.0)
         settings = kopf.OperatorSettings()
         configure(settings, cfg)
-        if self.tune is not None:
-            self.tune(settings)
         self.stop_flag, ready = asyncio.Event(), asyncio.Event()
         self.task = asyncio.create_task(kopf.operator(
             registry=build_registry(cfg), settings=settings, standalone=True, clusterwide=True,

@@ -63,14 +63,6 @@ def custom_columns() -> str:
     return "NAME:.metadata.name," + ",".join(cols)
 
 
-def wait_for_timers_on_delete(settings) -> None:
-    """kopf removes the finalizer only once the status timer has exited; when a deletion arrives while
-    the timer runs (often, at this test's 0.3 s interval), kopf re-checks only after
-    `cancellation_polling` (60 s). Waiting up to 2 s for the timer's current run to end avoids that.
-    TODO(operator): the same belongs in kvloop.operator.handlers.configure for real clusters."""
-    settings.background.instant_exit_timeout = 2.0
-
-
 @pytest.fixture()
 async def cluster(k8s_tools, tmp_path):
     async with KubeFake() as fake, kmock.Server(fake, host="127.0.0.1"):
@@ -104,7 +96,7 @@ async def test_kubectl_drives_an_inference_service_end_to_end(cluster, tmp_path)
     assert "must fit the memory limit resources.limits.memory" in refused and "is invalid" in refused
     assert "No resources found" in await kubectl("get", "kvis", check=False)
 
-    operator = OperatorRunner(fake, tune=wait_for_timers_on_delete)
+    operator = OperatorRunner(fake)
     await operator.start()
     try:
         await kubectl("apply", "--validate=false", "-f", str(SAMPLE))
