@@ -47,16 +47,17 @@ class AttentionCost:
         return self.plain_us(context_lens) - sum(self.group_gain_us(m, s) for m, s in groups)
 
 
-# Measured with bench/calibrate_cascade.py (1 thread, AVX512-BF16 CPU, on a busy 2-core machine: the fit's
-# worst sample is off by ~50%, the break-even it gives is 464 shared tokens for 16 sharers and 272 for 32
-# in bf16, inside the published 256-512). fp16 reuses bf16's entry (same bytes; not measured separately).
-_BF16 = AttentionCost(call_us=210.292, row_us=0.3523, token_us=0.05986, token_row_us=0.025099, merge_us=2.116,
+# Measured with `bench/calibrate_cascade.py --threads 2` (the engine's thread count in the benchmarks) on an
+# AVX512-BF16 CPU, quiet machine: the fit's worst sample is off by 40% (bf16) / 27% (fp32); break-even
+# shared tokens for 16 sharers: 368 (bf16), 80 (fp32), inside or below the published 256-512. fp16 reuses
+# bf16's entry (same bytes; not measured separately).
+_BF16 = AttentionCost(call_us=233.872, row_us=0.0289, token_us=0.06555, token_row_us=0.01613, merge_us=3.062,
                       copy_max_tokens=1024)
 COSTS: dict[str, AttentionCost] = {
     "bfloat16": _BF16,
     "float16": _BF16,
-    "float32": AttentionCost(call_us=99.074, row_us=0.0, token_us=0.14495, token_row_us=0.04088, merge_us=2.116,
-                             copy_max_tokens=512),
+    "float32": AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
+                             copy_max_tokens=1024),
 }
 
 
