@@ -50,14 +50,17 @@ class AttentionCost:
 # Measured with `bench/calibrate_cascade.py --threads 2` (the engine's thread count in the benchmarks) on an
 # AVX512-BF16 CPU, quiet machine: the fit's worst sample is off by 40% (bf16) / 27% (fp32); break-even
 # shared tokens for 16 sharers: 368 (bf16), 80 (fp32), inside or below the published 256-512. fp16 reuses
-# bf16's entry (same bytes; not measured separately).
+# bf16's entry (same bytes; not measured separately). copy_max_tokens is set above any context here: with 2
+# threads, reading a long own part in place (one thin product per row) measured 1.7x slower per step than
+# copying rows out and batching them by length (bench/decode_shared.py, nothing shared, context 2,000),
+# although the calibration's micro-benchmark put the crossover at 1,024 tokens.
 _BF16 = AttentionCost(call_us=233.872, row_us=0.0289, token_us=0.06555, token_row_us=0.01613, merge_us=3.062,
-                      copy_max_tokens=1024)
+                      copy_max_tokens=8192)
 COSTS: dict[str, AttentionCost] = {
     "bfloat16": _BF16,
     "float16": _BF16,
     "float32": AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
-                             copy_max_tokens=1024),
+                             copy_max_tokens=8192),
 }
 
 
