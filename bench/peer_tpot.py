@@ -60,22 +60,37 @@ def run_batch(target, rows: list[list[int]], tag: str) -> list[float]:
     return [1000 * (last[r] - first[r]) / (count[r] - 1) for r in first if count[r] > 1]
 
 
-def measure(peer: str, batch: int, per_doc: int, threads: int) -> dict:
-    name = f"llama.cpp-bf16-np{batch}" if peer == "llama.cpp" else "vllm-cpu-bf16"
-    why = missing_reason(name)
-    if why:
-        return {"status": "not run", "why": why}
-    target = make_target(name, Sizing(max_context=CONTEXT + 64), threads)
+def measure(target, batch: int, per_doc: int) -> dict:
+    docs, rows = prompts(batch, per_doc, seed=batch)
+    run_batch(target, [d + [7] for d in docs], f"warm{batch}")  # the documents into the prefix cache
+    with NoiseGuard() as guard:
+        tpots = run_batch(target, rows, f"b{batch}")
+    return {"tpot_ms_p50": statistics.median(tpots), "requests": len(tpots), "noise": guard.report().as_dict()}
+
+
+def measure_peer(peer: str, batches: list[int], per_doc: int, threads: int) -> dict:
+    """llama.cpp gets a server per batch (-np = batch); vLLM one server for all batches (it compiles at start)."""
+    names = {b: f"llama.cpp-bf16-np{b}" if peer == "llama.cpp" else "vllm-cpu-bf16" for b in batches}
+    out: dict = {}
+    target, started = None, None
     try:
-        target.start()
-        docs, rows = prompts(batch, per_doc, seed=batch)
-        run_batch(target, [d + [7] for d in docs], f"warm{batch}")  # the documents into the prefix cache
-        with NoiseGuard() as guard:
-            tpots = run_batch(target, rows, f"b{batch}")
-        return {"tpot_ms_p50": statistics.median(tpots), "requests": len(tpots),
-                "noise": guard.report().as_dict()}
+        for b in batches:
+            why = missing_reason(names[b])
+            if why:
+                out[str(b)] = {"status": "not run", "why": why}
+                continue
+            if started != names[b]:
+                if target is not None:
+                    target.close()
+                target = make_target(names[b], Sizing(max_context=CONTEXT + 64), threads)
+                target.start()
+                started = names[b]
+            out[str(b)] = measure(target, b, per_doc)
+            print(peer, b, {k: v for k, v in out[str(b)].items() if k != "noise"}, flush=True)
     finally:
-        target.close()
+        if target is not None:
+            target.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,13 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     detail: dict = {}
     table: dict = {}
+    batches = [int(x) for x in args.batches.split(",")]
     for peer in args.peers.split(","):
-        for b in (int(x) for x in args.batches.split(",")):
-            r = measure(peer, b, args.per_doc, args.threads)
-            detail.setdefault(peer, {})[str(b)] = r
-            print(peer, b, r, flush=True)
-            if "tpot_ms_p50" in r:
-                table.setdefault(peer, {})[str(b)] = r["tpot_ms_p50"]
+        detail[peer] = measure_peer(peer, batches, args.per_doc, args.threads)
+        table[peer] = {b: r["tpot_ms_p50"] for b, r in detail[peer].items() if "tpot_ms_p50" in r}
     args.out.write_text(json.dumps({**table, "_detail": detail, "_per_doc": args.per_doc,
                                     "_context": CONTEXT, "_threads": args.threads}, indent=1) + "\n")
     print(args.out)
