@@ -141,6 +141,12 @@ def compare_facts(compare: dict) -> dict:
             "static_failed_hi": st_hi["failed"], "static_p99_lo": st_lo["ttft_p99_s"],
             "cd_p99_hi": compare["rates"][hi]["codesign"]["ttft_p99_s"],
             "lru_p99_hi": compare["rates"][hi]["continuous+lru"]["ttft_p99_s"],
+            "cd_vs_lru": ("codesign admits past the batch cap while the cascade-priced decode step stays within the "
+                          "cap's plain cost (rows joining a shared document add only their suffix), so its queue stays "
+                          "short" if compare["rates"][hi]["codesign"]["ttft_p99_s"]
+                          <= compare["rates"][hi]["continuous+lru"]["ttft_p99_s"] else
+                          "its device admission gate sends chat histories to the host tier although the pool has room "
+                          "(see the gate section)"),
             "verdict": ("so about 2.8× is physically possible at H200 scale, but only deep in static's overload"
                         if best >= 2.8 else f"so the largest ratio reached here is {best:.2f}×, below the article's "
                         "2.8×, and it needs static deep in overload")}
@@ -181,8 +187,7 @@ ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load,
   (continuous+lru) at {hi} req/s, where static serves ~{static_req_hi:.0f} req/s, waits
   ~{static_p99_hi:.0f} s at P99 and sheds {static_failed_hi} requests at its full queue; {verdict}. It
   comes from the prefix cache (continuous+lru gets it too), not from the coordinator. At {hi} req/s
-  codesign's P99 TTFT is {cd_p99_hi:.1f} s against plain LRU's {lru_p99_hi:.1f} s: its device admission
-  gate sends chat histories to the host tier although the pool has room (see the gate section).
+  codesign's P99 TTFT is {cd_p99_hi:.1f} s against plain LRU's {lru_p99_hi:.1f} s: {cd_vs_lru}.
 - **P99 TTFT 420 → 185 ms**: codesign's side is physically possible and then some: with the
   documents and the system prompt cached, a request's prefill is its ~50-token question or last turn,
   and its P99 TTFT stays near 100 ms until saturation (a cold 2,000-token prefill is
