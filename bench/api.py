@@ -258,7 +258,24 @@ def write(result: dict, out: Path) -> None:
               f"goal >= 0.9).", "",
               f"Machine quietness (other processes' CPU as a share of the machine): before {q['before']}, "
               f"after {q['after']}.", "", result.get("note", "")]
+    lines += hostile_section(out.parent / "fuzz_api.json")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def hostile_section(fuzz_json: Path) -> list[str]:
+    """Issue 20's figures: the hostile requests that used to stop the engine, and the fuzzer's last long run
+    (bench/fuzz_api.py, `make fuzz`), read from its own results file."""
+    lines = ["", "## Hostile requests and fuzzing", "",
+             "Regression tests (tests/server/test_hostile_params.py, live server, openai client): the three requests "
+             "that stopped the engine thread before issue 20 (a seed beyond 64 bits, temperature 1e-40, top_p 1e-300) "
+             "are now a 400 naming the parameter (seed, temperature) or served (top_p); a request that fails inside "
+             "the step fails alone; 28 known-but-unsupported or out-of-range parameters are refused by name."]
+    if fuzz_json.exists():
+        f = json.loads(fuzz_json.read_text())
+        lines += ["", f"Fuzzing (`bench/fuzz_api.py`, {f['duration_s']:.0f} s): **{f['cases']} cases** over both "
+                  f"endpoints, statuses {f['statuses']}, **{f['server_errors']} 5xx**, **{f['engine_stops']} engine "
+                  f"stops**, greedy answer after the run unchanged: {f['greedy_unchanged']}."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8631)
     p.add_argument("--out", type=Path, default=HERE / "results" / "api.json")
     p.add_argument("--child-server", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--render-only", action="store_true", help="re-render api.md from api.json (and fuzz_api.json)")
     args = p.parse_args(argv)
+    if args.render_only:
+        write(json.loads(args.out.read_text()), args.out)
+        return 0
     if args.child_server:
         child_server(args)
         return 0
