@@ -142,7 +142,7 @@ class Bench:
 
 def goals(runs: list[dict]) -> list[dict]:
     """Issue 19's goals, computed from the runs: ratios of today's path to cascade (the path the engine takes)."""
-    from kvloop.engine.bench.report import goal
+    from kvloop.engine.bench.goals import goal
 
     out = []
     for r in runs:
@@ -250,7 +250,7 @@ def main() -> None:
     result["goals"] = goals(result["runs"])
     if args.peers:
         for peer, tpots in json.loads(Path(args.peers).read_text()).items():
-            if not peer.startswith("_"):  # peer_tpot.py keeps its details under _-keys
+            if not peer.startswith("_") and peer != "goals":  # peer_tpot.py's details and its own goals
                 add_peer_tpots(result, peer, tpots)
     write(result, stem)
     print(render_md(result))

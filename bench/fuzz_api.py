@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.ready import wait_ready
 
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
@@ -253,6 +254,13 @@ def engine_alive(client: httpx.Client, proc: subprocess.Popen) -> bool:
         return False
 
 
+def fuzz_goals(result: dict) -> list[dict]:
+    """Issue 20's fuzz goals, from the run's own tallies."""
+    return [goal("5xx answers and server errors inside streams", result["server_errors"], "<=", 0),
+            goal("engine stops", result["engine_stops"], "<=", 0),
+            goal("greedy answer unchanged after fuzzing (1 = yes)", int(result["greedy_unchanged"]), ">=", 1)]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=5.0)
@@ -287,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {**tally.summary(), "greedy_unchanged": before == after, "duration_s": round(time.monotonic() - started, 1),
               "cases_per_s": round(tally.cases / max(1e-9, time.monotonic() - started), 1),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+    result["goals"] = fuzz_goals(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "server_error_examples"}, indent=2))

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.guard import NoiseGuard
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, decode_contexts, step_shape
@@ -133,8 +134,17 @@ def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
+def calibration_goals(result: dict) -> list[dict]:
+    """The fit's per-step error (0.2: the bound the simulator's fidelity needs to stay within 15% on whole
+    runs, measured before) and the machine's quietness during the real runs."""
+    return [goal("RMS relative error per step", result["fit"]["rms_rel_error"], "<=", 0.2),
+            goal("other processes' cores during the runs (mean)", result["noise"]["other_cores_mean"], "<=", 0.3)]
+
+
 def dump(result: dict) -> str:
-    """Indented, except one line per step row (there are ~1,700)."""
+    """Indented, except one line per step row (there are ~1,700); the goals are computed here, once for
+    both the measured and the --refit path."""
+    result["goals"] = calibration_goals(result)
     head = json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1)
     rows = ",\n".join("  " + json.dumps(r) for r in result["rows"])
     return head[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n"

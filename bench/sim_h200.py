@@ -160,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     data = {"compare": part_compare, "sweep": part_sweep, "gate": part_gate, "speed": part_speed}[args.part](args)
     data["part_wall_s"] = time.perf_counter() - t
+    if args.part == "compare":
+        from sim_h200_report import compare_goals
+
+        data["goals"] = compare_goals(data)
     data["args"] = {k: v for k, v in vars(args).items()}
     (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return 0

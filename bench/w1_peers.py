@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from kvloop.engine.bench import report
+from kvloop.engine.bench.goals import goal
 from kvloop.engine.cli import main as kvloop
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -100,9 +101,9 @@ def w2_goals(w2: dict) -> list[dict]:
     out = []
     for name, r in w2["ratios"].items():
         if name.startswith("llama.cpp"):
-            out.append(report.goal(f"codesign throughput / {name} on W2", r["codesign_throughput_x"], ">=", W2_GOAL))
+            out.append(goal(f"codesign throughput / {name} on W2", r["codesign_throughput_x"], ">=", W2_GOAL))
     for name, why in w2.get("missing", {}).items():
-        out.append(report.goal(f"codesign throughput / {name} on W2", None, ">=", W2_GOAL, status="not run", why=why))
+        out.append(goal(f"codesign throughput / {name} on W2", None, ">=", W2_GOAL, status="not run", why=why))
     return out
 
 

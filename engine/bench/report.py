@@ -9,6 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.metrics import SLO, capacity
 from kvloop.engine.bench.suite import RunRow, SuiteResult
 
@@ -72,12 +73,6 @@ def ratios(systems: dict) -> dict:
                    "codesign_ttft_p99_x": _ratio(cd["ttft_p99_s"], d.get("ttft_p99_s")),
                    "codesign_tpot_p50_x": _ratio(cd["tpot_p50_s"], d.get("tpot_p50_s"))}
             for name, d in systems.items() if name != "codesign"}
-
-
-def goal(name: str, value: float | None, op: str, bound: float, **extra) -> dict:
-    """One goal in the project's shape; `met` is computed from the value, never set by hand."""
-    met = value is not None and (value >= bound if op == ">=" else value <= bound)
-    return {"name": name, "value": value, "op": op, "bound": bound, "met": met, **extra}
 
 
 def goals(systems: dict, rat: dict, missing: dict[str, str]) -> list[dict]:
