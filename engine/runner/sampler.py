@@ -86,8 +86,8 @@ class Sampler:
         if not live:
             return
         sub = logits if len(live) == logits.shape[0] else logits[live]
-        maxima, greedy = sub.amax(dim=-1).tolist(), sub.argmax(dim=-1).tolist()
-        for j, (i, value, index) in enumerate(zip(live, maxima, greedy, strict=True)):
+        maxima, greedy = sub.max(dim=-1)  # one reduction: the values and the greedy tokens
+        for j, (i, value, index) in enumerate(zip(live, maxima.tolist(), greedy.tolist(), strict=True)):
             if value != value or value == float("-inf"):  # nan from the model, or every token masked
                 errors[i] = ("sampling", "no token can be sampled: the logits are not finite or every token "
                                          "is masked")
@@ -98,7 +98,7 @@ class Sampler:
                 continue
             try:
                 gen = self._generator(rows[i].request_id, p.seed, logits.device)
-                tokens[i] = self._sample_row(logits[live[j]], p, gen)
+                tokens[i] = self._sample_row(sub[j], p, gen)
             except Exception as exc:  # noqa: BLE001 - this request's failure, reported to it alone
                 errors[i] = ("sampling", f"{type(exc).__name__}: {exc}")
 
