@@ -58,18 +58,21 @@ def parse_quantity(value: Any) -> Fraction:
     return -amount if sign == "-" else amount
 
 
-def is_quantity(value: Any) -> bool:
+def quantity_or_none(value: Any) -> Fraction | None:
+    """parse_quantity, with None for an absent or malformed value (the checks skip those)."""
     try:
-        parse_quantity(value)
+        return parse_quantity(value)
     except ValueError:
-        return False
-    return True
+        return None
+
+
+def is_quantity(value: Any) -> bool:
+    return quantity_or_none(value) is not None
 
 
 def has_gpu(resources: dict[str, Any] | None) -> bool:
-    limits = (resources or {}).get("limits") or {}
-    return "nvidia.com/gpu" in limits and is_quantity(limits["nvidia.com/gpu"]) \
-        and parse_quantity(limits["nvidia.com/gpu"]) > 0
+    gpus = quantity_or_none(((resources or {}).get("limits") or {}).get("nvidia.com/gpu"))
+    return gpus is not None and gpus > 0
 
 
 def ram_pools_mib(spec: dict[str, Any]) -> int:
@@ -85,14 +88,16 @@ def resource_problems(field: str, resources: dict[str, Any] | None, floors: dict
     requests, limits = res.get("requests") or {}, res.get("limits") or {}
     for part, values in (("requests", requests), ("limits", limits)):
         for key in CHECKED_RESOURCES:
-            if key in values and is_quantity(values[key]) and parse_quantity(values[key]) < 0:
+            value = quantity_or_none(values.get(key))
+            if value is not None and value < 0:
                 out.append(negative_message(field, part, key))
     for key in CHECKED_RESOURCES:
-        if key in requests and key in limits and is_quantity(requests[key]) and is_quantity(limits[key]) \
-                and parse_quantity(requests[key]) > parse_quantity(limits[key]):
+        request, limit = quantity_or_none(requests.get(key)), quantity_or_none(limits.get(key))
+        if request is not None and limit is not None and request > limit:
             out.append(above_limit_message(field, key))
     for key, floor in floors.items():
-        if key in limits and is_quantity(limits[key]) and parse_quantity(limits[key]) < parse_quantity(floor):
+        limit = quantity_or_none(limits.get(key))
+        if limit is not None and limit < parse_quantity(floor):
             out.append(floor_message(field, key, floor))
     return out
 
@@ -100,10 +105,11 @@ def resource_problems(field: str, resources: dict[str, Any] | None, floors: dict
 def memory_problems(spec: dict[str, Any]) -> list[str]:
     """The RAM pools and the runtime headroom must fit the engine's memory limit (the default one too)."""
     resources = spec.get("resources")
-    limit = ((DEFAULT_ENGINE_RESOURCES if resources is None else resources).get("limits") or {}).get("memory")
-    if limit is None or not is_quantity(limit):
+    limit = quantity_or_none(((DEFAULT_ENGINE_RESOURCES if resources is None else resources).get("limits") or {})
+                             .get("memory"))
+    if limit is None:
         return []
-    if (ram_pools_mib(spec) + RUNTIME_HEADROOM_MIB) * 2**20 > parse_quantity(limit):
+    if (ram_pools_mib(spec) + RUNTIME_HEADROOM_MIB) * 2**20 > limit:
         return [pools_message(default=resources is None)]
     return []
 

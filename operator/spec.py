@@ -14,9 +14,8 @@ from kvloop.operator.constants import EMBEDDED_MODEL_NAME
 from kvloop.operator.limits import (
     SIDECAR_FLOORS,
     image_problems,
-    is_quantity,
     memory_problems,
-    parse_quantity,
+    quantity_or_none,
     resource_problems,
 )
 
@@ -70,9 +69,8 @@ def with_defaults(spec: dict[str, Any] | None) -> dict[str, Any]:
 
 def quantity(value: Any) -> float | None:
     """A Kubernetes resource quantity as a number (bytes, cores, devices); None when absent or malformed."""
-    if value is None or not is_quantity(value):
-        return None
-    return float(parse_quantity(value))
+    parsed = quantity_or_none(value)
+    return None if parsed is None else float(parsed)
 
 
 def gpu_count(spec: dict[str, Any]) -> int:

@@ -219,8 +219,8 @@ def test_operator_reports_what_the_crd_refuses(case: str):
 ])
 def test_quantity_parser_follows_kubernetes(text, value):
     assert parse_quantity(text) == value
-    assert compile_rule(f"quantity('{text}').compareTo(quantity('{text}')) == 0").evaluate({}) if isinstance(text, str) \
-        else True
+    # The CRD's rules take int-or-string values as quantity(string(...)): the integer 7 goes through '7'.
+    assert compile_rule(f"quantity('{text}').compareTo(quantity('{text}')) == 0").evaluate({})
 
 
 @pytest.mark.parametrize("text", ["", "Gi", "1GB", "1.5.5", "1 Gi", "1K", "1gi", "--1", "1e", "1e1.5", "0x10", True])
