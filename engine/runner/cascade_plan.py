@@ -107,7 +107,3 @@ class CascadePlanner:
             self._key = key
             self.builds += 1
         return self._plan
-
-    def invalidate(self) -> None:
-        self._key = None
-        self._plan = None

@@ -87,6 +87,7 @@ class Scheduler:
 
     def set_attention_cost(self, attention: AttentionCost) -> None:
         self.step_cost = dataclasses.replace(self.step_cost, attention=attention)
+        self._planner = None  # its plans were priced with the old model
 
     @property
     def codesign(self) -> bool:
@@ -225,7 +226,7 @@ class Scheduler:
         key = tuple((s.request_id, s.num_preemptions, c if s.num_computed_tokens < s.num_prompt_tokens else -1)
                     for s, c in zip(rows, ctx, strict=True))
         sc = self.step_cost
-        if self._planner is None or self._planner.worth != sc.attention.worth:
+        if self._planner is None:
             self._planner = sc.planner()
         plan = self._planner.plan(key, [s.block_table for s in rows], ctx)
         return [sc.decode_us(ctx, sc.group_shapes(plan)), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]

@@ -6,7 +6,8 @@ and a cascaded group reads it once. Which groups cascade is the runner's own pla
 the prefix common to every row, as vLLM) wherever the per-layer attention model says it pays
 (kernels/cascade_cost.AttentionCost: measured on a CPU by bench/calibrate_cascade.py; derived from the
 roofline for a GPU profile, engine/sim/cost.py). `StepCost` prices a step with that plan:
-- the simulator charges its decode steps with `price_us` (and `decode_us` inside fast-forward windows),
+- the simulator charges its decode steps with `decode_us` over the groups of its `planner`'s plan
+  (`group_shapes`; sim/runner.py, and inside fast-forward windows); `price_us` does both in one call,
 - the codesign scheduler orders waiting requests by `join_saving_us` (what a row that joins a running
   group saves against reading its prefix alone) and lets joining rows run beyond the batch cap while the
   step's price stays within what the cap's plain rows would cost."""
