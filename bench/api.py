@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+
 from kvloop.engine.bench.ready import wait_ready
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +43,6 @@ STRUCTURED_FORMAT = {"type": "json_schema", "json_schema": {"name": "note", "sch
     "type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
                                      "priority": {"type": "integer"}},
     "required": ["title", "tags", "priority"], "additionalProperties": False}}}
-WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
 
 def prompts(n: int, length: int, vocab_offset: int = 1000) -> list[list[int]]:
@@ -200,6 +200,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 def child_server(args) -> None:
     import uvicorn
+
     from kvloop.engine.cli import engine_config_from_args
     from kvloop.engine.server.launch import build_server
 
@@ -213,6 +214,7 @@ def child_server(args) -> None:
     else:
         sys.path.insert(0, str(HERE))
         from engine_process import ProcessAsyncEngine
+
         from kvloop.engine.model.checkpoint import load_checkpoint
         from kvloop.engine.model.locate import resolve_model_path
         from kvloop.engine.server.app import build_app

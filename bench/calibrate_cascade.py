@@ -1,13 +1,28 @@
-"""Measures the decode-attention step-cost model (engine/kernels/cascade_cost.py) on this CPU.
+"""Measures the decode-attention step-cost model (engine/kernels/cascade_cost.py) on this CPU, per attention backend.
 
-Times one attention call (torch_decode.span_attention, the call plain rows and cascade groups both make)
-for stacked rows M and tokens S over a grid, and the log-sum-exp merge per row, then fits
+--backend torch: times one attention call (torch_decode.span_attention, the call plain rows and cascade groups
+both make) for stacked rows M and tokens S over a grid, and the log-sum-exp merge per row, then fits
     t(M, S) = call_us + row_us * M + S * max(token_us, token_row_us * M)
 per KV dtype: a robust line in S per M (intercept, slope); the intercepts give call_us and row_us, the
-slope at M = 1 gives token_us, the slopes per row of stacks of 8 and more give token_row_us. Prints the COSTS entries to paste into cascade_cost.py, the fit's worst
-relative error and the break-even shared length per group size, and writes them as JSON.
+slope at M = 1 gives token_us, the slopes per row of stacks of 8 and more give token_row_us.
 
-    python bench/calibrate_cascade.py [--quick] [--threads 1] [--out bench/results/cascade_calibration.json]
+--backend cpu: the C++ kernel (kernels/cpu/paged_decode.attend) takes a whole step in one call, so a "call" of
+the model is one segment of it. Over the same grid it times the stacked call (one segment: M rows against S
+shared tokens, in place over the paged cache) and the plain call (M one-row segments over those tokens), and
+the merge (torch_decode.merge_into, once per group), and fits
+    t(M, S) = call_us + row_us * M + S * max(token_us, token_stack_us + token_row_us * M)
+(the kernel widens each K/V tile once for all its stacked rows): the stacked intercepts give row_us, the
+plain ones the call's fixed cost (the same with or without cascade: left out of the model) and call_us per
+segment, the plain slopes per row token_us, the stacked slopes of 2 rows and more a line in M
+(token_stack_us, token_row_us), the merge's line group_us and merge_us. It then checks the model's decision
+(worth) against the measured faster path, the kernel's whole decode with and without the group
+(cpu.paged_decode.CpuDecode, merges included), on held-out (members, shared tokens) points, each row with
+its own 112 tokens after the shared ones.
+
+Prints the entries to paste into cascade_cost.py, the fit's worst relative error and the break-even shared
+length per group size, and writes them as JSON with top-level goals.
+
+    python bench/calibrate_cascade.py [--backend torch|cpu] [--quick] [--threads 1] [--out PATH]
 """
 
 from __future__ import annotations
@@ -16,9 +31,11 @@ import argparse
 import json
 import platform
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
+
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.kernels import torch_decode
 from kvloop.engine.kernels.cascade_cost import AttentionCost
@@ -88,16 +105,26 @@ def line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return intercepts[len(intercepts) // 2], slope
 
 
-def fit(samples: list[tuple], merge_us: float) -> tuple[AttentionCost, float]:
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def lines_per_rows(samples: list[tuple]) -> dict[int, tuple[float, float]]:
+    """(intercept, slope) of time against tokens, per number of stacked rows, of (M, S, us) samples."""
     per_rows = {}
     for m in sorted({m for m, _, _ in samples}):
         pts = [(s, us) for mm, s, us in samples if mm == m]
         per_rows[m] = line([s for s, _ in pts], [us for _, us in pts])
+    return per_rows
+
+
+def fit(samples: list[tuple], merge_us: float) -> tuple[AttentionCost, float]:
+    per_rows = lines_per_rows(samples)
     rows = sorted(per_rows)
     call_us, row_us = line([float(m) for m in rows], [per_rows[m][0] for m in rows])
     token_us = max(per_rows[rows[0]][1], 0.0) / rows[0]
     big = [per_rows[m][1] / m for m in rows if m >= 8] or [per_rows[rows[-1]][1] / rows[-1]]
-    token_row_us = sorted(big)[len(big) // 2]  # stacks of 8 and more are bound by the products
+    token_row_us = median(big)  # stacks of 8 and more are bound by the products
     cost = AttentionCost(round(max(call_us, 0.0), 3), round(max(row_us, 0.0), 4), round(token_us, 5),
                          round(max(token_row_us, 0.0), 6), merge_us=round(merge_us, 3))
     worst = max(abs(cost.span_us(m, s) - us) / us for m, s, us in samples)
@@ -125,17 +152,199 @@ def calibration_goals(result: dict) -> list[dict]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a tiny grid (smoke run)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="bench/results/cascade_calibration.json")
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    rows_grid = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32]
-    tokens_grid = [64, 512] if args.quick else [64, 256, 1024, 2048]
-    reps = 3 if args.quick else 20
-    result = {"threads": args.threads, "cpu": platform.processor() or platform.machine(), "dtypes": {}}
+# --- the CPU kernel (--backend cpu) ---
+
+OWN_TOKENS = 112  # each row's own tokens after the shared ones in the held-out check (as bench/decode_shared.py)
+TIE = 0.05  # plain and cascade within 5% of each other: either choice is right
+HELD_OUT = [(m, s) for m in (2, 3, 4, 6, 12, 16, 24) for s in (48, 192, 400, 800, 1888)]
+HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
+CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade_cost.py
+
+
+def best_of_each(fns: list, reps: int) -> list[float]:
+    """best_us of each, in rounds that run every one once: each one's repetitions spread over the whole
+    measurement, so that a stretch disturbed by other processes does not take all of them. Each timed run
+    follows an untimed one of the same call (as every layer's call follows the previous layer's): a small
+    call right after a large one measured up to 2x slower."""
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            fn()
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return [b * 1e6 for b in best]
+
+
+def paged_cache(dtype: torch.dtype, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    k = torch.randn(blocks, BLOCK, N_KV, HD).to(dtype)
+    return k, torch.randn_like(k)
+
+
+def measure_cpu(dtype: torch.dtype, rows_grid: list[int], tokens_grid: list[int], reps: int) -> tuple[list, list]:
+    """(M, S, us) of the kernel's stacked call (one segment of M rows) and of its plain call (M one-row
+    segments), over the same S tokens of the paged cache (block 0 unused, as in the engine)."""
+    from kvloop.engine.kernels.cpu.paged_decode import attend, pack_segments
+
+    k, v = paged_cache(dtype, max(tokens_grid) // BLOCK + 2)
+    q = torch.randn(max(rows_grid), HEADS, HD)  # the model's dtype on the CPU (fp32), whatever the KV's
+    grid = [(m, s) for m in rows_grid for s in tokens_grid]
+    calls = []
+    for m, s in grid:
+        ids = list(range(1, 1 + -(-s // BLOCK)))
+        calls += [partial(attend, q, k, v, pack_segments([(list(range(m)), ids, s)]), HD ** -0.5),
+                  partial(attend, q, k, v, pack_segments([([r], ids, s) for r in range(m)]), HD ** -0.5)]
+    times = best_of_each(calls, reps)
+    return ([(m, s, times[2 * i]) for i, (m, s) in enumerate(grid)],
+            [(m, s, times[2 * i + 1]) for i, (m, s) in enumerate(grid)])
+
+
+def measure_cpu_merge(rows_grid: list[int], reps: int) -> list[tuple[int, float]]:
+    """(members, us) of one group's merge as CpuDecode runs it, on the kernel's fresh outputs (timed right
+    after the call that makes them, as in a step): rows by an index tensor, the partial results a slice."""
+    from kvloop.engine.kernels.cpu.paged_decode import attend, pack_segments
+
+    k, v = paged_cache(torch.float32, 6)
+    q = torch.randn(max(rows_grid), HEADS, HD)
+    ids = list(range(1, 5))
+    samples = []
+    for m in (m for m in rows_grid if m > 1):
+        segments = pack_segments([(list(range(m)), ids, 4 * BLOCK)] + [([r], ids, 4 * BLOCK) for r in range(m)])
+        rows = torch.arange(m)
+        best = float("inf")
+        for _ in range(reps + 1):
+            out, lse = attend(q, k, v, segments, HD ** -0.5)
+            start = time.perf_counter()
+            torch_decode.merge_into(out[m:], lse[m:], rows, out[:m], lse[:m])
+            best = min(best, time.perf_counter() - start)
+        samples.append((m, best * 1e6))
+    return samples
+
+
+def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, float]]
+            ) -> tuple[AttentionCost, float, float]:
+    """The model, the kernel call's fixed cost (paid once per layer with or without cascade, so left out of
+    the model) and the worst relative error of fixed cost + model over every sample, stacked and plain.
+    The kernel widens each tile of K/V once for all the rows it stacks, then pays per row: the stacked slopes
+    of 2 and more rows, per token, are a line in the rows (token_stack_us + token_row_us * M); one row alone
+    is bound by reading (token_us, from the plain calls), and the line never prices it higher: its intercept is
+    capped at token_us - token_row_us (a noisy line would otherwise overprice every plain row)."""
+    st, pl = lines_per_rows(stacked), lines_per_rows(plain)
+    rows = sorted(st)
+    _, row_us = line([float(m) for m in rows], [st[m][0] for m in rows])
+    fixed_us, per_segment_us = line([float(m) for m in rows], [pl[m][0] for m in rows])
+    token_us = median([pl[m][1] / m for m in rows])  # a row reading the tokens alone
+    stacks = [m for m in rows if m > 1]
+    token_stack_us, token_row_us = line([float(m) for m in stacks], [st[m][1] for m in stacks])
+    token_stack_us = min(token_stack_us, token_us - token_row_us)
+    group_us, merge_us = line([float(m) for m, _ in merges], [us for _, us in merges])
+    cost = AttentionCost(call_us=round(max(per_segment_us - row_us, 0.0), 3), row_us=round(max(row_us, 0.0), 4),
+                         token_us=round(max(token_us, 0.0), 5), token_row_us=round(max(token_row_us, 0.0), 6),
+                         merge_us=round(max(merge_us, 0.0), 3), group_us=round(max(group_us, 0.0), 3),
+                         token_stack_us=round(max(token_stack_us, 0.0), 5))
+    fixed = max(fixed_us, 0.0)
+    errors = [abs(fixed + cost.span_us(m, s) - us) / us for m, s, us in stacked]
+    errors += [abs(fixed + cost.plain_us([s] * m) - us) / us for m, s, us in plain]
+    return cost, round(fixed, 3), max(errors)
+
+
+def held_out(cost: AttentionCost, dtype: torch.dtype, points: list[tuple[int, int]], reps: int) -> list[dict]:
+    """Per (members, shared tokens): the kernel's decode of those rows (each with OWN_TOKENS of its own after
+    the shared ones) plain and with the shared prefix as one group, against the model's choice."""
+    from kvloop.engine.kernels.attention_meta import AttentionMetadata
+    from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
+    from kvloop.engine.runner.cascade_plan import build_plan
+
+    steps = []
+    own = OWN_TOKENS // BLOCK
+    for members, shared in points:
+        doc = shared // BLOCK  # whole blocks: groups end on a block edge (cascade_plan)
+        tables = [list(range(1, 1 + doc)) + list(range(1 + doc + r * own, 1 + doc + (r + 1) * own))
+                  for r in range(members)]
+        lens = [shared + OWN_TOKENS] * members
+        k, v = paged_cache(dtype, 1 + doc + members * own)
+        q = torch.randn(members, HEADS, HD)
+        plan = build_plan(tables, lens, BLOCK, lambda m, t: True)
+        assert plan is not None and [(len(g.rows), g.num_tokens) for g in plan.groups] == [(members, shared)]
+        for cascade in (None, plan):
+            meta = AttentionMetadata(torch.zeros(members, dtype=torch.long), members, torch.tensor(tables),
+                                     torch.tensor(lens), max_decode_context=lens[0], cascade=cascade)
+            # one CpuDecode per path: the step's work list is built once and reused, as by every layer
+            steps.append(partial(CpuDecode(), q, k, v, meta, HD ** -0.5))
+    times = best_of_each(steps, reps)
+    out = []
+    for i, (members, shared) in enumerate(points):
+        plain_us, cascade_us = times[2 * i], times[2 * i + 1]
+        gain = plain_us - cascade_us
+        model_cascades = cost.worth(members, shared)
+        out.append({"members": members, "shared_tokens": shared, "plain_us": round(plain_us, 1),
+                    "cascade_us": round(cascade_us, 1), "measured_gain_us": round(gain, 1),
+                    "model_gain_us": round(cost.group_gain_us(members, shared), 1), "model_cascades": model_cascades,
+                    "agrees": model_cascades == (gain > 0), "tie": abs(gain) <= TIE * plain_us})
+    return out
+
+
+def paste_line(name: str, cost: AttentionCost, width: int = 110) -> str:
+    """`name = AttentionCost(...)` wrapped to the project's line length, ready to paste."""
+    head = f"{name} = AttentionCost("
+    lines, cur = [], head
+    for i, (field, value) in enumerate(cost.__dict__.items()):
+        arg = f"{field}={value!r}" + (")" if i == len(cost.__dict__) - 1 else ",")
+        if len(cur) + len(arg) + 1 > width and cur.strip() != head.strip():
+            lines.append(cur.rstrip())
+            cur = " " * len(head)
+        cur += arg + " "
+    return "\n".join([*lines, cur.rstrip()])
+
+
+def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], points: list[tuple[int, int]],
+                  reps: int) -> list[str]:
+    """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade_cost.py."""
+    from kvloop.engine.kernels.cpu import build
+
+    if not build.load():
+        raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
+    merges = measure_cpu_merge(rows_grid, reps)
+    paste, summary = [], []
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        stacked, plain = measure_cpu(dtype, rows_grid, tokens_grid, reps)
+        cost, fixed_us, worst = fit_cpu(stacked, plain, merges)
+        checks = held_out(cost, dtype, points, reps)
+        evens = {m: break_even(cost, m) for m in (2, 4, 8, 16, 32)}
+        wrong = [c for c in checks if not c["agrees"] and not c["tie"]]
+        result["dtypes"][name] = {
+            "cost": cost.__dict__, "call_fixed_us": fixed_us, "fit_worst_relative_error": round(worst, 3),
+            "break_even_tokens": evens, "held_out_agreement": round(sum(c["agrees"] for c in checks) / len(checks), 3),
+            "held_out_wrong_beyond_tie": len(wrong), "held_out": checks,
+            "samples_us": {"stacked": stacked, "plain": plain, "merge": merges}}
+        paste.append(paste_line(CPU_NAMES[name], cost))
+        even = {m: "never" if n is None else f"{n:,}" for m, n in evens.items()}
+        summary.append(f"{name}: fit within {worst:.0%}, break-even shared tokens {even[2]} for 2 sharers, "
+                       f"{even[4]} for 4, {even[16]} for 16")
+        print(f"{name}: fit worst relative error {worst:.1%} (call fixed cost {fixed_us} us); break-even shared "
+              f"tokens by group size: {evens}")
+        for c in checks:
+            print(f"  {c['members']:3d} rows x {c['shared_tokens']:5d} shared: plain {c['plain_us']:8.1f} us, cascade "
+                  f"{c['cascade_us']:8.1f} us; model {'cascades' if c['model_cascades'] else 'plain'}"
+                  f"{'' if c['agrees'] else ' (tie)' if c['tie'] else ' WRONG'}")
+    return ["# " + "; ".join(summary), *paste]
+
+
+def cpu_goals(result: dict) -> list[dict]:
+    """Each fit's worst sample within 50% (as for the torch path), and no held-out point where the model's
+    choice is the path measured slower by more than TIE."""
+    out = []
+    for name, d in result["dtypes"].items():
+        out += [goal(f"cpu {name}: fit worst relative error", d["fit_worst_relative_error"], "<=", 0.5),
+                goal(f"cpu {name}: held-out points where the model picks the path measured slower by more than "
+                     f"{TIE:.0%}", d["held_out_wrong_beyond_tie"], "<=", 0,
+                     agreement=d["held_out_agreement"])]
+    return out
+
+
+def calibrate_torch(result: dict, rows_grid: list[int], tokens_grid: list[int], reps: int) -> None:
+    """Fills result["dtypes"] for the torch decode path, printing its COSTS entries."""
     merge_us = measure_merge(16, reps)
     for dtype in (torch.bfloat16, torch.float32):
         samples = measure(dtype, rows_grid, tokens_grid, reps)
@@ -147,10 +356,40 @@ def main() -> None:
                                   "break_even_tokens": evens, "samples_us": samples}
         print(f'    "{name}": {cost!r},')
         print(f"      fit worst relative error {worst:.1%}; break-even shared tokens by group size: {evens}")
-    result["goals"] = calibration_goals(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("torch", "cpu"), default="torch",
+                   help="the decode path to measure: the torch path or the C++ CPU kernel")
+    p.add_argument("--quick", action="store_true", help="a tiny grid (smoke run)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu].json")
+    args = p.parse_args()
+    out = Path(args.out or f"bench/results/cascade_calibration{'_cpu' if args.backend == 'cpu' else ''}.json")
+    torch.set_num_threads(args.threads)
+    rows_grid = [1, 2, 4, 8, 16, 32]
+    tokens_grid = [64, 256, 1024, 2048]
+    if args.quick:  # the kernel's stacks need two sizes of 2 rows and more; its contexts, a long one
+        rows_grid, tokens_grid = ([1, 4, 16], [64, 512]) if args.backend == "torch" else ([1, 2, 4, 16], [64, 2048])
+    reps = 20 if not args.quick else 3 if args.backend == "torch" else 10  # the kernel's grid is quick to time
+    result = {"threads": args.threads, "cpu": platform.processor() or platform.machine(), "dtypes": {}}
+    if args.backend == "torch":
+        calibrate_torch(result, rows_grid, tokens_grid, reps)
+        result["goals"] = calibration_goals(result)
+    else:
+        from decode_shared import cpu_flags  # bench/, beside this script
+
+        result.update(backend="cpu", quick=args.quick, cpu_flags=cpu_flags())
+        paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT, reps)
+        result["goals"] = cpu_goals(result)
+        command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
+        print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the _CPU_BF16 and _CPU_FP32 lines, and "
+              f"update their comment: `{command}` on {result['cpu_flags']['model']} ---")
+        print("\n".join(paste))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def cpu_flags() -> dict:
 class Bench:
     def __init__(self, dtype: str, kv_dtype: str, threads: int):
         import torch
+
         from kvloop.engine.engine_core import resolve_dtype
         from kvloop.engine.model.checkpoint import load_checkpoint
         from kvloop.engine.model.llama import LlamaModel
@@ -85,9 +86,12 @@ class Bench:
         self.bs = 16
 
     def run(self, batch: int, ctx: int, per_doc: int, reps: int) -> dict:
-        from kvloop.engine.kernels import torch_attention, torch_decode
+        from gathered_decode import decode_gathered
+
+        from kvloop.engine.kernels import torch_decode
+        from kvloop.engine.kernels.attention_meta import AttentionMetadata
+        from kvloop.engine.kernels.backend import WithDecode
         from kvloop.engine.kernels.cascade_cost import cost_for
-        from kvloop.engine.runner.attention_meta import AttentionMetadata
         from kvloop.engine.runner.cascade_plan import build_plan
 
         torch, model, bs = self.torch, self.model, self.bs
@@ -115,18 +119,19 @@ class Bench:
         def attention(m: AttentionMetadata) -> None:
             with torch.inference_mode():
                 for layer in range(cfg.num_layers):
-                    torch_attention.decode_rows(q, kv[layer, 0], kv[layer, 1], m, model.scale)
+                    model.attention.decode(q, kv[layer, 0], kv[layer, 1], m, model.scale)
 
         out = {"batch": batch, "context": ctx, "rows_per_doc": per_doc,
                "groups": [] if plan is None else [[len(g.rows), g.num_tokens] for g in plan.groups]}
-        impls = {"today": (torch_attention.decode_gathered, None), "inplace": (torch_decode.decode_attention, None),
+        impls = {"today": (decode_gathered, None), "inplace": (torch_decode.decode_attention, None),
                  "cascade": (torch_decode.decode_attention, plan)}
         samples: dict[str, dict[str, list[float]]] = {p: {"step_ms": [], "attention_ms": []} for p in PATHS}
-        saved = torch_attention.decode_rows
+        saved = model.attention  # the torch backend; each path swaps in its decode (WithDecode)
         try:
             for rep in range(reps + 1):  # paths interleaved; the first round warms up and is dropped
                 for path in PATHS:
-                    torch_attention.decode_rows, cascade = impls[path]
+                    decode, cascade = impls[path]
+                    model.attention = WithDecode(path, decode, saved)
                     for name, fn in (("step_ms", step), ("attention_ms", attention)):
                         m = meta(cascade)  # a fresh step: the per-step work list is built inside, as in serving
                         t0 = time.perf_counter()
@@ -134,7 +139,7 @@ class Bench:
                         if rep:
                             samples[path][name].append((time.perf_counter() - t0) * 1e3)
         finally:
-            torch_attention.decode_rows = saved
+            model.attention = saved
         for path in PATHS:
             out[path] = {k: round(statistics.median(v), 2) for k, v in samples[path].items()}
         return out

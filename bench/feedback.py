@@ -113,7 +113,7 @@ def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: in
     timeline: list[dict] = []
     t0 = time.monotonic()
     next_sample = 0.0
-    pre0 = engine.snapshot()["num_preemptions"]
+    pre0 = engine.snapshot().num_preemptions
     while True:
         now = time.monotonic() - t0
         while heap and heap[0][0] <= now:
@@ -139,14 +139,15 @@ def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: in
                         heapq.heappush(heap, (rec["done"] + random.Random(seq).expovariate(1 / w.think_s), seq,
                                               (0.0, rid, nxt["history"], w.reply_tokens, nxt)))
         elif heap:
+            engine.step()  # idle: an empty step publishes the snapshot and polls the targets, as the server's does
             time.sleep(min(0.01, max(0.0, heap[0][0] - now)))
         else:
             break
         if now >= next_sample:
             snap = engine.snapshot()
-            timeline.append({"t": round(now, 2), "phase": phase_of(w, now), "kv_use": snap["kv_usage"],
-                             "batch_cap": snap["batch_cap"], "watermark": snap.get("kv_watermark"),
-                             "waiting": snap["num_waiting"], "running": snap["num_running"]})
+            timeline.append({"t": round(now, 2), "phase": phase_of(w, now), "kv_use": snap.kv_usage,
+                             "batch_cap": snap.batch_cap, "watermark": snap.watermark,
+                             "waiting": snap.num_waiting, "running": snap.num_running})
             next_sample = now + 0.25
     makespan = time.monotonic() - t0
     stop.set()
@@ -176,10 +177,10 @@ def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: in
     return {
         "throughput_tok_s": sum(r["tokens"] for r in done) / makespan,
         "ttft_p50_s": pct(ttfts, 0.5), "ttft_p99_s": pct(ttfts, 0.99),
-        "preemptions": snap["num_preemptions"] - pre0,
+        "preemptions": snap.num_preemptions - pre0,
         "kv_use_high_phase": statistics.fmean(high) if high else None,
         "requests": len(records), "completed": len(done), "makespan_s": makespan,
-        "final_batch_cap": snap["batch_cap"], "final_watermark": snap.get("kv_watermark"),
+        "final_batch_cap": snap.batch_cap, "final_watermark": snap.watermark,
         "decisions": reasons, "phases": phases, "timeline": timeline, "publish": publish,
     }
 
@@ -264,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import torch
+
     from kvloop.engine.config import EngineConfig
     from kvloop.engine.engine_core import EngineCore
     from kvloop.engine.kv.config import KVConfig

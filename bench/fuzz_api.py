@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.ready import wait_ready
 

@@ -25,8 +25,9 @@ from kvloop.engine.bench.metrics import SLO
 from kvloop.engine.bench.suite import RunRow, run_suite
 from kvloop.engine.bench.systems import Sizing
 from kvloop.engine.bench.workloads import SMOKE, W1Params, build_w1
+from kvloop.engine.scheduler.policy import policy_names
 
-MODES = ("static", "continuous", "continuous+lru", "codesign")
+MODES = policy_names()
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("throughput_tok_s", "throughput_req_s", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "oom_events", "preemptions",
         "kv_use_mean_saturated", "hit_rate")

@@ -14,59 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
-import time
 from pathlib import Path
 
+from kvloop.engine.bench.concurrent_tpot import measure_tpot
 from kvloop.engine.bench.goals import goal
-from kvloop.engine.bench.guard import NoiseGuard
 from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.systems import make_target, missing_reason
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTEXT = 2000
 MAX_TOKENS = 48
-
-
-def prompts(batch: int, per_doc: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Documents and the batch's prompts (document + a unique question), token ids of plain text range."""
-    rng = random.Random(seed)
-    question = 112
-    doc_len = CONTEXT - question - MAX_TOKENS
-    docs = [[rng.randrange(1000, 40000) for _ in range(doc_len)] for _ in range(-(-batch // per_doc))]
-    rows = [docs[i // per_doc] + [rng.randrange(1000, 40000) for _ in range(question)] for i in range(batch)]
-    return docs, rows
-
-
-def run_batch(target, rows: list[list[int]], tag: str) -> list[float]:
-    """Submits every row at once; returns each request's TPOT in ms."""
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    count: dict[str, int] = {}
-    for i, p in enumerate(rows):
-        target.submit(f"{tag}-{i}", p, MAX_TOKENS)
-    done = 0
-    deadline = time.monotonic() + 900
-    while done < len(rows) and time.monotonic() < deadline:
-        for ev in target.poll(1.0):
-            if ev.done:
-                done += 1
-                if ev.error:
-                    raise RuntimeError(f"{tag}: {ev.error}")
-                continue
-            first.setdefault(ev.request_id, ev.t)
-            last[ev.request_id] = ev.t
-            count[ev.request_id] = count.get(ev.request_id, 0) + ev.num_new_tokens
-    return [1000 * (last[r] - first[r]) / (count[r] - 1) for r in first if count[r] > 1]
-
-
-def measure(target, batch: int, per_doc: int) -> dict:
-    docs, rows = prompts(batch, per_doc, seed=batch)
-    run_batch(target, [d + [7] for d in docs], f"warm{batch}")  # the documents into the prefix cache
-    with NoiseGuard() as guard:
-        tpots = run_batch(target, rows, f"b{batch}")
-    return {"tpot_ms_p50": statistics.median(tpots), "requests": len(tpots), "noise": guard.report().as_dict()}
 
 
 def measure_peer(peer: str, batches: list[int], per_doc: int, threads: int) -> dict:
@@ -86,7 +43,7 @@ def measure_peer(peer: str, batches: list[int], per_doc: int, threads: int) -> d
                 target = make_target(names[b], Sizing(max_context=CONTEXT + 64), threads)
                 target.start()
                 started = names[b]
-            out[str(b)] = measure(target, b, per_doc)
+            out[str(b)] = measure_tpot(target, b, per_doc, seed=b, context=CONTEXT, max_tokens=MAX_TOKENS)
             print(peer, b, {k: v for k, v in out[str(b)].items() if k != "noise"}, flush=True)
     finally:
         if target is not None:

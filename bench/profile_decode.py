@@ -15,11 +15,12 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.sampling import SamplingParams
-from torch.profiler import ProfilerActivity, profile
 
 
 def main(argv: list[str] | None = None) -> None:

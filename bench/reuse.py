@@ -101,6 +101,7 @@ def ttft(engine, rid: str, ids: list[int]) -> float:
 
 def run_ttft(reps: int, threads: int, dtype: str = "bfloat16") -> dict:
     import torch
+
     from kvloop.engine.config import EngineConfig
     from kvloop.engine.engine_core import EngineCore
     from kvloop.engine.kv.config import KVConfig

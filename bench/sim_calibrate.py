@@ -23,12 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from sim_fidelity import StepTimer, sim_sizing, workload  # bench/ is on sys.path when run as a script
+
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.guard import NoiseGuard
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, decode_contexts, step_shape
 from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
-from sim_fidelity import StepTimer, sim_sizing, workload  # bench/ is on sys.path when run as a script
 
 # (sequences, prompt tokens): decode batch sizes over short and long contexts, and prefill lengths.
 SHAPES = [(1, 64), (1, 1024), (4, 512), (8, 256), (16, 512), (32, 128), (32, 256), (64, 128)]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
 from kvloop.engine.bench.goals import goal
 
 HERE = Path(__file__).resolve().parent
@@ -180,6 +181,7 @@ LIBRARIES: dict[str, Callable] = {"xgrammar": XGrammar, "llguidance": LLGuidance
 
 def measure(lib, tok, batch: int, steps: int, compile_repeats: int) -> dict:
     import torch
+
     from kvloop.engine.structured.bitmask import apply_bitmask, bitmask_words
 
     out: dict = {"schemas": {}}
@@ -294,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     from importlib.metadata import PackageNotFoundError, version
 
     import torch
+
     from kvloop.engine.model.checkpoint import load_checkpoint
     from kvloop.engine.model.locate import embedded_model_path
     from kvloop.engine.tokenizer.tokenizer import Tokenizer

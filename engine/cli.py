@@ -5,38 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvloop.engine.config import DTYPES, QUANTIZATIONS
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.config_options import add_config_args, config_from_args
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES)
-    p.add_argument("--kv-dtype", default="auto", choices=DTYPES,
-                   help="KV cache storage (auto: the model dtype, or bf16 under an fp32 model chosen by --dtype auto)")
-    p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
-                   help="weight-only quantization for decode-sized steps (none keeps the exact path)")
-    p.add_argument("--kv-cache-tokens", type=int, default=65536, help="device KV pool size in tokens")
-    p.add_argument("--mode", default=None, choices=("static", "continuous", "continuous+lru", "codesign"),
-                   help="batching and caching policy (default: codesign)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=64, help="batch cap (running requests)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget of one step")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument("--control-file", default=None, help="control block shared with the sidecar (feedback loop)")
-    p.add_argument("--control-stale-after", type=float, default=120.0,
-                   help="seconds after which sidecar targets give way to the configured values")
+    """The engine flags, generated from the config dataclasses' option fields (defaults included)."""
+    add_config_args(p, EngineConfig)
 
 
-def engine_config_from_args(args: argparse.Namespace):
-    from kvloop.engine.config import EngineConfig
-    from kvloop.engine.scheduler.scheduler import SchedulerConfig
-
-    sched = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    return EngineConfig(model=args.model, dtype=args.dtype, kv_dtype=args.kv_dtype, quantization=args.quantization,
-                        mode=args.mode,
-                        kv_cache_tokens=args.kv_cache_tokens,
-                        block_size=args.block_size, threads=args.threads, scheduler=sched,
-                        control_file=args.control_file, control_stale_after_s=args.control_stale_after)
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return config_from_args(EngineConfig, args)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

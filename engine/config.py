@@ -4,44 +4,68 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvloop.engine.config_options import option
+from kvloop.engine.kernels.backend import backend_choices
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.scheduler.config import SCHED_MODES, SchedulerConfig
+from kvloop.engine.scheduler.config import SchedulerConfig
+from kvloop.engine.scheduler.policy import get_policy, policy_names
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "int4", "int8")
+QUANTIZATIONS = ("auto", "none", "bf16", "int4", "int8")
 CASCADE_MODES = ("auto", "off", "always")
 
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # None: the embedded SmolLM2; else a .gguf file or an HF directory
-    dtype: str = "auto"  # auto: bf16 on GPU and on CPUs with native bf16 (AVX512-BF16/AMX), else fp32
-    device: str = "cpu"
-    block_size: int = 16
-    kv_cache_tokens: int = 65536  # device pool size in tokens
+    # Fields declared with option() are also `kvloop` flags and engine.yaml keys (engine/config_options.py).
+    model: str | None = option(None, flag="--model", setting="model.path",
+                               help="a .gguf file or HF directory (default: the embedded SmolLM2-135M)")
+    dtype: str = option("auto", flag="--dtype", setting="dtype", choices=DTYPES,
+                        help="model dtype; auto: bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), "
+                             "else float32")
+    device: str = option("cpu", flag="--device", setting="device",
+                         help="cpu, cuda, or auto (the GPU when there is one)")
+    block_size: int = option(16, flag="--block-size", setting="block_size", help="KV block size in tokens")
+    kv_cache_tokens: int = option(65536, flag="--kv-cache-tokens", help="device KV pool size in tokens")
     # Pool sizes in memory units (the operator's spec); when set they override the token counts, converted
     # with the model's KV bytes per token once the model is known (EngineCore.apply_pool_sizes).
-    device_pool_mib: float | None = None
-    host_pool_mib: float | None = None
-    disk_pool_gib: float | None = None
-    attention_backend: str = "auto"
-    # KV storage dtype. auto: the model dtype when it is 16-bit; under an fp32 model chosen by dtype=auto (a
-    # CPU without native bf16) bf16, halving the bytes a decode step reads, accumulated in fp32; an explicit
-    # dtype=float32 keeps fp32 KV (the exact path).
-    kv_dtype: str = "auto"
+    device_pool_mib: float | None = option(None, setting="kv_cache.device_pool_mib",
+                                           help="device KV pool in MiB (overrides kv_cache_tokens)")
+    host_pool_mib: float | None = option(None, setting="kv_cache.host_pool_mib",
+                                         help="host KV tier in MiB (overrides kv.host_cache_tokens)")
+    disk_pool_gib: float | None = option(None, setting="kv_cache.disk_size_gib",
+                                         help="disk KV tier in GiB (overrides kv.disk_cache_tokens)")
+    attention_backend: str = option("auto", flag="--attention-backend", choices=backend_choices,
+                                    help="attention kernels (engine/kernels/backend.py); auto: triton on CUDA, "
+                                         "torch on the CPU")
+    kv_dtype: str = option("auto", flag="--kv-dtype", setting="kv_dtype", choices=DTYPES,
+                           help="KV cache storage. auto: the model dtype when it is 16-bit; under a float32 model "
+                                "chosen by --dtype auto (a CPU without native bf16) bf16, halving the bytes a "
+                                "decode step reads, accumulated in float32; an explicit --dtype float32 keeps "
+                                "float32 KV (the exact path)")
     # Shared-prefix decode: auto cascades a group where the measured cost model says it is faster; always
     # cascades every shared prefix of two or more rows (tests); off reads every row's whole context.
     cascade: str = "auto"
-    quantization: str = "none"  # none (exact) | int4 | int8: weight-only, for decode-sized steps (model/linear.py)
-    threads: int | None = None  # torch intra-op threads; None leaves torch's default
+    quantization: str = option("auto", flag="--quantization", setting="quantization", choices=QUANTIZATIONS,
+                               help="weight format (model/linear.py): none: dense in the model dtype (the exact "
+                                    "path); bf16: bf16 weights, float32 arithmetic (CPU kernel); int4|int8: "
+                                    "weight-only quantized for decode-sized steps; auto: bf16 under --dtype auto "
+                                    "on a CPU without native bf16 when the kernel is built, else none")
+    threads: int | None = option(None, flag="--threads",
+                                 help="torch intra-op threads (default: torch's own choice)")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv: KVConfig = field(default_factory=KVConfig)  # prefix cache mode, admission, watermark, tiers
     progress: bool = True
-    control_file: str | None = None  # shared-memory control block with the sidecar; None: no feedback loop
-    control_stale_after_s: float = 120.0  # sidecar targets older than this give way to the defaults above
-    # static | continuous | continuous+lru | codesign: sets scheduler.mode and kv.mode together (static runs
-    # without a prefix cache); None leaves both as configured
-    mode: str | None = None
+    control_file: str | None = option(None, flag="--control-file", setting="control.path",
+                                      help="shared-memory control block with the sidecar (the feedback loop; "
+                                           "default: none, no feedback loop)")
+    control_stale_after_s: float = option(120.0, flag="--control-stale-after",
+                                          setting="control.targets_stale_after_s",
+                                          help="seconds after which sidecar targets give way to the configured "
+                                               "values")
+    mode: str | None = option(None, flag="--mode", setting="scheduler.mode", choices=policy_names,
+                              help="batching and caching policy: sets the scheduler's and the KV manager's mode "
+                                   "together, static without a prefix cache (default: codesign)")
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -57,10 +81,9 @@ class EngineConfig:
         if self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
         if self.mode is not None:
-            if self.mode not in SCHED_MODES[1:]:
-                raise ValueError(f"mode must be one of {SCHED_MODES[1:]}")
-            self.scheduler.mode = self.mode
-            self.kv.mode = "continuous" if self.mode == "static" else self.mode
+            policy = get_policy(self.mode)  # raises ValueError naming the policies
+            self.scheduler.mode = policy.name
+            self.kv.mode = policy.cache.name
 
     @property
     def num_blocks(self) -> int:

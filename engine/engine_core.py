@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 
 import torch
+
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.kernels.cpu import linear_bf16w
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.tier_mover import TierMover
 from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
+from kvloop.engine.model.registry import build_model
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
+from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.snapshot import EngineSnapshot, build_snapshot
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvloop.engine")
@@ -40,6 +44,20 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") or cpu_has_native_bf16() else torch.float32
     return getattr(torch, name)
+
+
+def resolve_quantization(name: str, dtype_name: str, device: str) -> str:
+    """The weight format. auto: where dtype auto chose float32 (a CPU without native bf16), bf16 weights with
+    float32 arithmetic when that kernel is built: half the bytes a decode step streams, like bf16 weights on
+    the machines that compute in bf16; dense weights in the model dtype elsewhere."""
+    if name != "auto":
+        return name
+    if dtype_name == "auto" and device == "cpu" and not cpu_has_native_bf16():
+        if linear_bf16w.available():
+            log.info("weights in bf16, arithmetic in float32 (no native bf16 here; --quantization none keeps "
+                     "dense float32 weights)")
+            return "bf16"
+    return "none"
 
 
 def apply_pool_sizes(config: EngineConfig, kv_bytes_per_token: int) -> None:
@@ -67,8 +85,9 @@ class EngineCore:
         self.dtype = resolve_dtype(config.dtype, config.device)
         if model is None:
             checkpoint = checkpoint or load_checkpoint(resolve_model_path(config.model), progress=config.progress)
-            model = LlamaModel(checkpoint.config, checkpoint.weights, self.dtype, config.device,
-                               config.attention_backend, config.quantization)
+            model = build_model(checkpoint.config, checkpoint.weights, self.dtype, config.device,
+                                config.attention_backend,
+                                resolve_quantization(config.quantization, config.dtype, config.device))
             tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
             fingerprint = checkpoint.fingerprint
             # the API serves the model under this name: the embedded default gets its plain, space-free name
@@ -124,7 +143,7 @@ class EngineCore:
             seq.arrival_time = arrival_time
         self.scheduler.add(seq)
         detok = self.tokenizer.detokenizer() if self.tokenizer else _NullDetokenizer()
-        self._states[request_id] = OutputState(seq, detok, self.eos_token_ids)
+        self._states[request_id] = OutputState(seq, detok)
         self._seqs[request_id] = seq
         return seq
 
@@ -153,25 +172,10 @@ class EngineCore:
             steps += 1
         return final
 
-    def snapshot(self) -> dict:
-        """Engine state for metrics and the control block. Later components add their own keys."""
-        return {
-            "num_waiting": len(self.scheduler.waiting),
-            "num_running": len(self.scheduler.running),
-            "batch_cap": self.scheduler.batch_cap,
-            "kv_usage": self.kv.usage(),
-            "kv_blocks_total": self.kv.num_blocks,
-            "kv_blocks_free": self.kv.num_free_blocks,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_preemptions_by_kind": self.scheduler.preemptions_by_kind,  # swap / recompute
-            "num_rejections": self.scheduler.num_rejections,
-            "num_oom_events": self.scheduler.num_oom_events,  # static mode's reservations that did not fit
-            "scheduler_mode": self.scheduler.mode,
-            "num_steps": self.num_steps,
-            "request_failures": dict(self.request_failures),
-            "step_failures": self.step_failures,
-            **self.kv.snapshot(),
-        }
+    def snapshot(self) -> EngineSnapshot:
+        """Engine state for metrics, the control block and the benchmark harness."""
+        return build_snapshot(self.scheduler, self.kv, num_steps=self.num_steps, step_failures=self.step_failures,
+                              request_failures=self.request_failures)
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -214,7 +218,7 @@ class EngineCore:
         self.request_failures[stage] += 1
         self.scheduler.finish(seq, "error")  # a no-op when it had finished just before failing
         self._seqs.pop(seq.request_id, None)
-        state = self._states.pop(seq.request_id, None) or OutputState(seq, _NullDetokenizer(), set())
+        state = self._states.pop(seq.request_id, None) or OutputState(seq, _NullDetokenizer())
         self.runner.sampler.forget(seq.request_id)
         try:
             out = state.output(True, "error")
@@ -225,38 +229,34 @@ class EngineCore:
         return out
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
-        now = time.monotonic()
+        """The scheduler's bookkeeping (tokens, times, the stop-token and length finishes), then each
+        sampled request's output: a failure of its own ends it alone."""
         outputs = []
-        for item in batch.items:
-            seq = item.seq
-            seq.num_computed_tokens = item.start + item.num_tokens
-            if not item.samples:
-                continue
-            if id(seq) in result.errors:
-                stage, message = result.errors[id(seq)]
+        for sampled in self.scheduler.update_from_output(batch, result, eos_token_ids=self.eos_token_ids):
+            seq = sampled.seq
+            if sampled.error is not None:  # the scheduler has finished it ("error"): report it
+                stage, message = sampled.error
                 log.warning("request %s failed in %s: %s", seq.request_id, stage, message)
                 outputs.append(self._fail_request(seq, stage, f"{stage} failed: {message}"))
                 continue
             try:
-                outputs.append(self._on_token(seq, result, now))
+                outputs.append(self._on_token(sampled))
             except Exception as exc:  # noqa: BLE001 - stop handling or detokenization of this request
                 log.exception("request %s failed in output processing", seq.request_id)
                 outputs.append(self._fail_request(seq, "output", f"output processing failed: "
                                                                   f"{type(exc).__name__}: {exc}"))
         return outputs
 
-    def _on_token(self, seq: Sequence, result: StepResult, now: float) -> RequestOutput:
-        token = result.tokens[id(seq)]
-        seq.token_ids.append(token)
-        if id(seq) in result.logprobs:
-            seq.logprobs.append(result.logprobs[id(seq)])
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        seq.last_token_time = now
+    def _on_token(self, sampled: Sampled) -> RequestOutput:
+        seq = sampled.seq
         state = self._states[seq.request_id]
-        reason = state.on_token(token)
-        if reason is not None:
+        reason = state.on_token(sampled.token, sampled.finish_reason)
+        if reason != sampled.finish_reason:
+            # A stop string ends the request here. When its token also reached max_tokens, the scheduler has
+            # finished it already ("length"): "stop" wins, as it always has.
             self.scheduler.finish(seq, reason)
+            seq.finish_reason = reason
+        if reason is not None:
             self._seqs.pop(seq.request_id, None)
             self._states.pop(seq.request_id, None)
             self.runner.sampler.forget(seq.request_id)

@@ -33,22 +33,23 @@ class RequestOutput:
 
 
 class OutputState:
-    def __init__(self, seq: Sequence, detok: IncrementalDetokenizer, eos_token_ids: set[int]):
+    def __init__(self, seq: Sequence, detok: IncrementalDetokenizer):
         self.seq = seq
         self.detok = detok
-        self.stop_ids = set(seq.params.stop_token_ids)
-        if not seq.params.ignore_eos:
-            self.stop_ids |= eos_token_ids
+        self.stopped_on_token = False  # ended by a stop token, which the output leaves out
         self.holdback = max((len(s) for s in seq.params.stop), default=1) - 1
         self.emitted = 0  # characters of text already sent
         self.sent_tokens = 0
         self.sent_logprobs = 0
         self.text = ""
 
-    def on_token(self, token: int) -> str | None:
-        """Digests one sampled token (already appended to seq); returns a finish reason or None."""
+    def on_token(self, token: int, finish_reason: str | None) -> str | None:
+        """Digests one sampled token (already appended to seq), given the scheduler's verdict on it
+        (bookkeeping.finish_reason: "stop" for a stop token, "length", or None); returns the request's
+        finish reason. A stop string completed by the token ends the request too, and wins over "length"."""
         p = self.seq.params
-        if token in self.stop_ids:
+        if finish_reason == "stop":  # a stop token: not part of the text
+            self.stopped_on_token = True
             self.text = self.detok.text + self.detok.flush()
             return "stop"
         delta = self.detok.add(token)
@@ -60,10 +61,9 @@ class OutputState:
                 if at >= 0:
                     self.text = self.text[: at + (len(s) if p.include_stop_str_in_output else 0)]
                     return "stop"
-        if self.seq.num_output_tokens >= p.max_tokens:
+        if finish_reason is not None:
             self.text = self.detok.text + self.detok.flush()
-            return "length"
-        return None
+        return finish_reason
 
     def output(self, finished: bool, reason: str | None) -> RequestOutput:
         seq = self.seq
@@ -71,7 +71,7 @@ class OutputState:
         delta = self.text[self.emitted : visible]
         self.emitted = visible
         tokens = seq.output_token_ids
-        if finished and reason == "stop" and tokens and tokens[-1] in self.stop_ids:
+        if finished and reason == "stop" and self.stopped_on_token:
             tokens = tokens[:-1]  # the stop token itself is not part of the output
         new = tokens[self.sent_tokens :]
         self.sent_tokens = len(tokens)

@@ -10,16 +10,32 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvloop.engine.config import EngineConfig
-from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.scheduler.config import SchedulerConfig
 
-_TOP = {"model", "device", "dtype", "block_size", "max_model_len", "scheduler", "kv_cache", "control", "log_level",
-        "instance", "quantization", "kv_dtype"}
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.config_options import ConfigOption, build_config, config_options
+
+# Keys that are not config fields: the model's source (an embedded model ignores model.path), its served
+# name and the log level (the server's), chunked_prefill (below), and keys kept for people reading the file.
+_OTHER_KEYS = ("model.source", "model.served_name", "model.format", "scheduler.chunked_prefill", "log_level",
+               "instance")
 
 
 class SettingsFileError(ValueError):
     pass
+
+
+def _setting_options() -> list[ConfigOption]:
+    """The config fields the file may set: those declared with a `setting` key."""
+    return [o for o in config_options(EngineConfig) if o.option.setting]
+
+
+def _allowed_keys(options: list[ConfigOption]) -> dict[str, set[str]]:
+    """Top-level key -> the keys allowed in its section (empty: a plain value)."""
+    allowed: dict[str, set[str]] = {}
+    for key in [o.option.setting for o in options] + list(_OTHER_KEYS):
+        top, _, sub = key.partition(".")
+        allowed.setdefault(top, set()).update([sub] if sub else [])
+    return allowed
 
 
 def _section(raw: dict, key: str, allowed: set[str]) -> dict:
@@ -37,47 +53,34 @@ def load_engine_settings(path: str | Path) -> tuple[EngineConfig, dict[str, Any]
     raw = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(raw, dict):
         raise SettingsFileError(f"{path}: expected a mapping at the top level")
-    unknown = set(raw) - _TOP
+    options = _setting_options()
+    allowed = _allowed_keys(options)
+    unknown = set(raw) - set(allowed)
     if unknown:
         raise SettingsFileError(f"{path}: unknown keys {sorted(unknown)}")
-    model = _section(raw, "model", {"source", "path", "served_name", "format"})
-    sched = _section(raw, "scheduler", {"mode", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill"})
-    kv = _section(raw, "kv_cache", {"device_pool_mib", "host_pool_mib", "disk_dir", "disk_size_gib",
-                                    "admit_min_requests", "host_admit_min_requests", "min_prefix_tokens",
-                                    "retention_watermark"})
-    control = _section(raw, "control", {"path", "targets_stale_after_s"})
-    mode = sched.get("mode")
-    sched_cfg = SchedulerConfig(
-        max_num_seqs=int(sched.get("max_num_seqs", 64)),
-        max_num_batched_tokens=int(sched.get("max_num_batched_tokens", 512)),
-        max_model_len=int(raw.get("max_model_len", 8192)),
-    )
-    if sched.get("chunked_prefill") is False:  # no chunking: a whole prompt must fit one step's budget
-        sched_cfg.max_num_batched_tokens = max(sched_cfg.max_num_batched_tokens, sched_cfg.max_model_len)
-    kv_cfg = KVConfig(
-        admit_min_requests=int(kv.get("admit_min_requests", 3)),
-        host_admit_min_requests=int(kv.get("host_admit_min_requests", 1)),
-        min_prefix_tokens=int(kv.get("min_prefix_tokens", 64)),
-        watermark=float(kv.get("retention_watermark", 0.1)),
-        disk_dir=kv.get("disk_dir"),
-    )
-    source = model.get("source", "embedded")
-    config = EngineConfig(
-        model=None if source == "embedded" else model.get("path"),
-        dtype=raw.get("dtype", "auto"),
-        kv_dtype=raw.get("kv_dtype", "auto"),
-        device=raw.get("device", "cpu"),
-        block_size=int(raw.get("block_size", 16)),
-        quantization=raw.get("quantization", "none"),
-        scheduler=sched_cfg,
-        kv=kv_cfg,
-        mode=None if mode in (None, "auto") else mode,
-        device_pool_mib=kv.get("device_pool_mib"),
-        host_pool_mib=kv.get("host_pool_mib"),
-        disk_pool_gib=kv.get("disk_size_gib") if kv.get("disk_dir") else None,
-        control_file=control.get("path"),
-        control_stale_after_s=float(control.get("targets_stale_after_s", 120.0)),
-        progress=False,
-    )
-    extras = {"served_name": model.get("served_name"), "log_level": raw.get("log_level")}
+    sections = {top: _section(raw, top, keys) for top, keys in allowed.items() if keys}
+    values: dict[str, Any] = {}
+    for opt in options:
+        top, _, key = opt.option.setting.partition(".")
+        value = sections[top].get(key) if key else raw.get(top)
+        if value is None:  # absent or null: the field's default
+            continue
+        try:
+            values[opt.path] = opt.coerce(value)
+        except (TypeError, ValueError) as exc:
+            raise SettingsFileError(f"{opt.option.setting}: {exc}") from exc
+    if sections["model"].get("source", "embedded") == "embedded":
+        values.pop("model", None)
+    if values.get("mode") == "auto":  # the scheduler follows the KV manager's (default) mode
+        del values["mode"]
+    if not values.get("kv.disk_dir"):  # the operator writes a size of 0 for a disabled disk tier
+        values.pop("disk_pool_gib", None)
+    try:
+        config = build_config(EngineConfig, {**values, "progress": False})
+    except (TypeError, ValueError) as exc:
+        raise SettingsFileError(f"{path}: {exc}") from exc
+    sched = config.scheduler
+    if sections["scheduler"].get("chunked_prefill") is False:  # no chunking: a whole prompt fits one step
+        sched.max_num_batched_tokens = max(sched.max_num_batched_tokens, sched.max_model_len)
+    extras = {"served_name": sections["model"].get("served_name"), "log_level": raw.get("log_level")}
     return config, extras

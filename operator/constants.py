@@ -10,7 +10,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MANAGER = "kvloop-operator"
 FINALIZER = "kvloop.io/finalizer"
 FEEDBACK_ANNOTATION = "kvloop.io/feedback"
-SPEC_HASH_ANNOTATION = "kvloop.io/spec-hash"
 
 ENGINE_PORT = 8000
 SIDECAR_PORT = 9090
@@ -21,10 +20,7 @@ MODEL_DIR = "/models"
 KV_DISK_DIR = "/var/cache/kvloop/kv"
 
 DEFAULT_IMAGE = "ghcr.io/kvloop/kvloop:0.1.0"
-DEFAULT_FETCHER_IMAGE = DEFAULT_IMAGE
 EMBEDDED_MODEL_NAME = "smollm2-135m-instruct"
-
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "FeedbackHealthy", "Reconciling", "Stalled")
 
 
 def selector_labels(name: str) -> dict[str, str]:

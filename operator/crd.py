@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 import yaml
+
+from kvloop.engine.scheduler.policy import DEFAULT_POLICY, policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
 
@@ -182,7 +184,7 @@ def spec_schema() -> dict[str, Any]:
         "blockSize": {**i("Tokens per KV block.", default=16), "enum": [8, 16, 32, 64, 128]},
         "maxModelLen": i("Maximum context length in tokens.", 128, 1048576, 2048),
         "scheduler": o("Continuous batching.", {
-            "mode": s("Scheduler mode.", ["static", "continuous", "continuous+lru", "codesign"], "codesign"),
+            "mode": s("Scheduler mode.", list(policy_names()), DEFAULT_POLICY),
             "maxNumSeqs": i("Initial batch cap (running requests).", 1, 4096, 32),
             "maxNumBatchedTokens": i("Token budget per step.", 16, 1048576, 2048),
             "chunkedPrefill": b("Split long prompts into chunks.", True),

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import kopf
+
 from kvloop.operator import constants as C
 from kvloop.operator.kube import ApiError, KubeClient, KubeConfig
 from kvloop.operator.prune import prune

@@ -51,6 +51,7 @@ def has_patterns(namespaces: list[str]) -> bool:
 async def run(args: argparse.Namespace, stop_flag: asyncio.Event | None = None,
               ready_flag: asyncio.Event | None = None) -> None:
     import kopf  # imported here: `kvloop --help` and the other subcommands need not load kopf
+
     from kvloop.operator.handlers import OperatorConfig, build_registry, configure
     from kvloop.operator.kube import KubeConfig
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from kvloop.operator import constants as C
 from kvloop.operator.render_pod import model_path, render_pod_template
 from kvloop.operator.spec import gpu_count, with_defaults
@@ -141,7 +142,3 @@ def render_children(name: str, namespace: str, uid: str, raw_spec: dict[str, Any
                                            "failureMode": epp.get("failureMode", "FailOpen")}},
         })
     return children
-
-
-def child_kinds(spec: dict[str, Any]) -> set[str]:
-    return {c["kind"] for c in render_children("x", "ns", "uid", spec)}

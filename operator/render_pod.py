@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 from typing import Any
 
@@ -180,7 +179,3 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
         },
         "spec": pod_spec,
     }
-
-
-def stable_hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]

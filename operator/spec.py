@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kvloop.engine.scheduler.policy import DEFAULT_POLICY
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
 from kvloop.operator.limits import (
     SIDECAR_FLOORS,
@@ -27,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
         "dtype": "auto",
         "blockSize": 16,
         "maxModelLen": 2048,
-        "scheduler": {"mode": "codesign", "maxNumSeqs": 32, "maxNumBatchedTokens": 2048, "chunkedPrefill": True},
+        "scheduler": {"mode": DEFAULT_POLICY, "maxNumSeqs": 32, "maxNumBatchedTokens": 2048, "chunkedPrefill": True},
         "kvCache": {
             "devicePoolMiB": 512,
             "hostPoolMiB": 0,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 import httpx
+
 from kvloop.sidecar.coordinator import rfc3339
 
 log = logging.getLogger("kvloop.sidecar")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.metrics import build_registry
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 
 def build_app(coordinator: Coordinator, alive=lambda: True) -> FastAPI:

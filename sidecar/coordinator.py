@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
 from kvloop.engine.control.link import SidecarLink
+from kvloop.engine.control.records import ControlRecord
 from kvloop.sidecar.law import ControlLaw, Decision
 from kvloop.sidecar.observe import PeriodWindow
 from kvloop.sidecar.settings import Settings, SettingsWatcher
@@ -41,7 +42,8 @@ class Coordinator:
         self.last_decision: dict | None = None  # the last change, else the last decision
         self.last_decision_ts = 0.0
         self.start_id: int | None = None
-        self.snapshot: dict | None = None
+        self.snapshot: ControlRecord | None = None
+        self.control_error: str | None = None  # why the control block cannot be opened (None: it can)
         self.window = PeriodWindow()
         self.stale = True
         self.last_obs = None
@@ -53,42 +55,43 @@ class Coordinator:
 
     # ---- sampling -------------------------------------------------------------------------------
     def _open(self) -> SidecarLink | None:
-        if self.link is None:
-            try:
+        try:
+            if self.link is None:
                 self.link = SidecarLink(self.control_path, clock=lambda: int(self.clock() * 1e9))
-            except ControlBlockError:
-                return None
-        else:
-            try:
+            else:
                 self.link.reopen_if_replaced()
-            except ControlBlockError:
-                self.link = None
+        except ControlBlockError as exc:  # missing (engine not up yet), or another layout version
+            if str(exc) != self.control_error:
+                log.warning("cannot read the control block: %s", exc)
+            self.control_error, self.link = str(exc), None
+            return None
+        self.control_error = None
         return self.link
 
-    def sample(self) -> dict | None:
+    def sample(self) -> ControlRecord | None:
         """Reads one snapshot; returns it when fresh, else counts a stale read and returns None."""
         if self.watcher.poll():
             self.law.update_settings(self.settings)
         link = self._open()
         snap = link.read_snapshot() if link else None
-        if snap is None or snap["age_s"] > self.settings.snapshot_stale_after:
+        if snap is None or snap.age_s > self.settings.snapshot_stale_after:
             self.stale_reads += 1
             self.stale = True
             return None
         self.stale = False
         self.snapshot = snap
-        if snap["start_id"] != self.start_id:
+        if snap.start_id != self.start_id:
             first = self.start_id is None
-            self.start_id = snap["start_id"]
+            self.start_id = snap.start_id
             self.window = PeriodWindow()
             self._start_over(snap, first)
         self.window.add(snap)
         return snap
 
-    def _start_over(self, snap: dict, first: bool) -> None:
+    def _start_over(self, snap: ControlRecord, first: bool) -> None:
         """A new engine start: forget the old state, go back to the initial targets."""
         old = (self.law.batch_cap, self.law.watermark)
-        self.law.reset(snap["batch_cap"], snap["watermark"])
+        self.law.reset(snap.batch_cap, snap.watermark)
         reason = "engine_start" if first else "engine_restart"
         decisions = [Decision("batch_cap", old[0], self.law.batch_cap, reason),
                      Decision("watermark", old[1], self.law.watermark, reason)]
@@ -150,8 +153,9 @@ class Coordinator:
             "mode": s.mode, "period_s": s.period_s, "batch_cap": self.law.batch_cap,
             "watermark": self.law.watermark, "converged": self.law.converged, "stale": self.stale,
             "stale_reads": self.stale_reads, "writes": self.writes, "engine_start_id": self.start_id,
-            "settings_error": self.watcher.error, "last_decision": self.last_decision,
-            "snapshot": _jsonable(self.snapshot), "decisions": recent,
+            "settings_error": self.watcher.error, "control_error": self.control_error,
+            "last_decision": self.last_decision, "snapshot": self.snapshot.as_dict() if self.snapshot else None,
+            "observation": asdict(self.last_obs) if self.last_obs else None, "decisions": recent,
         }
 
     def annotation(self) -> dict:
@@ -177,9 +181,3 @@ class Coordinator:
             except Exception:  # the loop must outlive any one bad read or write
                 log.exception("coordinator iteration failed")
             stop.wait(min(1.0, self.settings.period_s / 4))
-
-
-def _jsonable(snap: dict | None) -> dict | None:
-    if snap is None:
-        return None
-    return {k: (None if isinstance(v, float) and v != v else v) for k, v in snap.items()}

@@ -25,7 +25,8 @@ directions).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvloop.sidecar.settings import Settings
 
@@ -43,6 +44,10 @@ class Observation:
     hit_rate: float | None = None  # prefix-cache token hit rate over the period; None: no queries
     ttft_p99_s: float | None = None
     running_max: float | None = None  # most running at any sample of the period (None: the mean)
+    # reported with the decisions (the law does not steer on them yet)
+    tier_hit_rates: Mapping[str, float] = field(default_factory=dict)  # each tier's hits / tokens asked of it
+    requests_finished: int = 0
+    tokens_generated: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ class FeedbackCollector(Collector):
                                  "Unix time of the last decision.")
         converged = GaugeMetricFamily("kvloop:feedback_converged", "1 when no knob moved for a few periods.")
         mode = GaugeMetricFamily("kvloop:feedback_mode", "1 for the current mode.", labels=["mode"])
+        hits = GaugeMetricFamily("kvloop:feedback_hit_rate", "Prefix-cache hit rate over the last period: per tier "
+                                 "its hits over the tokens asked of it; 'all': every tier's hits over the tokens "
+                                 "looked up.", labels=["tier"])
         if c is not None:
             cap.add_metric([], c.law.batch_cap)
             mark.add_metric([], c.law.watermark)
@@ -38,7 +41,12 @@ class FeedbackCollector(Collector):
             converged.add_metric([], 1.0 if c.law.converged else 0.0)
             for m in MODES:
                 mode.add_metric([m], 1.0 if c.settings.mode == m else 0.0)
-        yield from (cap, mark, decisions, stale, writes, last, converged, mode)
+            obs = c.last_obs
+            if obs is not None and obs.hit_rate is not None:
+                hits.add_metric(["all"], obs.hit_rate)
+                for tier, rate in obs.tier_hit_rates.items():
+                    hits.add_metric([tier], rate)
+        yield from (cap, mark, decisions, stale, writes, last, converged, mode, hits)
 
 
 def build_registry(coordinator=None) -> CollectorRegistry:

@@ -31,7 +31,23 @@ def tokenizer(checkpoint):
 def fp32_model(checkpoint):
     """The model in fp32 (the exactness tests' dtype), with one torch thread for determinism."""
     import torch
+
     from kvloop.engine.model.llama import LlamaModel
 
     torch.set_num_threads(1)
     return LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    """transformers' own loading of the same GGUF, in fp32: the reference for logits (model and engine tests)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from kvloop.engine.model.locate import embedded_model_path
+
+    path = embedded_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32)
+    model.eval()
+    return model

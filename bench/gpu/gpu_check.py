@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         run_checks,
         sweep_decode,
     )
-    from kvloop.engine.kernels import triton as tk
     from timing import copy_bandwidth, matmul_tflops
+
+    from kvloop.engine.kernels import triton as tk
 
     device = torch.device("cpu" if args.dry_run else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():

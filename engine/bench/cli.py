@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 from kvloop.engine.bench.metrics import SLO
+from kvloop.engine.scheduler.policy import policy_names
 
 
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark systems on a reference workload (report under bench/results)")
-    p.add_argument("--systems", default="static,continuous,continuous+lru,codesign",
-                   help="comma list: static, continuous, continuous+lru, codesign, transformers-static, "
+    p.add_argument("--systems", default=",".join(policy_names()),
+                   help=f"comma list: {', '.join(policy_names())}, transformers-static, "
                         "llama.cpp-bf16-np8, llama.cpp-bf16-np32, vllm-cpu-bf16, vllm-cpu-f32, http:URL")
     p.add_argument("--workload", default="w1", help="w1, w2, w1-smoke, azure:CSV, mooncake:JSONL")
     p.add_argument("--scale", type=float, default=1.0, help="length scale (documents, turns, answers, pools)")

@@ -35,10 +35,11 @@ def hf_config(cfg) -> dict:
 
 
 def export(out: Path, model: str | None = None) -> Path:
+    from safetensors.torch import save_file
+
     from kvloop.engine.model.checkpoint import load_checkpoint
     from kvloop.engine.model.locate import resolve_model_path
     from kvloop.engine.tokenizer.tokenizer import Tokenizer
-    from safetensors.torch import save_file
 
     ckpt = load_checkpoint(resolve_model_path(model), progress=False)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,6 @@ class NoiseGuard:
         self._series: list[tuple[float, float, float]] = []
         self._thread: threading.Thread | None = None
 
-    def add_pid(self, pid: int) -> None:
-        self.pids.add(pid)
-
     def _ours(self) -> float:
         total = 0.0
         for pid in list(self.pids):

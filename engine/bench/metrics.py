@@ -9,7 +9,10 @@ the engine's counters: hit rate per tier, KV use over time, preemptions, rejecti
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from kvloop.engine.snapshot import EngineSnapshot
 
 PERCENTILES = (50, 90, 99)
 TIERS = ("device", "host", "disk")
@@ -114,52 +117,38 @@ def client_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dict
 
 @dataclass
 class Sample:
-    """One snapshot of the server's counters at time t (same clock as the records)."""
+    """The server's snapshot at time t (same clock as the records)."""
 
     t: float
-    values: dict
-
-
-def _num(d: dict, *keys: str) -> float | None:
-    for k in keys:
-        v = d.get(k)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
-    return None
-
-
-def _delta(first: dict, last: dict, *keys: str) -> float | None:
-    b = _num(last, *keys)
-    if b is None:
-        return None
-    return b - (_num(first, *keys) or 0.0)
+    snapshot: EngineSnapshot
 
 
 def server_metrics(samples: list[Sample]) -> dict:
-    """Hit rate per tier, KV use over time (and its mean while requests wait), preemptions, OOM events
-    from engine snapshots (kvloop's keys; absent keys give None rather than a made-up zero)."""
+    """Hit rate per tier (over all tokens looked up), KV use over time (and its mean while requests wait),
+    preemptions, rejections, out-of-memory events, from the engine's snapshots over the run."""
     if not samples:
         return {"available": False}
-    first, last = samples[0].values, samples[-1].values
-    query = _delta(first, last, "kv_query_tokens")
+    first, last = samples[0].snapshot, samples[-1].snapshot
+
+    def delta(counter: Callable[[EngineSnapshot], int]) -> float:
+        return float(counter(last) - counter(first))
+
+    query = delta(lambda s: s.prefix_queries("device"))  # every lookup asks the device first
     out: dict = {"available": True}
     for tier in TIERS:
-        hit = _delta(first, last, f"kv_hit_tokens_{tier}")
-        out[f"hit_rate_{tier}"] = (hit / query) if (hit is not None and query) else None
+        out[f"hit_rate_{tier}"] = delta(lambda s, t=tier: s.prefix_hits(t)) / query if query else None
     known = [out[f"hit_rate_{t}"] for t in TIERS if out[f"hit_rate_{t}"] is not None]
     out["hit_rate_total"] = sum(known) if known else None
-    out["preemptions"] = _delta(first, last, "num_preemptions")
-    out["oom_events"] = _delta(first, last, "num_oom_events", "oom_events", "kv_oom_events")
-    out["server_rejections"] = _delta(first, last, "num_rejections", "num_rejected")
+    out["preemptions"] = delta(lambda s: s.num_preemptions)
+    out["oom_events"] = delta(lambda s: s.num_oom_events)
+    out["server_rejections"] = delta(lambda s: s.num_rejections)
     t0 = samples[0].t
-    use = [(s.t - t0, _num(s.values, "kv_usage")) for s in samples]
-    use = [(t, u) for t, u in use if u is not None]
+    use = [(s.t - t0, float(s.snapshot.kv_usage)) for s in samples]
     out["kv_use_series"] = [[round(t, 3), round(u, 4)] for t, u in use]
-    out["kv_use_mean"] = sum(u for _, u in use) / len(use) if use else None
-    waiting = [_num(s.values, "kv_usage") for s in samples if (_num(s.values, "num_waiting") or 0) > 0]
-    waiting = [u for u in waiting if u is not None]
+    out["kv_use_mean"] = sum(u for _, u in use) / len(use)
+    waiting = [float(s.snapshot.kv_usage) for s in samples if s.snapshot.num_waiting > 0]
     out["kv_use_mean_while_waiting"] = sum(waiting) / len(waiting) if waiting else None
-    out["kv_use_max"] = max((u for _, u in use), default=None)
+    out["kv_use_max"] = max(u for _, u in use)
     return out
 
 

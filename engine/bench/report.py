@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.metrics import SLO, capacity
-from kvloop.engine.bench.suite import RunRow, SuiteResult
+from kvloop.engine.bench.suite import SuiteResult
 
 HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_throughput_tok_s",
             "goodput_req_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
@@ -214,8 +214,3 @@ def write(suite: SuiteResult, meta: dict, out_dir: Path, stem: str, slo: SLO | N
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out_dir / f"{stem}.md").write_text(markdown(report, pngs))
     return report
-
-
-def rows_from(report: dict) -> list[RunRow]:  # for tests and re-rendering
-    return [RunRow(n, r["rate"], r["rep"], r["client"], r["server"], r["noise"], {}) for n, d in
-            report["systems"].items() for r in d["runs"]]

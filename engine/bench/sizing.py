@@ -1,9 +1,10 @@
 """Pool and batch sizes of a benchmark run, and the scheduler + KV configs each mode means (pure Python).
 
 One definition for the real engine (bench.systems) and the simulator (sim.modes), so a mode is the same
-configuration in both: `static` is the scheduler's static mode over the no-cache KV manager; the host and
-disk tiers exist only in `codesign`; decode cascade covers nested shared prefixes in `codesign` and only
-the prefix common to every decode row in `continuous+lru` (scheduler.config.resolve_cascade_groups)."""
+configuration in both, read from its policy (scheduler.policy): `static` is the scheduler's static mode
+over the no-cache KV manager; the host and disk tiers are sized only for cache policies with lower tiers
+(`codesign`); the decode cascade scope is the policy's (nested shared prefixes in `codesign`, only the
+prefix common to every decode row in `continuous+lru`)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.scheduler.config import SchedulerConfig, resolve_cascade_groups
+from kvloop.engine.scheduler.config import SchedulerConfig
+from kvloop.engine.scheduler.policy import get_policy, policy_names
 
-ENGINE_MODES = ("static", "continuous", "continuous+lru", "codesign")
+ENGINE_MODES = policy_names()  # the benchmark's engine systems: every registered policy
 
 
 @dataclass
@@ -41,17 +43,15 @@ class Sizing:
 
 
 def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
-    if mode not in ENGINE_MODES:
-        raise ValueError(f"mode must be one of {ENGINE_MODES}")
+    policy = get_policy(mode)
     sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens,
-                      "cascade_groups": resolve_cascade_groups("auto", mode),
-                      "cascade_cap_factor": sizing.cascade_cap_factor}
-    if mode == "static":
-        sched_kw.update(mode="static", static_batch_size=sizing.static_batch,
+                      "cascade_groups": policy.cascade_groups, "cascade_cap_factor": sizing.cascade_cap_factor}
+    if policy.static_batching:  # else the scheduler follows the KV manager's mode (auto)
+        sched_kw.update(mode=policy.name, static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)
-    codesign = mode == "codesign"
-    kv = KVConfig(mode="continuous" if mode == "static" else mode,
-                  host_cache_tokens=sizing.host_cache_tokens if codesign else 0,
-                  disk_dir=sizing.disk_dir if codesign else None,
+    lower = policy.cache.lower_tiers
+    kv = KVConfig(mode=policy.cache.name,
+                  host_cache_tokens=sizing.host_cache_tokens if lower else 0,
+                  disk_dir=sizing.disk_dir if lower else None,
                   disk_cache_tokens=sizing.disk_cache_tokens, **(kv_overrides or {}))
     return SchedulerConfig(**sched_kw), kv

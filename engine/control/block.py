@@ -39,9 +39,10 @@ class ControlBlock:
             self.mm = mmap.mmap(fd, L.FILE_SIZE)
         finally:
             os.close(fd)
-        if not _header_ok(self.mm[: L.HEADER_SIZE]):
+        problem = header_problem(self.mm[: L.HEADER_SIZE])
+        if problem:
             self.mm.close()
-            raise ControlBlockError(f"{self.path}: bad magic or layout version")
+            raise ControlBlockError(f"{self.path}: {problem}")
 
     def close(self) -> None:
         self.mm.close()
@@ -90,16 +91,22 @@ class ControlBlock:
         return L.RECORD_HEAD.unpack_from(self.mm, offset)[0]
 
 
-def _header_ok(head: bytes) -> bool:
+def header_problem(head: bytes) -> str | None:
+    """Why these header bytes are not a block this code can read (None: they are)."""
     magic, version, *_ = L.HEADER_FMT.unpack_from(head, 0)
-    return magic == L.MAGIC and version == L.LAYOUT_VERSION
+    if magic != L.MAGIC:
+        return "not a kvloop control block (bad magic)"
+    if version != L.LAYOUT_VERSION:
+        return (f"control block layout version {version}, but this kvloop reads version {L.LAYOUT_VERSION}: "
+                f"run the engine and the sidecar from kvloop releases with the same layout")
+    return None
 
 
 def _ensure_file(path: Path) -> None:
     """Creates the file atomically (temp file + rename) unless a valid one is already there."""
     try:
         data = path.read_bytes()[: L.FILE_SIZE]
-        if len(data) == L.FILE_SIZE and _header_ok(data):
+        if len(data) == L.FILE_SIZE and header_problem(data) is None:
             return
     except FileNotFoundError:
         pass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
 from kvloop.engine.control.link import SidecarLink
@@ -24,10 +23,6 @@ def add_control_parser(sub) -> None:
     st.set_defaults(func=cmd_set)
 
 
-def _clean(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
-
-
 def cmd_show(args: argparse.Namespace) -> int:
     try:
         link = SidecarLink(args.control)
@@ -35,7 +30,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 1
     snap, targets = link.read_snapshot(), link.read_targets()
-    out = {"snapshot": _clean(snap) if snap else None,
+    out = {"snapshot": snap.as_dict() if snap else None,
            "targets": None if targets is None else {
                "batch_cap": targets.batch_cap, "watermark": targets.watermark, "version": targets.version,
                "age_s": round((link.clock() - targets.time_ns) / 1e9, 3), "writer_id": targets.writer_id}}

@@ -1,7 +1,12 @@
 """Binary layout of the control block: one small file shared by the engine and its sidecar.
 
 All integers little-endian. The file is FILE_SIZE bytes (4 KiB, one page) and is mmap'd by both
-processes. Offsets are fixed by this layout version; a reader checks magic and version first.
+processes. Offsets are fixed by this layout version; a reader checks magic and version first and
+refuses a block of another version (engine and sidecar must come from releases with the same layout).
+
+Versions: 1, the first. 2 (same bytes, new meanings): prefix_queries_host and _disk carry the tokens
+asked of those tiers (a lower tier is asked only for what the tiers above it did not serve; version 1
+left them 0), requests_finished and tokens_generated are counted (version 1 left them 0).
 
 Header, offset 0, 64 bytes, written once by whoever creates the file::
 
@@ -26,9 +31,10 @@ Snapshot payload, written by the engine every step (SNAPSHOT_FMT; names in SNAPS
     start_id Q (random per engine start), step Q, time_ns q (CLOCK_REALTIME),
     num_waiting I, num_running I, batch_cap I, kv_blocks_total I, kv_blocks_free I, _pad I,
     watermark d, kv_use_device d, kv_use_host d, kv_use_disk d,
-    prefix_queries_device Q, prefix_queries_host Q, prefix_queries_disk Q,   (tokens, cumulative)
-    prefix_hits_device Q, prefix_hits_host Q, prefix_hits_disk Q,            (tokens, cumulative)
-    preemptions Q, rejections Q, oom_events Q, requests_finished Q, tokens_generated Q,
+    prefix_queries_device Q, prefix_queries_host Q, prefix_queries_disk Q,   (tokens, cumulative;
+    prefix_hits_device Q, prefix_hits_host Q, prefix_hits_disk Q,             per tier: engine.kv.stats)
+    preemptions Q, rejections Q, oom_events Q,
+    requests_finished Q (any finish reason), tokens_generated Q (output tokens of finished requests),
     ttft_p50_s d, ttft_p99_s d  (over a recent window; NaN when no request has started yet)
 
 Targets payload, written by the sidecar or `kvloop control set` (TARGETS_FMT)::
@@ -43,7 +49,7 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"KVLOOPCB"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 FILE_SIZE = 4096
 
 HEADER_FMT = struct.Struct("<8sIIIIII")

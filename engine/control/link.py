@@ -11,16 +11,23 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from kvloop.engine.control import layout as L
 from kvloop.engine.control.block import ControlBlock
 from kvloop.engine.control.records import (
+    ControlRecord,
     Targets,
-    pack_snapshot,
+    control_record,
+    pack_record,
     pack_targets,
-    unpack_snapshot,
+    unpack_record,
     unpack_targets,
 )
+
+if TYPE_CHECKING:
+    from kvloop.engine.snapshot import EngineSnapshot
 
 MAX_BATCH_CAP = 1 << 16
 CLOCK_SLACK_NS = 1_000_000_000  # targets stamped this far before the engine started are still taken
@@ -53,9 +60,10 @@ class ControlLink:
     def close(self) -> None:
         self.block.close()
 
-    def publish(self, snapshot: dict) -> None:
+    def publish(self, snapshot: EngineSnapshot, ttft_p50_s: float = math.nan, ttft_p99_s: float = math.nan) -> None:
         self.steps += 1
-        self.block.write(L.SNAPSHOT_OFFSET, pack_snapshot(snapshot, self.start_id, self.steps, self.clock()))
+        rec = control_record(snapshot, ttft_p50_s, ttft_p99_s, self.start_id, self.steps, self.clock())
+        self.block.write(L.SNAPSHOT_OFFSET, pack_record(rec))
 
     def poll_targets(self) -> Targets | None:
         """The targets in force: the sidecar's last valid ones, the defaults once those are stale, or
@@ -118,14 +126,13 @@ class SidecarLink:
         self.block = fresh
         return True
 
-    def read_snapshot(self) -> dict | None:
-        """The engine's last snapshot (with `age_s`), or None when none is readable yet."""
+    def read_snapshot(self) -> ControlRecord | None:
+        """The engine's last snapshot record (with `age_s`), or None when none is readable yet."""
         _, payload = self.block.read(L.SNAPSHOT_OFFSET, L.SNAPSHOT_FMT.size)
         if not payload:
             return None
-        snap = unpack_snapshot(payload)
-        snap["age_s"] = max(0.0, (self.clock() - snap["time_ns"]) / 1e9)
-        return snap
+        rec = unpack_record(payload)
+        return replace(rec, age_s=max(0.0, (self.clock() - rec.time_ns) / 1e9))
 
     def read_targets(self) -> Targets | None:
         _, payload = self.block.read(L.TARGETS_OFFSET, L.TARGETS_FMT.size)

@@ -1,73 +1,97 @@
-"""Snapshot and targets records: Python values <-> the payload bytes of engine.control.layout."""
+"""Snapshot and targets records: typed values <-> the payload bytes of engine.control.layout."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 from kvloop.engine.control import layout as L
+
+if TYPE_CHECKING:
+    from kvloop.engine.snapshot import EngineSnapshot
 
 U32 = 2**32 - 1
 U64 = 2**64 - 1
 
-# Snapshot field -> keys of EngineCore.snapshot() that may carry it (first present wins; "a.b" reads
-# a nested dict). Components add their keys over time, so every key is optional.
-SNAPSHOT_KEYS: dict[str, tuple[str, ...]] = {
-    "num_waiting": ("num_waiting",),
-    "num_running": ("num_running",),
-    "batch_cap": ("batch_cap",),
-    "kv_blocks_total": ("kv_blocks_total",),
-    "kv_blocks_free": ("kv_blocks_free",),
-    "watermark": ("watermark", "kv_watermark", "retention_watermark"),
-    "kv_use_device": ("kv_use_device", "kv_usage", "kv_usage.device"),
-    "kv_use_host": ("kv_use_host", "kv_usage_host", "kv_usage.host"),
-    "kv_use_disk": ("kv_use_disk", "kv_usage_disk", "kv_usage.disk"),
-    "prefix_queries_device": ("prefix_queries_device", "kv_query_tokens", "prefix_queries.device"),
-    "prefix_queries_host": ("prefix_queries_host", "prefix_queries.host"),
-    "prefix_queries_disk": ("prefix_queries_disk", "prefix_queries.disk"),
-    "prefix_hits_device": ("prefix_hits_device", "kv_hit_tokens_device", "prefix_hits.device"),
-    "prefix_hits_host": ("prefix_hits_host", "kv_hit_tokens_host", "prefix_hits.host"),
-    "prefix_hits_disk": ("prefix_hits_disk", "kv_hit_tokens_disk", "prefix_hits.disk"),
-    "preemptions": ("num_preemptions", "preemptions"),
-    "rejections": ("num_rejections", "num_rejected", "rejections"),
-    "oom_events": ("num_oom_events", "oom_events"),
-    "requests_finished": ("num_finished", "num_requests_finished", "requests_finished"),
-    "tokens_generated": ("num_generated_tokens", "tokens_generated", "generation_tokens"),
-    "ttft_p50_s": ("ttft_p50_s",),
-    "ttft_p99_s": ("ttft_p99_s",),
-}
-_FLOATS = {"watermark", "kv_use_device", "kv_use_host", "kv_use_disk", "ttft_p50_s", "ttft_p99_s"}
+
+@dataclass(frozen=True)
+class ControlRecord:
+    """The engine's snapshot as the control block carries it (layout.SNAPSHOT_FIELDS, less the padding),
+    plus `age_s`, which the reader sets: how old the record was when it was read."""
+
+    start_id: int
+    step: int
+    time_ns: int
+    num_waiting: int
+    num_running: int
+    batch_cap: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    watermark: float
+    kv_use_device: float
+    kv_use_host: float
+    kv_use_disk: float
+    prefix_queries_device: int
+    prefix_queries_host: int
+    prefix_queries_disk: int
+    prefix_hits_device: int
+    prefix_hits_host: int
+    prefix_hits_disk: int
+    preemptions: int
+    rejections: int
+    oom_events: int
+    requests_finished: int
+    tokens_generated: int
+    ttft_p50_s: float  # NaN until a request has started
+    ttft_p99_s: float
+    age_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        """JSON-ready: NaN becomes None."""
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+_PAYLOAD_FIELDS = tuple(f.name for f in fields(ControlRecord) if f.name != "age_s")
+assert _PAYLOAD_FIELDS == tuple(n for n in L.SNAPSHOT_FIELDS if n != "_pad"), "ControlRecord and layout disagree"
 _U32 = {"num_waiting", "num_running", "batch_cap", "kv_blocks_total", "kv_blocks_free", "_pad"}
-_NAN_DEFAULT = {"watermark", "ttft_p50_s", "ttft_p99_s"}  # unknown, as opposed to zero
+_FLOATS = {"watermark", "kv_use_device", "kv_use_host", "kv_use_disk", "ttft_p50_s", "ttft_p99_s"}
 
 
-def _lookup(snap: dict, keys: tuple[str, ...]):
-    for key in keys:
-        if "." in key:
-            outer, inner = key.split(".", 1)
-            value = snap.get(outer)
-            if isinstance(value, dict) and inner in value:
-                return value[inner]
-        elif key in snap and not isinstance(snap[key], dict):
-            return snap[key]
-    return None
+def control_record(snap: EngineSnapshot, ttft_p50_s: float, ttft_p99_s: float, start_id: int = 0, step: int = 0,
+                   time_ns: int = 0) -> ControlRecord:
+    """The record of an engine snapshot, with the TTFT percentiles the engine's hook keeps."""
+    return ControlRecord(
+        start_id=start_id, step=step, time_ns=time_ns,
+        num_waiting=snap.num_waiting, num_running=snap.num_running, batch_cap=snap.batch_cap,
+        kv_blocks_total=snap.kv_blocks_total, kv_blocks_free=snap.kv_blocks_free, watermark=snap.watermark,
+        kv_use_device=snap.kv_usage, kv_use_host=snap.kv_use("host") or 0.0, kv_use_disk=snap.kv_use("disk") or 0.0,
+        prefix_queries_device=snap.prefix_queries("device"), prefix_queries_host=snap.prefix_queries("host"),
+        prefix_queries_disk=snap.prefix_queries("disk"), prefix_hits_device=snap.prefix_hits("device"),
+        prefix_hits_host=snap.prefix_hits("host"), prefix_hits_disk=snap.prefix_hits("disk"),
+        preemptions=snap.num_preemptions, rejections=snap.num_rejections, oom_events=snap.num_oom_events,
+        requests_finished=snap.requests_finished, tokens_generated=snap.tokens_generated,
+        ttft_p50_s=ttft_p50_s, ttft_p99_s=ttft_p99_s,
+    )
 
 
-def pack_snapshot(snap: dict, start_id: int, step: int, time_ns: int) -> bytes:
-    values: list = [start_id & U64, step & U64, time_ns]
-    for name in L.SNAPSHOT_FIELDS[3:]:
-        raw = _lookup(snap, SNAPSHOT_KEYS.get(name, ()))
+def pack_record(rec: ControlRecord) -> bytes:
+    values: list = []
+    for name in L.SNAPSHOT_FIELDS:
+        raw = 0 if name == "_pad" else getattr(rec, name)
         if name in _FLOATS:
-            values.append(math.nan if raw is None and name in _NAN_DEFAULT else float(raw or 0.0))
+            values.append(float(raw))
+        elif name == "time_ns":
+            values.append(int(raw))
         else:  # clamp: a bad counter must never make the engine's step raise
-            values.append(max(0, min(int(raw or 0), U32 if name in _U32 else U64)))
+            values.append(max(0, min(int(raw), U32 if name in _U32 else U64)))
     return L.SNAPSHOT_FMT.pack(*values)
 
 
-def unpack_snapshot(payload: bytes) -> dict:
-    out = dict(zip(L.SNAPSHOT_FIELDS, L.SNAPSHOT_FMT.unpack(payload), strict=True))
-    out.pop("_pad")
-    return out
+def unpack_record(payload: bytes, age_s: float = 0.0) -> ControlRecord:
+    values = dict(zip(L.SNAPSHOT_FIELDS, L.SNAPSHOT_FMT.unpack(payload), strict=True))
+    values.pop("_pad")
+    return ControlRecord(**values, age_s=age_s)
 
 
 @dataclass(frozen=True)

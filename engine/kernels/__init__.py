@@ -1,1 +1,2 @@
-"""Compute kernels for the model runner (Triton on CUDA, a torch path on CPU)."""
+"""Attention backends behind one interface (backend.py: registry; torch on CPU, Triton on CUDA), the step's
+attention metadata, and the float64-capable torch reference the tests and the GPU check compare against."""

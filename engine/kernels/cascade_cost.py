@@ -2,11 +2,15 @@
 per group whether cascade pays; the scheduler and the simulator can price a decode step with it.
 
 One attention call that stacks M query rows against S shared tokens costs, per layer,
-    call_us + row_us * M + S * max(token_us, token_row_us * M)
-(a roofline: a few stacked rows cost what streaming the K/V costs, many rows what the products cost),
-and every row that takes part in a cascade pays merge_us per extra partial result. Plain decode is one
-such call per row (M = 1) over its whole context. Coefficients are measured by
-bench/calibrate_cascade.py on a CPU and stored below per KV dtype; compare them only within one machine.
+    call_us + row_us * M + S * max(token_us, token_stack_us + token_row_us * M)
+(a roofline: a few stacked rows cost what streaming the K/V costs, many rows what the products cost, plus
+what a kernel pays once per token for all the rows it stacks, such as widening 16-bit K/V; 0 on torch),
+and every row that takes part in a cascade pays merge_us per extra partial result (group_us more per
+group). Plain decode is one such call per row (M = 1) over its whole context. For a backend whose kernel
+takes the whole step in one call (the CPU kernel), a "call" is one segment of that call: call_us is what
+a segment adds, and the call's own fixed cost, the same with or without cascade, is left out.
+Coefficients are measured by bench/calibrate_cascade.py on a CPU and stored below per attention backend
+and KV dtype; compare them only within one machine and one backend.
 """
 
 from __future__ import annotations
@@ -25,9 +29,15 @@ class AttentionCost:
     # A row's own part up to this many tokens is copied out and batched with rows of similar length; longer
     # ones are read in place (per-call overhead of thin products beats the copy only for long spans).
     copy_max_tokens: int = 512
+    group_us: float = 0.0  # per cascaded group, beyond its rows' merges (the CPU kernel: the merge's fixed cost)
+    token_stack_us: float = 0.0  # per token, once for all the stacked rows, beside their products
+
+    def token_cost_us(self, rows: int) -> float:
+        """Per token of one call that stacks `rows` query rows."""
+        return max(self.token_us, self.token_stack_us + self.token_row_us * rows)
 
     def span_us(self, rows: int, tokens: int) -> float:
-        return self.call_us + self.row_us * rows + tokens * max(self.token_us, self.token_row_us * rows)
+        return self.call_us + self.row_us * rows + tokens * self.token_cost_us(rows)
 
     def plain_us(self, context_lens: Iterable[int]) -> float:
         """One decode step's attention per layer without cascade."""
@@ -35,8 +45,8 @@ class AttentionCost:
 
     def group_gain_us(self, members: int, shared_tokens: int) -> float:
         """Time saved per layer by reading `shared_tokens` once for `members` rows (negative: a loss)."""
-        alone = members * shared_tokens * max(self.token_us, self.token_row_us)
-        together = self.span_us(members, shared_tokens) + self.merge_us * members
+        alone = members * shared_tokens * self.token_cost_us(1)
+        together = self.span_us(members, shared_tokens) + self.group_us + self.merge_us * members
         return alone - together
 
     def worth(self, members: int, shared_tokens: int) -> bool:
@@ -47,7 +57,8 @@ class AttentionCost:
         return self.plain_us(context_lens) - sum(self.group_gain_us(m, s) for m, s in groups)
 
 
-# Measured with `bench/calibrate_cascade.py --threads 2` (the engine's thread count in the benchmarks) on an
+# The torch decode path (kernels/torch_decode.py; backend "torch"). Measured with
+# `bench/calibrate_cascade.py --threads 2` (the engine's thread count in the benchmarks) on an
 # AVX512-BF16 CPU, quiet machine: the fit's worst sample is off by 40% (bf16) / 27% (fp32); break-even
 # shared tokens for 16 sharers: 368 (bf16), 80 (fp32), inside or below the published 256-512. fp16 reuses
 # bf16's entry (same bytes; not measured separately). copy_max_tokens is set above any context here: with 2
@@ -56,14 +67,37 @@ class AttentionCost:
 # although the calibration's micro-benchmark put the crossover at 1,024 tokens.
 _BF16 = AttentionCost(call_us=233.872, row_us=0.0289, token_us=0.06555, token_row_us=0.01613, merge_us=3.062,
                       copy_max_tokens=8192)
-COSTS: dict[str, AttentionCost] = {
-    "bfloat16": _BF16,
-    "float16": _BF16,
-    "float32": AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
-                             copy_max_tokens=8192),
+_FP32 = AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
+                      copy_max_tokens=8192)
+
+# The C++ CPU kernel (kernels/cpu/paged_decode.py; backend "cpu"): one call per step, a segment per row and per
+# group, merges in torch (group_us: their fixed cost). PROVISIONAL: from
+# `bench/calibrate_cascade.py --backend cpu --quick --threads 1` on a busy 2-core development machine (two
+# threads stalled there), bench/results/cascade_calibration_cpu.json: fit within 7% (bf16) / 10% (fp32);
+# break-even shared tokens 1,392 for 2 sharers, 528 for 4, 144 for 16 (bf16). To be replaced by the lines
+# `bench/calibrate_cascade.py --backend cpu --threads 2` prints on the quiet benchmark machine. fp16 reuses
+# bf16's entry (the kernel widens both alike); copy_max_tokens is the torch path's and unused here.
+_CPU_BF16 = AttentionCost(call_us=0.319, row_us=0.3346, token_us=0.09418, token_row_us=0.053461,
+                          merge_us=0.987, copy_max_tokens=512, group_us=60.504, token_stack_us=0.03567)
+_CPU_FP32 = AttentionCost(call_us=0.0, row_us=0.7469, token_us=0.10457, token_row_us=0.051738,
+                          merge_us=0.987, copy_max_tokens=512, group_us=60.504, token_stack_us=0.05136)
+
+# Per attention backend (backend.py's names), per KV dtype.
+COSTS: dict[str, dict[str, AttentionCost]] = {
+    "torch": {"bfloat16": _BF16, "float16": _BF16, "float32": _FP32},
+    "cpu": {"bfloat16": _CPU_BF16, "float16": _CPU_BF16, "float32": _CPU_FP32},
 }
+# Backends decided by another's entries, said here rather than found by a silent fallback. Triton has no
+# calibration of its own yet: the torch path's entries keep deciding for it, as they did before per-backend ones.
+STAND_INS: dict[str, str] = {"triton": "torch"}
 
 
-def cost_for(kv_dtype: str) -> AttentionCost:
-    """The model for a KV dtype name ("bfloat16", "torch.bfloat16", ...)."""
-    return COSTS[kv_dtype.removeprefix("torch.")]
+def cost_for(kv_dtype: str, backend: str = "torch") -> AttentionCost:
+    """The model for a KV dtype name ("bfloat16", "torch.bfloat16", ...) on an attention backend's decode path
+    (its registered name; the torch path by default, as the simulator prices steps). An error for a backend
+    without entries: its cascade decisions would otherwise rest on another path's trade-off."""
+    entries = COSTS.get(STAND_INS.get(backend, backend))
+    if entries is None:
+        raise ValueError(f"no attention cost model for backend {backend!r}; measured: {sorted(COSTS)}, "
+                         f"standing in: {STAND_INS} (bench/calibrate_cascade.py measures one)")
+    return entries[kv_dtype.removeprefix("torch.")]

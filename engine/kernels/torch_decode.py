@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata
 from kvloop.engine.kernels.cascade_cost import cost_for
-from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 Run = tuple[int, int, int]  # (first block id, blocks, tokens): a view k_cache[first:first + blocks]
 

@@ -1,4 +1,4 @@
-"""KV cache policy settings and the three modes compared by the benchmarks (pure Python).
+"""KV cache settings; `mode` names the cache policy (scheduler.policy) that the manager asks (pure Python).
 
 - `continuous`: no prefix cache; released blocks are freed at once.
 - `continuous+lru`: prefix cache with plain LRU eviction; no admission gate, no watermark, no lower tiers.
@@ -8,19 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("continuous", "continuous+lru", "codesign")
+from kvloop.engine.config_options import option
+from kvloop.engine.scheduler.policy import CachePolicy, cache_policy_names, get_cache_policy
+
+MODES = cache_policy_names()
 
 
 @dataclass
 class KVConfig:
     mode: str = "codesign"
-    admit_min_requests: int = 3  # device gate: distinct requests that referenced a block's hash
-    host_admit_min_requests: int = 1
+    admit_min_requests: int = option(3, setting="kv_cache.admit_min_requests",
+                                     help="device gate: distinct requests that referenced a block's hash")
+    host_admit_min_requests: int = option(1, setting="kv_cache.host_admit_min_requests",
+                                          help="host tier gate, in the same unit")
     disk_admit_min_requests: int = 2
-    min_prefix_tokens: int = 64  # shorter matches are misses (codesign only)
-    watermark: float = 0.1  # share of the device pool kept for cached blocks; a live knob (set_watermark)
+    min_prefix_tokens: int = option(64, setting="kv_cache.min_prefix_tokens",
+                                    help="shorter prefix matches are misses (codesign only)")
+    watermark: float = option(0.1, setting="kv_cache.retention_watermark",
+                              help="share of the device pool kept for cached blocks; a live knob (set_watermark)")
     host_cache_tokens: int = 65536  # 0 disables the host tier
-    disk_dir: str | None = None  # None disables the disk tier
+    disk_dir: str | None = option(None, setting="kv_cache.disk_dir", help="disk tier directory; none disables it")
     disk_cache_tokens: int = 262144
     disk_queue_size: int = 64  # write-behind queue; a full queue drops the write (counted)
     ghost_entries: int = 65536  # bound of the ghost table (about 200 bytes per entry)
@@ -28,8 +35,7 @@ class KVConfig:
     regret_window: int = 4096  # an eviction is regretted if its hash is asked for within this many evictions
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"kv mode must be one of {MODES}")
+        get_cache_policy(self.mode)  # raises ValueError naming the cache policies
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
         for name in ("admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests", "ghost_entries",
@@ -40,13 +46,13 @@ class KVConfig:
             raise ValueError("token counts must be >= 0")
 
     @property
-    def prefix_cache(self) -> bool:
-        return self.mode != "continuous"
+    def cache_policy(self) -> CachePolicy:
+        return get_cache_policy(self.mode)  # read per call: EngineConfig sets mode after construction
 
     @property
-    def codesign(self) -> bool:
-        return self.mode == "codesign"
+    def prefix_cache(self) -> bool:
+        return self.cache_policy.prefix_cache
 
     @property
     def eviction(self) -> str:
-        return "gclock" if self.codesign else "lru"
+        return self.cache_policy.eviction

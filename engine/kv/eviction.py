@@ -87,9 +87,13 @@ class GClock(EvictionPolicy):
         return None
 
 
+# Eviction orders by the name a cache policy gives (scheduler.policy.CachePolicy.eviction); each factory
+# takes the GCLOCK counter ceiling, which only GCLOCK uses.
+EVICTION_ORDERS: dict[str, Callable[[int], EvictionPolicy]] = {"lru": lambda _max: LRU(), "gclock": GClock}
+
+
 def make_policy(name: str, gclock_max: int = 3) -> EvictionPolicy:
-    if name == "gclock":
-        return GClock(gclock_max)
-    if name == "lru":
-        return LRU()
-    raise ValueError(f"unknown eviction policy {name!r}")
+    factory = EVICTION_ORDERS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown eviction policy {name!r}; one of {tuple(EVICTION_ORDERS)}")
+    return factory(gclock_max)

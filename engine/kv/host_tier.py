@@ -29,11 +29,6 @@ class HostTier:
     def num_used(self) -> int:
         return self.num_slots - len(self._free)
 
-    @property
-    def num_available(self) -> int:
-        """Slots that acquire() can hand out now: free plus evictable cached ones."""
-        return len(self._free) + len(self.policy)
-
     def has(self, h: int) -> bool:
         return h in self._slot_of
 
@@ -70,9 +65,6 @@ class HostTier:
     def entries(self) -> dict[int, tuple[int, int | None]]:
         """hash -> (slot, parent hash) of every indexed slot."""
         return {h: (slot, self._parent.get(h)) for h, slot in self._slot_of.items()}
-
-    def release_unindexed(self, slot: int) -> None:
-        self._free.append(slot)
 
     def hit(self, slot: int) -> None:
         self.policy.hit(slot)

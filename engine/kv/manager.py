@@ -4,6 +4,7 @@ The scheduler talks to the KV cache only through this class:
 - `lookup_prefix(seq)`: at admission, attaches the longest cached prefix of seq's tokens (device blocks
   shared, host/disk blocks promoted by copying), never the last token; a match shorter than
   `min_prefix_tokens` is a miss. Sets seq.num_computed_tokens, num_cached_tokens, cached_tokens_by_tier.
+- `peek_prefix(seq or token ids)`: the same match by tier, changing nothing (the scheduler's prefix view).
 - `allocate(seq, total_tokens) -> bool`: all or nothing; may evict cached blocks, but only down to the
   retention watermark (unless no other sequence holds blocks, so the engine always makes progress).
   A swapped-out sequence is swapped in first.
@@ -19,7 +20,8 @@ The scheduler talks to the KV cache only through this class:
   prefix order, waiting for the writes, bounded by the deadline (kv.persist).
 - `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back).
 - Counts: num_blocks, num_free_blocks (not referenced: free + cached, as vLLM counts them),
-  num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats, snapshot().
+  num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats (queries and hits per tier
+  as kv.stats defines them; engine.snapshot reads them all).
 - `check_integrity(live)`: the invariants of DESIGN §2, for tests.
 
 Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; NullMover otherwise)."""
@@ -40,6 +42,7 @@ from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.mover_api import Mover, NullMover
 from kvloop.engine.kv.persist import PersistMixin
 from kvloop.engine.kv.prefix_index import PrefixIndex
+from kvloop.engine.kv.prefix_match import PrefixMatch
 from kvloop.engine.kv.stats import KVStats, RegretWindow
 from kvloop.engine.kv.swap import SwapMixin
 from kvloop.engine.scheduler.sequence import Sequence
@@ -63,7 +66,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         # The host tier exists in every mode for swapping; only codesign also caches into it.
         self.host = HostTier(host_slots, make_policy(cfg.eviction, cfg.gclock_max)) if host_slots else None
         disk_slots = cfg.disk_cache_tokens // block_size
-        self.disk = DiskTier(disk_slots) if cfg.codesign and cfg.disk_dir and disk_slots else None
+        with_disk = cfg.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
+        self.disk = DiskTier(disk_slots) if with_disk else None
         self.stats = KVStats()
         self.regret = RegretWindow(cfg.regret_window)
         self.mover: Mover = NullMover()
@@ -121,7 +125,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def _evictable_budget(self, cached: int, referenced: int, own: int) -> int:
         """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds."""
-        if not self.config.codesign or referenced <= own:
+        if not self.config.cache_policy.retention_watermark or referenced <= own:
             return cached  # no watermark, or nobody else holds blocks: keeping any back would stall
         return max(0, cached - int(self._watermark * self.num_blocks))
 
@@ -143,31 +147,38 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def lookup_prefix(self, seq: Sequence) -> int:
         """Attaches cached blocks of seq's prefix; returns how many tokens they cover (0 on a miss)."""
+        first = seq.request_id != self._last_query  # a head of queue waiting for memory is looked up every step
+        self._last_query = seq.request_id
+        skipped = self._lookup_skipped(seq)
+        hit = 0 if skipped else self._attach_prefix(seq)
+        if first:  # the queries per tier, as kv.stats defines them
+            self.stats.count_lookup(len(seq.token_ids), seq.cached_tokens_by_tier if hit else {},
+                                    ("device",) if skipped else self._lookup_tiers())
+        return hit
+
+    def _lookup_tiers(self) -> tuple[str, ...]:
+        """The tiers a prefix lookup asks, top down (as _tier_of reads them)."""
+        host = self.config.cache_policy.lower_tiers and self.host is not None
+        return ("device",) + (("host",) if host else ()) + (("disk",) if self.disk is not None else ())
+
+    def _attach_prefix(self, seq: Sequence) -> int:
         tokens = seq.token_ids
-        if seq.request_id != self._last_query:  # a head of queue waiting for memory is looked up every step
-            self.stats.query_tokens += len(tokens)
-            self._last_query = seq.request_id
-        if not self.config.prefix_cache or seq.block_table or self.is_swapped(seq):
-            return 0
         bs = self.block_size
         hashes = self.keys(seq)
-        if self.config.codesign:
+        if self.config.cache_policy.heat_gated:
             self.ghost.record_all(hashes, seq.request_id)
-        usable = hashes[: (len(tokens) - 1) // bs]  # at least the last token is computed, so one is sampled
-        found = 0
-        while found < len(usable) and self._tier_of(usable[found]) is not None:
-            found += 1
+        found = len(self._leading_tiers(hashes, len(tokens)))
         for h in hashes:
             if self.index.slot_of(h) is None and self.regret.asked(h):
                 self.stats.eviction_regret += 1
-        min_tokens = self.config.min_prefix_tokens if self.config.codesign else 1
+        min_tokens = self.min_reusable_tokens
         if found == 0 or found * bs < min_tokens:
             self.stats.short_prefix_misses += found > 0
             return 0
         by_tier: dict[str, int] = {}
         from_disk: list[int] = []
         parent = ROOT
-        for h in usable[:found]:
+        for h in hashes[:found]:
             tier = self._attach(seq, h, parent)
             if tier is None:
                 break
@@ -190,10 +201,53 @@ class KVCacheManager(SwapMixin, PersistMixin):
         seq.cached_tokens_by_tier = by_tier
         return hit
 
+    def peek_prefix(self, seq: Sequence | Iterable[int]) -> PrefixMatch:
+        """The prefix lookup_prefix(seq) would attach now, by tier, under its rules (never the last token,
+        the minimum reusable prefix, the tiers the cache policy reads), changing nothing: no stats, ghost
+        counts, eviction clocks or disk recency. Token ids are matched as a new sequence's would be.
+        Promoting can change what lookup then finds: a block taken for a promotion may evict and demote
+        a matched block or push a host copy to disk (found one tier lower), or find no room or a bad disk
+        file (fewer blocks attached). A match on the device alone is attached exactly."""
+        if isinstance(seq, Sequence):
+            if self._lookup_skipped(seq):
+                return PrefixMatch()
+            hashes, num_tokens = self.keys(seq), len(seq.token_ids)
+        else:
+            tokens = list(seq)
+            num_tokens = len(tokens)
+            usable = max(0, num_tokens - 1) // self.block_size
+            cached = self.config.prefix_cache
+            hashes = chain_hashes(tokens, self.block_size, self._extra, usable) if cached else []
+        tiers = self._leading_tiers(hashes, num_tokens)
+        if not tiers or len(tiers) * self.block_size < self.min_reusable_tokens:
+            return PrefixMatch()
+        return PrefixMatch(tuple(hashes[: len(tiers)]), tuple(tiers), self.block_size)
+
+    @property
+    def min_reusable_tokens(self) -> int:
+        """The shortest match that is a hit: min_prefix_tokens where the cache policy keeps a minimum, else
+        any full block."""
+        return self.config.min_prefix_tokens if self.config.cache_policy.min_prefix else 1
+
+    def _lookup_skipped(self, seq: Sequence) -> bool:
+        """No prefix lookup: no prefix cache, or seq holds blocks already (running, or swapped out)."""
+        return not self.config.prefix_cache or bool(seq.block_table) or self.is_swapped(seq)
+
+    def _leading_tiers(self, hashes: list[int], num_tokens: int) -> list[str]:
+        """Tiers of the leading blocks the cache holds, never the block of the last token: at least that
+        token is computed, so that one is sampled."""
+        tiers: list[str] = []
+        for h in hashes[: (num_tokens - 1) // self.block_size]:
+            tier = self._tier_of(h)
+            if tier is None:
+                break
+            tiers.append(tier)
+        return tiers
+
     def _tier_of(self, h: int) -> str | None:
         if self.index.slot_of(h) is not None:
             return "device"
-        if self.config.codesign and self.host is not None and self.host.has(h):
+        if self.config.cache_policy.lower_tiers and self.host is not None and self.host.has(h):
             return "host"
         if self.disk is not None and self.disk.has(h):
             return "disk"
@@ -279,7 +333,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         keys = self.keys(seq)
         while i < full:
             h = keys[i]
-            if self.config.codesign:
+            if self.config.cache_policy.heat_gated:
                 self.ghost.record(h, seq.request_id)
             own = seq.block_table[i]
             existing = self.index.slot_of(h)
@@ -325,7 +379,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self.pool.put_free(block)
             return
         cfg = self.config
-        if (not cfg.codesign or self.index.num_children(h) or
+        if (not cfg.cache_policy.heat_gated or self.index.num_children(h) or
                 self.ghost.count(h) >= cfg.admit_min_requests):
             self.policy.add(block)  # cached
             return
@@ -341,7 +395,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.policy.forget(block)
         self.stats.evictions += 1
         self.regret.evicted(h)
-        if self.config.codesign:
+        if self.config.cache_policy.lower_tiers:
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
@@ -381,22 +435,6 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self.stats.disk_evictions += 1
 
     # ---- reporting ------------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """Counters and per-tier use for the engine snapshot (keys prefixed kv_)."""
-        out = {f"kv_{k}": v for k, v in self.stats.as_dict().items()}
-        out.update(
-            kv_mode=self.config.mode,
-            kv_watermark=self._watermark,
-            kv_cached_blocks=self.num_cached_blocks,
-            kv_referenced_blocks=self.num_referenced_blocks,
-            kv_host_blocks_used=self.host.num_used if self.host is not None else 0,
-            kv_host_blocks_total=self.host.num_slots if self.host is not None else 0,
-            kv_disk_blocks_used=len(self.disk) if self.disk is not None else 0,
-            kv_disk_blocks_total=self.disk.capacity if self.disk is not None else 0,
-            kv_ghost_entries=len(self.ghost),
-        )
-        return out
-
     def flush(self) -> None:
         """Waits for queued disk writes (tests, shutdown)."""
         self.mover.flush()

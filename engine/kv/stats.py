@@ -1,8 +1,17 @@
-"""KV counters (tokens for queries and hits, blocks for movements) and the eviction-regret window."""
+"""KV counters (tokens for queries and hits, blocks for movements) and the eviction-regret window.
+
+Queries per tier. A lookup asks the tiers top down, each for the prompt tokens the tiers above it did
+not serve: the device for every token of the prompt, the host (where it caches prefixes) for those the
+device did not serve, the disk (where there is one) for those neither served. "Served" means the hit
+lookup_prefix accepted and attached (a match shorter than min_prefix_tokens, or one whose promotion fell
+short, serves nothing). So hits_T <= queries_T, hits_T / queries_T is tier T's own hit rate, and the
+sum of the hits over query_tokens_device is the overall one. A request is counted once, at its first
+lookup (a head of queue waiting for memory is looked up again every step)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 TIERS = ("device", "host", "disk")
@@ -10,7 +19,9 @@ TIERS = ("device", "host", "disk")
 
 @dataclass
 class KVStats:
-    query_tokens: int = 0  # tokens looked up at admission
+    query_tokens_device: int = 0  # prompt tokens looked up at admission (the device is asked for all of them)
+    query_tokens_host: int = 0  # of those, the ones the device did not serve, asked of the host tier
+    query_tokens_disk: int = 0  # the ones neither the device nor the host served, asked of the disk tier
     hit_tokens_device: int = 0
     hit_tokens_host: int = 0
     hit_tokens_disk: int = 0
@@ -32,6 +43,19 @@ class KVStats:
 
     def hit_tokens(self) -> int:
         return self.hit_tokens_device + self.hit_tokens_host + self.hit_tokens_disk
+
+    def queries(self, tier: str) -> int:
+        return getattr(self, f"query_tokens_{tier}")
+
+    def hits(self, tier: str) -> int:
+        return getattr(self, f"hit_tokens_{tier}")
+
+    def count_lookup(self, tokens: int, served: Mapping[str, int], tiers: Iterable[str]) -> None:
+        """One lookup of `tokens` prompt tokens that asked `tiers` (top down); `served`: tokens per tier."""
+        left = tokens
+        for tier in tiers:
+            setattr(self, f"query_tokens_{tier}", self.queries(tier) + left)
+            left -= served.get(tier, 0)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

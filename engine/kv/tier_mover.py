@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from kvloop.engine.kv import disk_format as fmt
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from kvloop.engine.model.config import ModelConfig
 
 

@@ -10,9 +10,11 @@ import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
+from tqdm import tqdm
+
 from kvloop.engine.model.checkpoint import Checkpoint, LazyWeights
 from kvloop.engine.model.config import ModelConfig
-from tqdm import tqdm
+from kvloop.engine.model.registry import architectures
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -30,7 +32,7 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHS = architectures("gguf")  # engine/model/registry.py
 
 
 def field_value(reader: GGUFReader, key: str, default=None):

@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 
 import torch
-from kvloop.engine.model.checkpoint import Checkpoint, LazyWeights
-from kvloop.engine.model.config import ModelConfig
 from safetensors import safe_open
 from tqdm import tqdm
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+from kvloop.engine.model.checkpoint import Checkpoint, LazyWeights
+from kvloop.engine.model.config import ModelConfig
+from kvloop.engine.model.registry import architectures
+
+SUPPORTED_ARCHS = architectures("hf")  # engine/model/registry.py
 _BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 

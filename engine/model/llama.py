@@ -1,4 +1,6 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) in plain torch over a paged KV cache.
+"""Llama-family decoder (Llama, Mistral, Qwen2, SmolLM2) in plain torch over a paged KV cache; the model
+registry (registry.py) maps those architectures' names here. Attention goes through the backend the
+registry in engine/kernels/backend.py hands out (write_kv and forward per layer).
 
 Weights are fused where it saves ops per step (q/k/v into one matrix, gate/up into one). The model is a
 plain object rather than nn.Module: a step is a straight sequence of tensor ops with no hooks."""
@@ -9,10 +11,11 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
-from kvloop.engine.kernels import ops
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata
+from kvloop.engine.kernels.backend import get_backend
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.linear import Linear
-from kvloop.engine.runner.attention_meta import AttentionMetadata
 
 
 class Layer:
@@ -52,7 +55,7 @@ class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none"):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
-        self.attention_backend = attention_backend
+        self.attention = get_backend(attention_backend, self.device)  # raises if it cannot run on the device
         self.quantization = quantization
         embed = weights["model.embed_tokens.weight"]
         self.embed = embed.to(device=self.device, dtype=dtype).contiguous()
@@ -60,6 +63,8 @@ class LlamaModel:
         # Tied and dense: the head shares the converted embedding (no second copy, same values).
         head = lm_head if lm_head is not None else (self.embed if quantization == "none" else embed)
         self.lm_head = Linear(head, None, dtype, self.device, quantization)
+        if lm_head is None and self.lm_head.fmt == "bf16":  # bf16 weights: look the embedding up in the
+            self.embed = self.lm_head  # packed head it is tied to (Linear[ids]), no second copy, same values
         del embed, lm_head, head  # the float32 originals are not kept while the layers load
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
         self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device, quantization)
@@ -96,8 +101,8 @@ class LlamaModel:
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
             v = qkv[:, q_size + kv_size :].view(n, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
-            ops.write_kv(k, v.contiguous(), k_cache, v_cache, meta, self.attention_backend)
-            attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale, self.attention_backend)
+            self.attention.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
+            attn = self.attention.forward(q, k_cache, v_cache, meta, self.scale)
             x = x + layer.o(attn.reshape(n, q_size))
             h = rms_norm(x, layer.ffn_norm, cfg.rms_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

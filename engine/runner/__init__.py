@@ -1,1 +1,1 @@
-"""Model execution: attention metadata, runner, sampler (torch)."""
+"""Model execution: runner, cascade planning, sampler (torch)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.sequence import Sequence
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.runner.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.runner.sampler import Sampler
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
@@ -31,7 +32,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.kv_cache = model.new_kv_cache(num_blocks, block_size, kv_dtype)
         self.cascade = cascade
-        self.attention_cost = cost = cost_for(str(self.kv_cache.dtype))  # the scheduler prices steps with it too
+        # the decode path the model runs (its attention backend), whose trade-off the scheduler prices steps with too
+        self.attention_cost = cost = cost_for(str(self.kv_cache.dtype), model.attention.name)
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
         # cascade_groups: nested (any shared prefix) or common (only the prefix of all rows: continuous+lru)
         self.planner = CascadePlanner(block_size, worth, nested=cascade_groups == "nested")
@@ -108,7 +110,8 @@ class ModelRunner:
         seqs = [item.seq for item in items]
         out = self.sampler.sample(logits, [s.params for s in seqs], [s.request_id for s in seqs],
                                   seqs)
-        result = StepResult({id(s): t for s, t in zip(seqs, out.tokens, strict=True) if t is not None})
-        result.logprobs = {id(s): lp for s, lp in zip(seqs, out.logprobs, strict=True) if lp is not None}
-        result.errors = {id(seqs[row]): message for row, message in out.errors.items()}
+        ids = [s.request_id for s in seqs]
+        result = StepResult({rid: t for rid, t in zip(ids, out.tokens, strict=True) if t is not None})
+        result.logprobs = {rid: lp for rid, lp in zip(ids, out.logprobs, strict=True) if lp is not None}
+        result.errors = {ids[row]: message for row, message in out.errors.items()}
         return result

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
 from kvloop.engine.runner.logits_processors import LogitsProcessor, SampleRow, default_processors
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob

@@ -39,9 +39,11 @@ class ScheduledBatch:
 
 @dataclass
 class StepResult:
-    tokens: dict[int, int]  # id(seq) -> sampled token (only sequences that sample this step)
-    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
-    errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # id(seq) -> (stage, why it failed)
+    """What the runner sampled, by request id; Scheduler.update_from_output applies it."""
+
+    tokens: dict[str, int]  # only the sequences that sample this step and did not fail
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    errors: dict[str, tuple[str, str]] = field(default_factory=dict)  # (stage, why it failed alone)
 
 
 class Runner(Protocol):

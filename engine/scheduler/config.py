@@ -1,34 +1,37 @@
 """Scheduler settings and the request-rejection error (pure Python).
 
-`mode` selects the batching policy: `static` (static.py), or continuous batching whose co-design
-policies (cache-aware admission, prefix grouping) switch on in `codesign`. `auto` follows the KV
+`mode` names the scheduling policy (policy.py): `static` (static.py), or continuous batching whose
+co-design policies (cache-aware admission, prefix grouping) switch on in `codesign`. `auto` follows the KV
 manager's mode, so a KVConfig(mode=...) alone picks continuous / continuous+lru / codesign."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHED_MODES = ("auto", "static", "continuous", "continuous+lru", "codesign")
+from kvloop.engine.config_options import option
+from kvloop.engine.scheduler.policy import AUTO, get_policy, scheduler_modes
+
 STATIC_OOM = ("fail", "retry")
 CASCADE_GROUPS = ("auto", "nested", "common")
 
 
 def resolve_cascade_groups(setting: str, mode: str) -> str:
-    """Which shared prefixes decode steps may cascade (the one place a mode picks it). auto: `codesign`
-    any group, nested (its scheduler brings sharers together); `continuous+lru` only the prefix common to
-    every decode row (vLLM's cascade, so the baseline stays honest); `continuous` and `static` run without
-    a prefix cache, so no two rows share a block and the choice is moot: nested, the runner's default."""
+    """Which shared prefixes decode steps may cascade: the setting, or under auto the scope the policy
+    named `mode` gives (Policy.cascade_groups)."""
     if setting != "auto":
         return setting
-    return "common" if mode == "continuous+lru" else "nested"
+    return get_policy(mode).cascade_groups
 
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64  # batch cap: running sequences at most (live: Scheduler.set_batch_cap)
-    max_num_batched_tokens: int = 512  # token budget of one step
-    max_model_len: int = 8192
-    mode: str = "auto"
+    max_num_seqs: int = option(64, flag="--max-num-seqs", setting="scheduler.max_num_seqs",
+                               help="batch cap: running requests at most (the feedback loop moves it live)")
+    max_num_batched_tokens: int = option(512, flag="--max-num-batched-tokens",
+                                         setting="scheduler.max_num_batched_tokens", help="token budget of one step")
+    max_model_len: int = option(8192, flag="--max-model-len", setting="max_model_len",
+                                help="longest sequence (prompt + output) in tokens")
+    mode: str = AUTO  # a policy's name (policy.py), or AUTO: the KV manager's
     max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
     # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence
     decode_reserve_tokens: int = 64
@@ -50,8 +53,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
-        if self.mode not in SCHED_MODES:
-            raise ValueError(f"scheduler mode must be one of {SCHED_MODES}")
+        if self.mode not in scheduler_modes():
+            raise ValueError(f"scheduler mode must be one of {scheduler_modes()}")
         if self.cascade_groups not in CASCADE_GROUPS:
             raise ValueError(f"cascade_groups must be one of {CASCADE_GROUPS}")
         if self.cascade_cap_factor < 1:

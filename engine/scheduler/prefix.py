@@ -1,8 +1,9 @@
 """What the prefix cache holds for a waiting sequence, read without attaching anything (pure Python).
 
 Admission and grouping look at many waiting requests every step; `KVCacheManager.lookup_prefix` would
-pin blocks for each of them. This view only reads the index. A sequence's block keys are hashed once
-and kept by the KV manager."""
+pin blocks for each of them. This view asks `KVCacheManager.peek_prefix` (the manager's hit rules,
+changing nothing) and adds what only the scheduler needs: which device blocks running sequences hold,
+and how many of them share the prefix. A sequence's block keys are hashed once and kept by the KV manager."""
 
 from __future__ import annotations
 
@@ -35,28 +36,24 @@ class PrefixView:
         return self.kv.keys(seq)
 
     def peek(self, seq: Sequence) -> PrefixHit:
-        """The hit lookup_prefix(seq) would find now (same rules: never the last token, min prefix)."""
-        kv = self.kv
-        cfg = kv.config
-        if not cfg.prefix_cache or seq.block_table or seq.num_computed_tokens or kv.is_swapped(seq):
+        """The hit lookup_prefix(seq) would find now, its device blocks split into shared and cached."""
+        if seq.num_computed_tokens:  # the scheduler looks up only a sequence that has computed nothing
             return PrefixHit()
-        usable = self.keys(seq)[: (seq.num_tokens - 1) // kv.block_size]
+        kv = self.kv
+        match = kv.peek_prefix(seq)
         hit = PrefixHit()
         refs = kv.pool.ref_counts
-        for h in usable:
-            block = kv.index.slot_of(h)
-            if block is not None:
-                if refs[block] > 0:
-                    hit.shared += 1
-                    hit.sharers = refs[block]
-                else:
-                    hit.cached += 1
-            elif (cfg.codesign and kv.host is not None and kv.host.has(h)) or (kv.disk is not None and kv.disk.has(h)):
+        for h, tier in zip(match.hashes, match.tiers, strict=True):
+            if tier != "device":
                 hit.lower += 1
+                continue
+            held = refs[kv.index.slot_of(h)]
+            if held:
+                hit.shared += 1
+                hit.sharers = held
             else:
-                break
-        min_tokens = cfg.min_prefix_tokens if cfg.codesign else 1
-        return hit if hit.blocks and hit.blocks * kv.block_size >= min_tokens else PrefixHit()
+                hit.cached += 1
+        return hit
 
     def common_blocks(self, a: Sequence, b: Sequence) -> int:
         """Leading full blocks two sequences share (equal chained keys)."""

@@ -3,18 +3,18 @@
 Each step: running sequences get their next token (or their next prefill chunk) oldest first; when the
 pool cannot hold that growth, the newest running sequence is preempted (swapped to the host tier when
 there is room, else freed and recomputed later) instead of failing. Then waiting sequences are admitted
-while the batch cap, the token budget and memory allow:
-- continuous, continuous+lru: in arrival order; the head waits for memory (FCFS).
-- codesign: in prefix-grouping order with aging (grouping.py), each through the cache-aware
-  admission gate (admission.py). Requests that join a running group's shared prefix come first (they
-  add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a request
+while the batch cap, the token budget and memory allow, as the policy (policy.py, named by `mode`) says:
+- FCFS admission (continuous, continuous+lru): in arrival order; the head waits for memory.
+- grouped admission (codesign): in prefix-grouping order with aging (grouping.py), each through the
+  cache-aware admission gate (admission.py). Requests that join a running group's shared prefix come
+  first (they add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a request
   is admitted while the step's decode attention with it, priced by the step-cost function shared with
   the simulator (step_cost.py), stays within what `batch_cap` plain rows would cost; the room running
   groups save and a joiner's small price are what let it in. At most cascade_cap_factor x the cap.
-- static: fixed batches instead of admission (static.py).
+- static batching (static): fixed batches instead of admission (static.py).
 
-Time comes from `clock` (default time.monotonic, looked up at each call so the simulator can swap it):
-aging and the static fill timeout run on it."""
+Time comes from `clock` (default time.monotonic; the simulator passes its virtual clock): aging and the
+static fill timeout run on it."""
 
 from __future__ import annotations
 
@@ -22,15 +22,17 @@ import dataclasses
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
 from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.scheduler.admission import AdmissionGate
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq
+from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.scheduler.bookkeeping import Sampled, advance
 from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
 from kvloop.engine.scheduler.grouping import order_waiting
+from kvloop.engine.scheduler.policy import resolve_policy
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
@@ -40,10 +42,6 @@ from kvloop.engine.scheduler.step_cost import StepCost
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
 
 
-def _monotonic() -> float:
-    return time.monotonic()  # resolved per call: engine.sim.clock patches this module's `time`
-
-
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, clock: Callable[[], float] | None = None,
                  attention: AttentionCost | None = None, layers: int = 1):
@@ -51,8 +49,9 @@ class Scheduler:
         with set_attention_cost; bf16's until then); layers: the model's (the simulator prices with it)."""
         self.config = config
         self.kv = kv
-        self.clock = clock or _monotonic
-        self.mode = kv.config.mode if config.mode == "auto" else config.mode
+        self.clock = clock or time.monotonic
+        self.policy = resolve_policy(config.mode, kv.config.mode)
+        self.mode = self.policy.name  # the user-facing name (metrics label, snapshot)
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
         self._planner: CascadePlanner | None = None  # prices past the cap (the runner keeps its own)
@@ -62,10 +61,12 @@ class Scheduler:
         self.gate = AdmissionGate(kv, self.view, config.decode_reserve_tokens)
         self.preemptor = Preemptor(kv)
         self.static = (StaticBatcher(config.static_batch_size, config.static_fill_timeout_s, config.static_oom)
-                       if self.mode == "static" else None)
+                       if self.policy.static_batching else None)
         self.rejections: dict[str, int] = {}
         self.failed: list[Sequence] = []  # finished by the scheduler itself (static OOM); the engine reports them
         self._enqueued: dict[Sequence, float] = {}
+        self.requests_finished = 0  # finish() of any reason; for the engine snapshot
+        self.tokens_generated = 0  # output tokens of the finished requests
 
     # ---- knobs and counters ---------------------------------------------------------------------
     @property
@@ -80,18 +81,15 @@ class Scheduler:
 
     @property
     def row_ceiling(self) -> int:
-        """Running rows at most: the cap, or in codesign the cap stretched for rows that join a group."""
-        if not self.codesign:
+        """Running rows at most: the cap, or under grouped admission the cap stretched for rows that join a
+        group."""
+        if not self.policy.groups_prefixes:
             return self.batch_cap
         return max(self.batch_cap, math.floor(self.batch_cap * self.config.cascade_cap_factor))
 
     def set_attention_cost(self, attention: AttentionCost) -> None:
         self.step_cost = dataclasses.replace(self.step_cost, attention=attention)
         self._planner = None  # its plans were priced with the old model
-
-    @property
-    def codesign(self) -> bool:
-        return self.mode == "codesign"
 
     @property
     def num_preemptions(self) -> int:
@@ -153,8 +151,8 @@ class Scheduler:
             self.static.form(self, now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
         if self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling:
-            if self.codesign:
-                self._admit_codesign(batch, budget, now)
+            if self.policy.groups_prefixes:
+                self._admit_grouped(batch, budget, now)
             else:
                 self._admit_fcfs(batch, budget, now)
         return batch
@@ -179,7 +177,7 @@ class Scheduler:
             self._place(batch, self.running[-1], n)
             budget -= n
 
-    def _admit_codesign(self, batch: ScheduledBatch, budget: int, now: float) -> None:
+    def _admit_grouped(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         cfg = self.config
         order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued, cfg.aging_s,
                                         cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
@@ -210,7 +208,7 @@ class Scheduler:
             self._place(batch, seq, n)
             budget -= n
 
-    # ---- the step-cost function in codesign admission -----------------------------------------------
+    # ---- the step-cost function in grouped admission ------------------------------------------------
     def join_saving_us(self, hit: PrefixHit) -> float:
         """Decode attention saved per step by a request with this hit joining the running rows that hold
         its shared prefix (0 when that group would not cascade)."""
@@ -238,10 +236,10 @@ class Scheduler:
         return self.step_cost.decode_us([seq.num_tokens]) - saving
 
     def may_admit_past_cap(self) -> bool:
-        """Whether schedule() might admit a waiting request beyond the batch cap: codesign, someone waiting,
-        below the row ceiling (the priced budget moves with every step's contexts, so this does not try
+        """Whether schedule() might admit a waiting request beyond the batch cap: grouped admission, someone
+        waiting, below the row ceiling (the priced budget moves with every step's contexts, so this does not try
         to predict it). The simulator's fast-forward asks before skipping steps."""
-        return self.codesign and bool(self.waiting) and len(self.running) < self.row_ceiling
+        return self.policy.groups_prefixes and bool(self.waiting) and len(self.running) < self.row_ceiling
 
     def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
         """Attaches seq's cached prefix (or swaps it in) and allocates its first chunk; on success seq runs.
@@ -303,6 +301,8 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         seq.finished_time = self.clock()
+        self.requests_finished += 1
+        self.tokens_generated += seq.num_output_tokens
 
     def fail(self, seq: Sequence, error: str) -> None:
         """Finishes seq with finish_reason 'error' and hands it to the engine to report."""
@@ -312,3 +312,21 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         self.kv.check_integrity([*self.running, *self.waiting])
+
+    # ---- after the step -------------------------------------------------------------------------
+    def update_from_output(self, batch: ScheduledBatch, result: StepResult, now: float | None = None,
+                           eos_token_ids: Collection[int] = ()) -> list[Sampled]:
+        """The step's bookkeeping (bookkeeping.py), item by item in the batch's order: computed tokens,
+        sampled tokens, token times (`now`, else the clock), and the finishes it decides (stop token,
+        length, a request the runner failed), released here. Returns the sequences that sampled, for the
+        caller's own records (outputs, stop strings, latency metrics)."""
+        now = self.clock() if now is None else now
+        sampled = []
+        for item in batch.items:
+            s = advance(item, result, now, eos_token_ids)
+            if s is None:
+                continue
+            if s.finish_reason is not None:
+                self.finish(s.seq, s.finish_reason)
+            sampled.append(s)
+        return sampled

@@ -9,6 +9,8 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from kvloop.engine.server import errors
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.chat import create_chat_completion
@@ -18,7 +20,6 @@ from kvloop.engine.server.metrics import EngineMetrics
 from kvloop.engine.server.middleware import APIKey, BodyLimit
 from kvloop.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from kvloop.engine.server.serving import ServerSettings
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 ERROR_RESPONSES = {code: {"description": text} for code, text in (
     (400, "invalid request"), (404, "unknown model"), (408, "deadline exceeded"), (413, "body too large"),

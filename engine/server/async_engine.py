@@ -1,6 +1,7 @@
 """Runs the (not thread-safe) EngineCore in one engine thread and bridges it to asyncio.
 
-The event loop talks to the thread only through a deque inbox (adds, aborts) and an Event that wakes it.
+The event loop talks to the thread only through a deque inbox of typed messages (AddRequest, AbortRequest,
+CallInEngine) and an Event that wakes it.
 The thread sends each step's outputs back with a single call_soon_threadsafe, which routes them to
 per-request-group asyncio queues. Torch releases the GIL inside its kernels, so the API stays responsive
 during long prefills (measured against a separate engine process: see bench/results/api.md)."""
@@ -20,9 +21,12 @@ from dataclasses import dataclass
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.server.metrics import EngineMetrics
+from kvloop.engine.snapshot import EngineSnapshot
 
 log = logging.getLogger("kvloop.server")
-IDLE_TICK_S = 0.5  # while idle the engine thread still ticks, below the control hook's 1 s heartbeat
+# While idle the engine thread still takes an empty step this often: the control hook publishes the snapshot
+# and polls the sidecar's targets after every step, so the sidecar (stale after 5 s) sees a live engine.
+IDLE_TICK_S = 0.5
 EXIT_ENGINE_DEAD = 70  # EX_SOFTWARE: the process exits with it when the engine thread dies
 DEATH_GRACE_S = 1.0  # time for the failed requests' errors to reach their clients before that exit
 
@@ -49,6 +53,32 @@ class ShuttingDown(RequestFailed):
 
 class EngineDead(Exception):
     """The engine thread stopped (a bug or a fatal error); the API answers 503."""
+
+
+# ---- the engine thread's inbox: one message kind per operation the event loop asks of it -----------------
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    user: str | None
+    arrival: float  # time.monotonic() when the API call submitted it
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CallInEngine:
+    """fn(engine_core) between steps; its result or exception goes to future."""
+
+    fn: Callable
+    future: concurrent.futures.Future
+
+
+InboxMessage = AddRequest | AbortRequest | CallInEngine
 
 
 @dataclass
@@ -97,13 +127,13 @@ class AsyncEngine:
         self.metrics = metrics
         self.max_pending = max_pending
         self._snapshot_interval = snapshot_interval_s
-        self._inbox: deque[tuple] = deque()
+        self._inbox: deque[InboxMessage] = deque()
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._members: dict[str, _Member] = {}  # event-loop thread only
-        self._snapshot: dict = {}
+        self._snapshot: EngineSnapshot | None = None  # the latest, published by the engine thread
         self._last_snapshot = 0.0
         self.ready = False
         self.dead: str | None = None
@@ -130,8 +160,8 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._members)
 
-    def snapshot(self) -> dict:
-        return {**self._snapshot, "num_in_flight": len(self._members)}
+    def snapshot(self) -> EngineSnapshot | None:
+        return self._snapshot
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None, warmup: bool = True) -> None:
@@ -156,7 +186,7 @@ class AsyncEngine:
         full blocks are released into the prefix cache (and reach the disk flush). Returns how many."""
         rids = list(self._members)
         for rid in rids:
-            self._inbox.append(("abort", rid))
+            self._inbox.append(AbortRequest(rid))
             self._fail(rid, ShuttingDown(reason))
         self._wake.set()
         return len(rids)
@@ -169,7 +199,7 @@ class AsyncEngine:
     def call_in_engine(self, fn: Callable) -> concurrent.futures.Future:
         """Runs fn(engine_core) on the engine thread between steps (integrity checks, live knobs)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.append(("call", fn, future))
+        self._inbox.append(CallInEngine(fn, future))
         self._wake.set()
         return future
 
@@ -183,14 +213,14 @@ class AsyncEngine:
     def _submit(self, group: RequestGroup, rid: str, ids: list[int], params: SamplingParams, user: str | None):
         arrival = time.monotonic()
         self._members[rid] = _Member(group, len(ids), arrival)
-        self._inbox.append(("add", rid, ids, params, user, arrival))
+        self._inbox.append(AddRequest(rid, ids, params, user, arrival))
         self._wake.set()
 
     def _abort(self, rid: str) -> None:
         member = self._members.pop(rid, None)
         if member is None:
             return
-        self._inbox.append(("abort", rid))
+        self._inbox.append(AbortRequest(rid))
         self._wake.set()
         if self.metrics:
             now = time.monotonic()
@@ -299,25 +329,26 @@ class AsyncEngine:
     def _drain_inbox(self) -> None:
         eng = self.engine
         while self._inbox:
-            op = self._inbox.popleft()
-            if op[0] == "abort":
-                eng.abort(op[1])
-                continue
-            if op[0] == "call":
-                _, fn, future = op
-                try:
-                    future.set_result(fn(eng))
-                except Exception as exc:  # noqa: BLE001 - handed to the caller
-                    future.set_exception(exc)
-                continue
-            _, rid, ids, params, user, arrival = op
-            try:
-                eng.add_request(rid, ids, params, user=user, arrival_time=arrival)
-            except ValueError as exc:  # RequestRejected is a ValueError too
-                self._call(self._fail, rid, exc)
-            except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
-                log.exception("adding request %s failed", rid)
-                self._call(self._fail, rid, RequestFailed(f"the engine could not add this request: {exc}", "add"))
+            match self._inbox.popleft():
+                case AbortRequest(request_id):
+                    eng.abort(request_id)
+                case CallInEngine(fn, future):
+                    try:
+                        future.set_result(fn(eng))
+                    except Exception as exc:  # noqa: BLE001 - handed to the caller
+                        future.set_exception(exc)
+                case AddRequest() as add:
+                    self._add(add)
+
+    def _add(self, add: AddRequest) -> None:
+        rid = add.request_id
+        try:
+            self.engine.add_request(rid, add.prompt_token_ids, add.params, user=add.user, arrival_time=add.arrival)
+        except ValueError as exc:  # RequestRejected is a ValueError too
+            self._call(self._fail, rid, exc)
+        except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
+            log.exception("adding request %s failed", rid)
+            self._call(self._fail, rid, RequestFailed(f"the engine could not add this request: {exc}", "add"))
 
     def _publish(self, force: bool = False) -> None:
         now = time.monotonic()

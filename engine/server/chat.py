@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from jinja2.exceptions import TemplateError
+
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.errors import APIError, bad_request
+from kvloop.engine.server.errors import bad_request
 from kvloop.engine.server.protocol import ChatCompletionRequest
 from kvloop.engine.server.serving import (
     Call,
-    ClientGone,
     ServerSettings,
     api_errors,
     check_model,
@@ -25,8 +24,7 @@ from kvloop.engine.server.serving import (
     logit_bias_of,
     respond,
     sampling_params,
-    sse,
-    stream_error,
+    sse_events,
     usage,
     user_of,
 )
@@ -87,36 +85,22 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, e
                          "model": req.model, "choices": choices, "usage": usage(ordered, call.prompt_of)})
 
 
-async def _stream(call: Call, req: ChatCompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
+def _stream(call: Call, req: ChatCompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
     head = {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk", "created": call.created,
             "model": req.model}
-    extra = {"usage": None} if include_usage else {}
 
-    def chunk(index: int, delta: dict, finish: str | None = None, logprobs=None) -> str:
-        body = {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-                **extra}
-        return sse(json.dumps(body, ensure_ascii=False))
+    def choice(index: int, delta: dict, finish: str | None = None, logprobs=None) -> dict:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    for index in sorted(call.index.values()):
-        yield chunk(index, {"role": "assistant", "content": ""})
-    finals: list[RequestOutput] = []
-    try:
-        async for rid, out in call.stream(first):
-            index = call.index[rid]
-            pairs = zip(out.new_token_ids, out.new_logprobs, strict=False)
-            lps = {"content": token_logprobs(call.engine, pairs)} if req.logprobs else None
-            if out.delta or (lps and lps["content"]):
-                yield chunk(index, {"content": out.delta}, None, lps)
-            if out.finished:
-                finals.append(out)
-                yield chunk(index, {}, out.finish_reason)
-    except ClientGone:
-        return
-    except APIError as exc:  # the choice that failed ends with finish_reason "error", then the error itself
-        if exc.request_id in call.index:
-            yield chunk(call.index[exc.request_id], {}, "error")
-        yield stream_error(exc)
-        return
-    if include_usage:
-        yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))
-    yield sse("[DONE]")
+    def choices_of(rid: str, out: RequestOutput) -> list[dict]:
+        index = call.index[rid]
+        pairs = zip(out.new_token_ids, out.new_logprobs, strict=False)
+        lps = {"content": token_logprobs(call.engine, pairs)} if req.logprobs else None
+        chunks = [choice(index, {"content": out.delta}, None, lps)] if out.delta or (lps and lps["content"]) else []
+        if out.finished:
+            chunks.append(choice(index, {}, out.finish_reason))
+        return chunks
+
+    opening = [choice(index, {"role": "assistant", "content": ""}) for index in sorted(call.index.values())]
+    return sse_events(call, first, head, include_usage, choices_of, lambda index: choice(index, {}, "error"),
+                      opening)

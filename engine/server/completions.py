@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+
+from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.errors import APIError, bad_request
+from kvloop.engine.server.errors import bad_request
 from kvloop.engine.server.protocol import CompletionRequest
 from kvloop.engine.server.serving import (
     MAX_CHOICES,
     Call,
-    ClientGone,
     ServerSettings,
     api_errors,
     check_model,
@@ -24,8 +24,7 @@ from kvloop.engine.server.serving import (
     logit_bias_of,
     respond,
     sampling_params,
-    sse,
-    stream_error,
+    sse_events,
     usage,
     user_of,
 )
@@ -86,32 +85,22 @@ async def create_completion(req: CompletionRequest, request: Request, engine: As
                          "model": req.model, "choices": choices, "usage": usage(ordered, call.prompt_of)})
 
 
-async def _stream(call: Call, req: CompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
+def _stream(call: Call, req: CompletionRequest, first, include_usage: bool) -> AsyncIterator[str]:
     head = {"id": f"cmpl-{call.id}", "object": "text_completion", "created": call.created, "model": req.model}
-    extra = {"usage": None} if include_usage else {}
-    offsets: dict[str, int] = {}
-    finals = []
-    try:
-        async for rid, out in call.stream(first):
-            lps = None
-            if req.logprobs is not None:
-                pairs = list(zip(out.new_token_ids, out.new_logprobs, strict=False))
-                lps = completion_logprobs(call.engine, pairs, offsets.get(rid, 0))
-                offsets[rid] = offsets.get(rid, 0) + sum(len(t) for t in lps["tokens"])
-            if out.finished:
-                finals.append(out)
-            if out.delta or out.finished or (lps and lps["tokens"]):
-                choice = {"index": call.index[rid], "text": out.delta, "logprobs": lps,
-                          "finish_reason": out.finish_reason if out.finished else None}
-                yield sse(json.dumps({**head, "choices": [choice], **extra}, ensure_ascii=False))
-    except ClientGone:
-        return
-    except APIError as exc:  # the choice that failed ends with finish_reason "error", then the error itself
-        if exc.request_id in call.index:
-            choice = {"index": call.index[exc.request_id], "text": "", "logprobs": None, "finish_reason": "error"}
-            yield sse(json.dumps({**head, "choices": [choice], **extra}))
-        yield stream_error(exc)
-        return
-    if include_usage:
-        yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))
-    yield sse("[DONE]")
+    offsets: dict[str, int] = {}  # text offset of each choice's next token, for its logprobs
+
+    def choices_of(rid: str, out: RequestOutput) -> list[dict]:
+        lps = None
+        if req.logprobs is not None:
+            pairs = list(zip(out.new_token_ids, out.new_logprobs, strict=False))
+            lps = completion_logprobs(call.engine, pairs, offsets.get(rid, 0))
+            offsets[rid] = offsets.get(rid, 0) + sum(len(t) for t in lps["tokens"])
+        if not (out.delta or out.finished or (lps and lps["tokens"])):
+            return []
+        return [{"index": call.index[rid], "text": out.delta, "logprobs": lps,
+                 "finish_reason": out.finish_reason if out.finished else None}]
+
+    def failed_choice(index: int) -> dict:
+        return {"index": index, "text": "", "logprobs": None, "finish_reason": "error"}
+
+    return sse_events(call, first, head, include_usage, choices_of, failed_choice)

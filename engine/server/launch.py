@@ -71,6 +71,7 @@ def build_server(engine, args: argparse.Namespace):
 
 def serve(args: argparse.Namespace, engine_config) -> int:
     import uvicorn
+
     from kvloop.engine.engine_core import EngineCore
     from kvloop.engine.server.shutdown import DrainingServer
 

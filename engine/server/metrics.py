@@ -3,18 +3,20 @@ vLLM work unchanged.
 
 Two sources feed one registry: engine state (queue depth, KV use, cache counters) is read from the
 latest engine snapshot at scrape time by a custom collector, and per-request latencies and token counts
-are observed by the API layer when outputs arrive. Snapshot keys that later components add are read
-with .get, so the exported names are the same before and after they land."""
+are observed by the API layer when outputs arrive. Every family is exported from the start (zeros until
+the engine's first snapshot), so rate() has a baseline."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
 import prometheus_client
-from kvloop.engine.server import engine_stats
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+
+from kvloop.engine.kv.stats import TIERS
+from kvloop.engine.snapshot import EngineSnapshot
 
 # vLLM's buckets, so that dashboards and SLO rules built for vLLM read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -25,13 +27,13 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISH_REASONS = ("stop", "length", "abort")
 
-Snapshot = Mapping[str, object]
+SnapshotSource = Callable[[], "EngineSnapshot | None"]
 
 
 class SnapshotCollector(Collector):
-    """Engine-state families, built from the latest snapshot on every scrape."""
+    """Engine-state families, built from the latest snapshot on every scrape (zeros before the first)."""
 
-    def __init__(self, snapshot: Callable[[], Snapshot], model_name: str, cache_config: Mapping[str, object]):
+    def __init__(self, snapshot: SnapshotSource, model_name: str, cache_config: Mapping[str, object]):
         self._snapshot = snapshot
         self._model = model_name
         self._cache_config = {k: str(v) for k, v in cache_config.items()}
@@ -47,55 +49,63 @@ class SnapshotCollector(Collector):
         c.add_metric([self._model], value)
         return c
 
-    def _split(self, name: str, doc: str, values: dict[str, float], label: str):
+    def _split(self, name: str, doc: str, values: Mapping[str, float], label: str):
         c = CounterMetricFamily(name, doc, labels=["model_name", label])
         for key, v in values.items():
             c.add_metric([self._model, key], v)
         return c
 
     def collect(self):
-        raw = self._snapshot() or {}
-        s = engine_stats.read(raw)
+        s = self._snapshot() or EngineSnapshot()
+        st = s.kv_stats
+        hits = {t: s.prefix_hits(t) for t in TIERS}
         for prefix in ("kvloop", "vllm"):
-            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", s.waiting)
-            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", s.running)
+            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
+            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", s.num_running)
             yield self._counter(f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                                s.queries)
-        yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", s.usage.get("device", 0.0))
+                                s.prefix_queries("device"))
+        yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", s.kv_usage)
         kv = GaugeMetricFamily("kvloop:kv_cache_usage_perc", "KV-cache use per tier, 0..1.",
                                labels=["model_name", "tier"])
-        for tier, v in s.usage.items():
+        for tier, v in s.kv_use_by_tier().items():
             kv.add_metric([self._model, tier], v)
         yield kv
-        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
-                            sum(s.hits.values()))
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", sum(hits.values()))
         yield self._split("kvloop:prefix_cache_hits", "Prompt tokens served from the prefix cache, per tier.",
-                          s.hits, "tier")
-        yield self._counter("vllm:num_preemptions", "Preemptions.", sum(s.preemptions.values()))
-        yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).", s.preemptions, "kind")
+                          hits, "tier")
+        yield self._split("kvloop:prefix_cache_tier_queries", "Prompt tokens asked of each tier: the device is asked "
+                          "for every token looked up, a lower tier for those the tiers above it did not serve.",
+                          {t: s.prefix_queries(t) for t in TIERS}, "tier")
+        yield self._counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions)
+        yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).",
+                          s.num_preemptions_by_kind, "kind")
         yield self._counter("kvloop:oom_events", "Out-of-memory events (static-mode reservations that failed).",
-                            s.oom_events)
+                            s.num_oom_events)
         yield self._counter("kvloop:step_failures", "Engine steps whose model forward raised (their requests "
-                            "failed, the engine went on).", float(raw.get("step_failures", 0)))
+                            "failed, the engine went on).", s.step_failures)
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
                           s.watermark)
-        yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.", s.evictions, "tier")
-        yield self._split("kvloop:cache_demotions", "Blocks demoted, per destination tier.", s.demotions, "tier")
-        yield self._split("kvloop:cache_promotions", "Blocks promoted, per source tier.", s.promotions, "tier")
+        yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.",
+                          {"device": st.evictions, "host": st.host_evictions, "disk": st.disk_evictions}, "tier")
+        yield self._split("kvloop:cache_demotions", "Blocks demoted, per destination tier.",
+                          {"host": st.demotions_host, "disk": st.demotions_disk}, "tier")
+        yield self._split("kvloop:cache_promotions", "Blocks promoted, per source tier.",
+                          {"host": st.promotions_host, "disk": st.promotions_disk}, "tier")
         yield self._counter("kvloop:cache_admissions_refused", "Released blocks refused by the device admission gate.",
-                            s.admissions_refused)
+                            st.admissions_refused)
         yield self._counter("kvloop:eviction_regret", "Evicted blocks asked for again within the regret window.",
-                            s.eviction_regret)
+                            st.eviction_regret)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
-        info.add_metric([], {"model_name": self._model, **self._cache_config, **s.cache_config})
+        mode = {"mode": s.kv_mode} if s.kv_mode else {}
+        info.add_metric([], {"model_name": self._model, **self._cache_config, **mode})
         yield info
 
 
 class EngineMetrics:
     """The server's registry. `snapshot` returns the engine's latest snapshot (called at scrape time)."""
 
-    def __init__(self, model_name: str = "default", snapshot: Callable[[], Snapshot] = dict,
+    def __init__(self, model_name: str = "default", snapshot: SnapshotSource = lambda: None,
                  cache_config: Mapping[str, object] | None = None, registry: CollectorRegistry | None = None):
         prometheus_client.disable_created_metrics()  # vLLM does the same: no *_created series
         self.registry = registry or CollectorRegistry()

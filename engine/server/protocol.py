@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
 from kvloop.engine.sampling import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
@@ -20,7 +22,6 @@ from kvloop.engine.sampling import (
     MAX_STOP_STRINGS,
     PENALTY_RANGE,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 MAX_N = 16
 INT32_MAX = 2**31 - 1

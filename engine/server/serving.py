@@ -9,11 +9,12 @@ import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected
@@ -251,8 +252,8 @@ async def first_output(call: Call) -> tuple[str, RequestOutput]:
 
 async def respond(call: Call, req: _Sampling, stream) -> Response | list[RequestOutput]:
     """Shared by chat and completions: waits for the first output, then either returns the SSE response
-    (`stream(call, req, first, include_usage)` makes its body) or the finished outputs in choice order.
-    A client gone before that gets a bare 499."""
+    (`stream(call, req, first, include_usage)` makes its body, with sse_events) or the finished outputs in
+    choice order. A client gone before that gets a bare 499."""
     try:
         first = await first_output(call)
         if req.stream:
@@ -274,10 +275,38 @@ def sse(data: str) -> str:
     return f"data: {data}\n\n"
 
 
-def stream_error(exc: APIError) -> str:
-    """An error that ends a stream once it has begun: its event in the OpenAI error shape, then [DONE], so
-    that clients reading to [DONE] stop cleanly."""
-    return sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code))) + sse("[DONE]")
+async def sse_events(call: Call, first: tuple[str, RequestOutput], head: dict, include_usage: bool,
+                     choices_of: Callable[[str, RequestOutput], Iterable[dict]],
+                     failed_choice: Callable[[int], dict], opening: Iterable[dict] = ()) -> AsyncIterator[str]:
+    """The SSE body of a streamed chat or completions call, one chunk (head + one choice) per event: the
+    opening choices, then choices_of(request id, output) for each output. The tail is the same for both
+    endpoints: on an engine error the failed choice's failed_choice(index) chunk (finish_reason "error")
+    and the error event in the OpenAI error shape; else the usage chunk when asked for; then [DONE], so
+    that clients reading to it stop cleanly. A client gone ends the body silently."""
+    extra = {"usage": None} if include_usage else {}
+
+    def event(choice: dict) -> str:
+        return sse(json.dumps({**head, "choices": [choice], **extra}, ensure_ascii=False))
+
+    for choice in opening:
+        yield event(choice)
+    finals: list[RequestOutput] = []
+    try:
+        async for rid, out in call.stream(first):
+            for choice in choices_of(rid, out):
+                yield event(choice)
+            if out.finished:
+                finals.append(out)
+    except ClientGone:
+        return
+    except APIError as exc:
+        if exc.request_id in call.index:
+            yield event(failed_choice(call.index[exc.request_id]))
+        yield sse(json.dumps(error_body(exc.status, exc.message, exc.param, exc.code))) + sse("[DONE]")
+        return
+    if include_usage:
+        yield sse(json.dumps({**head, "choices": [], "usage": usage(finals, call.prompt_of)}))
+    yield sse("[DONE]")
 
 
 def usage(finals: list[RequestOutput], prompt_of: dict[str, int]) -> dict:

@@ -13,6 +13,7 @@ import signal
 import time
 
 import uvicorn
+
 from kvloop.engine.server.async_engine import AsyncEngine
 
 log = logging.getLogger("kvloop.server")

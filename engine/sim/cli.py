@@ -9,16 +9,20 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from kvloop.engine.scheduler.policy import get_policy, policy_names
+
 WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", "azure", "mooncake")
 
 
 def add_simulate_parser(sub) -> None:
+    from kvloop.engine.sim.profiles import PROFILES
+
     p = sub.add_parser("simulate", help="GPU-scale simulator: real scheduler/KV manager/control law, roofline time")
     p.add_argument("--workload", default="w1", choices=WORKLOADS)
     p.add_argument("--trace", default=None, help="CSV (azure) or JSONL (mooncake) trace file")
-    p.add_argument("--profile", default="cpu", choices=("cpu", "h100", "h200"))
+    p.add_argument("--profile", default="cpu", choices=PROFILES)
     p.add_argument("--calibration", default=None, help="CPU calibration JSON (default bench/results/sim_calibration.json)")
-    p.add_argument("--modes", default="static,continuous,continuous+lru,codesign", help="comma-separated")
+    p.add_argument("--modes", default=",".join(policy_names()), help="comma-separated")
     p.add_argument("--rate", type=float, default=None, help="requests/s (w1-gpu: all requests; else the open stream)")
     p.add_argument("--duration", type=float, default=3600.0, help="w1-gpu: seconds of arrivals")
     p.add_argument("--scale", type=float, default=1.0, help="length scale (w1/w2/w4 lengths, trace lengths)")
@@ -94,8 +98,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         wl = build_workload(args)  # fresh per mode: chat sessions consume their replies
         t = time.perf_counter()
+        feedback = fb if get_policy(mode).feedback_loop else None  # the coordinator steers only these
         res = Simulator(profile, BenchWorkload(wl), SimConfig(mode=mode, sizing=sizing, until_s=args.until,
-                                                              feedback=fb if mode == "codesign" else None)).run()
+                                                              feedback=feedback)).run()
         res["sim"]["wall_s"] = time.perf_counter() - t
         runs.append({"system": mode, "workload": wl.name, "rate": args.rate, **res})
         c = res["client"]

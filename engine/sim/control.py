@@ -11,7 +11,8 @@ from dataclasses import asdict
 from types import SimpleNamespace
 
 from kvloop.engine.control.hook import TTFT_WINDOW, apply_targets
-from kvloop.engine.control.records import Targets, pack_snapshot, unpack_snapshot
+from kvloop.engine.control.records import Targets, control_record, pack_record, unpack_record
+from kvloop.engine.snapshot import EngineSnapshot
 from kvloop.sidecar.law import ControlLaw
 from kvloop.sidecar.observe import PeriodWindow
 from kvloop.sidecar.settings import Settings
@@ -53,14 +54,12 @@ class VirtualCoordinator:
                 self._tick(self.next_tick, scheduler, kv)
                 self.next_tick += self.settings.period_s
 
-    def _sample(self, snap: dict, scheduler, kv) -> None:
-        snap = dict(snap)
-        snap["ttft_p50_s"], snap["ttft_p99_s"] = self._ttft_pcts()
-        # Through the control block's record mapping, so the law sees exactly the fields it would.
-        rec = unpack_snapshot(pack_snapshot(snap, 1, 0, 0))
+    def _sample(self, snap: EngineSnapshot, scheduler, kv) -> None:
+        # Through the control block's record and its bytes, so the law sees exactly the fields it would.
+        rec = unpack_record(pack_record(control_record(snap, *self._ttft_pcts(), start_id=1)))
         if not self._started:  # the coordinator's engine_start: initial targets from the engine's own
             self._started = True
-            self.law.reset(rec["batch_cap"], rec["watermark"])
+            self.law.reset(rec.batch_cap, rec.watermark)
             self._apply(scheduler, kv)
         self.window.add(rec)
 

@@ -8,18 +8,19 @@ which also indexes the block just filled; on the window's first step every seque
 to index what the step before filled). A window of such steps is replayed here by making
 exactly those allocate() calls, in the scheduler's order (step by step, oldest sequence first),
 with each sequence advanced to the state it would have at that call. The window's last step may be
-one at which sequences sample their last token: they finish after it, in the scheduler's order, as
-the step loop's bookkeeping would finish them, and the window ends there (who can be admitted next
-has changed). It also ends before the next coordinator/KV sample is due, before the next arrival
-unless nobody can be admitted anyway (`admits_nobody`: then arrivals join the queue inside the
-window), and at the first allocation that fails (the scheduler then takes over and preempts as it
-would). Nothing in the scheduler or KV manager is changed; tests check that results match
-step-by-step runs."""
+one at which sequences sample their last token: the last step goes through the scheduler's
+bookkeeping (update_from_output) as any step does, which finishes them, and the window ends there
+(who can be admitted next has changed). It also ends before the next coordinator/KV sample is due,
+before the next arrival unless nobody can be admitted anyway (`admits_nobody`: then arrivals join
+the queue inside the window), and at the first allocation that fails (the scheduler then takes over
+and preempts as it would). Nothing in the scheduler or KV manager is changed; tests check that
+results match step-by-step runs."""
 
 from __future__ import annotations
 
+from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.scheduler.sequence import Sequence
-from kvloop.engine.sim.workload import output_tokens
+from kvloop.engine.sim.workload import output_token, output_tokens
 
 
 def admits_nobody(sched) -> bool:
@@ -49,6 +50,8 @@ def eligible(sched, kv) -> bool:
         return False  # codesign: a waiting request joins a running group and may run past the cap
     for seq in running:
         if seq.num_tokens - seq.num_computed_tokens != 1 or seq.first_token_time is None or kv.is_swapped(seq):
+            return False
+        if seq.params.stop_token_ids:  # finishes are decided at a window's last step only: max_tokens alone
             return False
     return True
 
@@ -110,8 +113,6 @@ class Window:
             times.append(dt)
             t += dt
             done = j + 1
-        for i, seq in enumerate(running):
-            self._advance(seq, base[i] + done)
         elapsed = sum(times[:done])
         now = start  # sim.now moved to the arrivals taken in on the way
         for dt in times[:done]:
@@ -121,12 +122,25 @@ class Window:
         sim.runner.steps += done
         sim.num_steps += done
         sim.now = now
-        for seq in running:
-            seq.last_token_time = now
-        if done == max_steps:  # the last step sampled someone's last token
-            for seq in running:
-                sim.finish_if_done(seq)
+        if done:
+            self._last_step(running, base, done - 1, now)
         return done, elapsed
+
+    def _last_step(self, running: list[Sequence], base: list[int], j: int, now: float) -> None:
+        """Applies the window's last step (j) as the step loop would: each sequence is brought to that
+        step's start, then the scheduler's bookkeeping advances it, appends its token, stamps the time and
+        finishes those that reached max_tokens (only possible when j is the window's planned last)."""
+        sim, vocab = self.sim, self.sim.runner.vocab
+        batch, tokens = ScheduledBatch(), {}
+        for i, seq in enumerate(running):
+            start = base[i] + j
+            del seq.token_ids[start + 1 :]  # allocations for a step that then failed ran one token ahead
+            self._advance(seq, start)
+            batch.decodes.append(ScheduledSeq(seq, start, 1))
+            tokens[seq.request_id] = output_token(seq.request_id, start + 1, vocab)
+        for sampled in sim.scheduler.update_from_output(batch, StepResult(tokens), now):
+            if sampled.finish_reason is not None:
+                sim.finished(sampled.seq)
 
     def _advance(self, seq: Sequence, computed: int) -> None:
         """Brings seq to `computed` tokens computed, with the token sampled at the last step appended."""

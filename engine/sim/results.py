@@ -8,6 +8,7 @@ import math
 
 from kvloop.engine.bench.metrics import RequestRecord, Sample, client_metrics, server_metrics
 from kvloop.engine.sim.workload import RequestSpec
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 class LogHistogram:
@@ -65,7 +66,7 @@ class Recorder:
         r = self.records[rid]
         r.end_s, r.error = t, error
 
-    def sample(self, t: float, snap: dict) -> None:
+    def sample(self, t: float, snap: EngineSnapshot) -> None:
         self.samples.append(Sample(t, snap))
 
     def summary(self, end: float) -> dict:

@@ -24,12 +24,12 @@ class SimRunner:
         self.steps = 0
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
-        tokens: dict[int, int] = {}
+        tokens: dict[str, int] = {}
         vocab = self.vocab
         for item in (*batch.decodes, *batch.prefills):
             if item.samples:
                 seq = item.seq
-                tokens[id(seq)] = output_token(seq.request_id, seq.num_tokens, vocab)
+                tokens[seq.request_id] = output_token(seq.request_id, seq.num_tokens, vocab)
         # Decodes that do not sample (a preempted sequence's last recomputed token) are rare; pricing
         # every decode as sampling only prices one head row too many (and matches fast-forward windows).
         items = [(it.start, 1, True) for it in batch.decodes]

@@ -1,7 +1,7 @@
 """The simulator's step loop. It mirrors EngineCore.step/_process on a virtual clock without
 torch: schedule with the real Scheduler and KVCacheManager, price the step with SimRunner, advance
-the clock, then do EngineCore's bookkeeping (num_computed_tokens, append the sampled token, first
-and last token times, finish at max_tokens since outputs ignore EOS). Arrivals and closed-loop
+the clock, then apply it with the scheduler's bookkeeping as EngineCore does (update_from_output:
+tokens, times, the finish at max_tokens since outputs ignore EOS) and record it. Arrivals and closed-loop
 follow-ups come from the workload as the bench driver sends them; the coordinator runs between
 steps at its virtual period; results come out in the benchmark's metrics shape."""
 
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
-from kvloop.engine.sim.clock import virtual_clock
 from kvloop.engine.sim.control import VirtualCoordinator
 from kvloop.engine.sim.fastforward import Window, admits_nobody, eligible
 from kvloop.engine.sim.modes import Sizing, build_configs
@@ -23,6 +23,7 @@ from kvloop.engine.sim.profiles import Profile
 from kvloop.engine.sim.results import Recorder
 from kvloop.engine.sim.runner import SimRunner
 from kvloop.engine.sim.workload import RequestSpec
+from kvloop.engine.snapshot import EngineSnapshot, build_snapshot
 from kvloop.sidecar.settings import Settings
 
 IDLE_TICK_S = 0.005  # work waits but nothing can run (memory, a static batch filling): look again after this
@@ -84,16 +85,9 @@ class Simulator:
         self._specs[spec.request_id] = spec
 
     # ---- engine mirror --------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """EngineCore.snapshot()'s keys, with the scheduler's rejection and out-of-memory counters."""
-        s, kv = self.scheduler, self.kv
-        return {
-            "num_waiting": len(s.waiting), "num_running": len(s.running),
-            "batch_cap": s.batch_cap, "kv_usage": kv.usage(), "kv_blocks_total": kv.num_blocks,
-            "kv_blocks_free": kv.num_free_blocks, "num_preemptions": s.num_preemptions, "num_steps": self.num_steps,
-            "num_rejections": s.num_rejections,
-            "num_oom_events": int(s.num_oom_events), **kv.snapshot(),
-        }
+    def snapshot(self) -> EngineSnapshot:
+        """As EngineCore.snapshot() (no model steps fail here)."""
+        return build_snapshot(self.scheduler, self.kv, num_steps=self.num_steps)
 
     def _move_counts(self) -> tuple[int, int]:
         st = self.kv.stats
@@ -106,26 +100,25 @@ class Simulator:
         self._moves = (host, disk)
         return moved
 
-    def _process(self, batch, tokens: dict[int, int]) -> None:
+    def _process(self, batch: ScheduledBatch, result: StepResult) -> None:
+        """The scheduler's bookkeeping (as EngineCore), then the recorder's: first tokens (and the
+        coordinator's TTFT), inter-token gaps, finishes and the follow-ups they bring."""
         now, rec = self.now, self.rec
         gaps: dict[float, int] = {}  # inter-token gaps of this step, counted (most share one value)
-        for item in batch.items:
-            seq = item.seq
-            seq.num_computed_tokens = item.start + item.num_tokens
-            token = tokens.get(id(seq))
-            if token is None:  # the runner samples exactly the items that complete their sequence
+        for sampled in self.scheduler.update_from_output(batch, result, now):
+            seq = sampled.seq
+            if sampled.error is not None:  # SimRunner fails nobody; a runner that did would end it so
+                rec.failed(seq.request_id, ": ".join(sampled.error), now)
+                self._specs.pop(seq.request_id, None)
                 continue
-            seq.token_ids.append(token)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
+            if sampled.gap is None:
                 rec.first_token(seq.request_id, now)
                 if self.coord is not None:
                     self.coord.record_ttft(now - seq.arrival_time)
             else:
-                gap = now - seq.last_token_time
-                gaps[gap] = gaps.get(gap, 0) + 1
-            seq.last_token_time = now
-            self.finish_if_done(seq)
+                gaps[sampled.gap] = gaps.get(sampled.gap, 0) + 1
+            if sampled.finish_reason is not None:
+                self.finished(seq)
         for gap, count in gaps.items():
             rec.itl.add(gap, count)
 
@@ -137,13 +130,9 @@ class Simulator:
             self.rec.failed(seq.request_id, getattr(seq, "error", None) or "error", self.now)
             self._specs.pop(seq.request_id, None)
 
-    def finish_if_done(self, seq: Sequence) -> None:
-        """Outputs ignore EOS: a sequence ends ("length") once it has sampled max_tokens."""
-        if seq.num_output_tokens >= seq.params.max_tokens:
-            self._finish(seq)
-
-    def _finish(self, seq: Sequence) -> None:
-        self.scheduler.finish(seq, "length")
+    def finished(self, seq: Sequence) -> None:
+        """Records a sequence the scheduler finished (outputs ignore EOS: at max_tokens) and sends the
+        follow-up it brings (the next chat turn)."""
         self.rec.finished(seq.request_id, self.now, seq.num_output_tokens, seq.num_cached_tokens)
         spec = self._specs.pop(seq.request_id)
         for nxt in self.workload.on_finish(spec, seq.output_token_ids, self.now):
@@ -153,8 +142,7 @@ class Simulator:
     def run(self) -> dict:
         for spec in self.workload.initial():
             self._push(spec)
-        with virtual_clock(lambda: self.now):
-            self._loop()
+        self._loop()
         return self.result()
 
     def _loop(self) -> None:
@@ -181,7 +169,7 @@ class Simulator:
             result = self.runner.execute(batch)
             self.now += self.runner.last.seconds + self.charge_moves()
             self.num_steps += 1
-            self._process(batch, result.tokens)
+            self._process(batch, result)
             if cfg.check_integrity_every and self.num_steps % cfg.check_integrity_every == 0:
                 sched.check_integrity()
 

@@ -10,6 +10,7 @@ import threading
 from collections import OrderedDict
 
 import llguidance
+
 from kvloop.engine.structured.spec import GrammarSpec
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 

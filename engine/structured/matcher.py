@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import llguidance
 import torch
+
 from kvloop.engine.structured.compiler import GrammarCompiler
 from kvloop.engine.structured.spec import GrammarSpec
 
@@ -32,11 +33,6 @@ class GrammarMatcher:
             raise GrammarStateError(f"the grammar does not allow token {token} after {self.num_accepted} "
                                     f"tokens: {self._m.get_error() or 'rejected'}")
         self.num_accepted += 1
-
-    @property
-    def terminated(self) -> bool:
-        """The grammar is complete and allows nothing but end-of-sequence."""
-        return self._m.is_stopped()
 
     @property
     def accepting(self) -> bool:

@@ -7,6 +7,7 @@ is indifferent to prefix-cache hits."""
 from __future__ import annotations
 
 import torch
+
 from kvloop.engine.runner.logits_processors import SampleRow
 from kvloop.engine.structured.bitmask import allocate_bitmask, apply_bitmask
 from kvloop.engine.structured.compiler import GrammarCompiler

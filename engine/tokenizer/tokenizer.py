@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from tokenizers import Tokenizer as HFTokenizer
+
 from kvloop.engine.tokenizer.build import tokenizer_from_file, tokenizer_from_gguf
 from kvloop.engine.tokenizer.chat_template import ChatTemplate
 from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
-from tokenizers import Tokenizer as HFTokenizer
 
 
 class Tokenizer:

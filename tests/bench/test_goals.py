@@ -1,6 +1,7 @@
 """The shape every results file's goals share: `met` follows the value, never set by hand."""
 
 import pytest
+
 from kvloop.engine.bench.goals import goal
 
 

@@ -11,6 +11,8 @@ from kvloop.engine.bench.metrics import (
     percentile,
     server_metrics,
 )
+from kvloop.engine.kv.stats import KVStats
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 def rec(rid, send, first, end, n, chunks=None, error=None, prompt=100, cached=0):
@@ -36,13 +38,16 @@ def test_client_metrics():
 
 
 def test_server_metrics_and_capacity():
-    s0 = {"kv_query_tokens": 100, "kv_hit_tokens_device": 10, "kv_hit_tokens_host": 0, "kv_usage": 0.1,
-          "num_waiting": 0, "num_preemptions": 1}
-    s1 = {"kv_query_tokens": 1100, "kv_hit_tokens_device": 510, "kv_hit_tokens_host": 100, "kv_usage": 0.5,
-          "num_waiting": 2, "num_preemptions": 3}
+    s0 = EngineSnapshot(kv_usage=0.1, num_waiting=0, num_preemptions=1,
+                        kv_stats=KVStats(query_tokens_device=100, hit_tokens_device=10))
+    s1 = EngineSnapshot(kv_usage=0.5, num_waiting=2, num_preemptions=3, num_rejections=1,
+                        kv_stats=KVStats(query_tokens_device=1100, hit_tokens_device=510, hit_tokens_host=100))
     m = server_metrics([Sample(0.0, s0), Sample(1.0, s1)])
-    assert m["hit_rate_device"] == 0.5 and m["hit_rate_host"] == 0.1 and m["hit_rate_disk"] is None
-    assert m["preemptions"] == 2 and m["oom_events"] is None  # no counter: not a made-up zero
+    assert m["hit_rate_device"] == 0.5 and m["hit_rate_host"] == 0.1 and m["hit_rate_disk"] == 0.0
+    assert m["hit_rate_total"] == 0.6 and m["server_rejections"] == 1.0
+    assert m["preemptions"] == 2 and m["oom_events"] == 0
+    no_lookups = server_metrics([Sample(0.0, s0), Sample(1.0, s0)])
+    assert no_lookups["hit_rate_device"] is None and no_lookups["hit_rate_total"] is None  # e.g. static mode
     assert m["kv_use_mean"] == 0.3 and m["kv_use_mean_while_waiting"] == 0.5
     assert m["kv_use_series"] == [[0.0, 0.1], [1.0, 0.5]]
     assert server_metrics([]) == {"available": False}

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import httpx
 import pytest
+
 from kvloop.engine.bench.driver import run_workload
 from kvloop.engine.bench.metrics import client_metrics, server_metrics
 from kvloop.engine.bench.targets.http import HTTPTarget

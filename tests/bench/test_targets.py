@@ -5,6 +5,8 @@ import time
 from kvloop.engine.bench.targets.base import Event, Target
 from kvloop.engine.bench.targets.http import kvloop_snapshot, parse_prometheus
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
+from kvloop.engine.kv.stats import KVStats
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 class FakeTarget(Target):
@@ -48,16 +50,30 @@ def test_gate_waits_for_the_running_batch():
     assert inner.live == ["busy"]  # not admitted while a batch runs
 
 
-def test_prometheus_to_snapshot():
-    text = """# HELP x
-vllm:num_preemptions_total{model_name="m"} 3.0
-kvloop:num_requests_waiting{model_name="m"} 2.0
-vllm:kv_cache_usage_perc{model_name="m"} 0.25
-kvloop:prefix_cache_queries_total{model_name="m"} 1000.0
-kvloop:prefix_cache_hits_total{model_name="m",tier="device"} 400.0
-kvloop:prefix_cache_hits_total{model_name="m",tier="host"} 100.0
-kvloop:oom_events_total{model_name="m"} 0.0
-"""
-    snap = kvloop_snapshot(parse_prometheus(text))
-    assert snap == {"num_waiting": 2.0, "kv_query_tokens": 1000.0, "num_preemptions": 3.0, "num_oom_events": 0.0,
-                    "kv_usage": 0.25, "kv_hit_tokens_device": 400.0, "kv_hit_tokens_host": 100.0}
+def test_prometheus_to_snapshot_through_the_servers_own_metrics():
+    """What kvloop's /metrics exports of a snapshot comes back as the fields the benchmark reads."""
+    from prometheus_client import generate_latest
+
+    from kvloop.engine.server.metrics import EngineMetrics
+
+    stats = KVStats(query_tokens_device=1000, query_tokens_host=600, query_tokens_disk=500, hit_tokens_device=400,
+                    hit_tokens_host=100, hit_tokens_disk=7)
+    snap = EngineSnapshot(num_waiting=2, num_running=3, batch_cap=8, num_preemptions=3,
+                          num_preemptions_by_kind={"swap": 1, "recompute": 2}, num_oom_events=4, watermark=0.2,
+                          kv_usage=0.25, kv_stats=stats)
+    text = generate_latest(EngineMetrics("m", lambda: snap).registry).decode()
+    got = kvloop_snapshot(parse_prometheus(text))
+    assert got == EngineSnapshot(num_waiting=2, num_running=3, batch_cap=8, num_preemptions=3,
+                                 num_preemptions_by_kind={"swap": 1, "recompute": 2}, num_oom_events=4,
+                                 watermark=0.2, kv_usage=0.25, kv_stats=stats)
+    vllm = 'vllm:num_requests_waiting{model_name="m"} 2.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
+    assert kvloop_snapshot(parse_prometheus(vllm)) is None  # another server: no made-up zeros
+
+
+def test_gate_counts_its_held_requests_as_waiting():
+    inner = FakeTarget()
+    inner.snapshot = lambda: EngineSnapshot(num_waiting=1)
+    gate = StaticBatchGate(inner, batch_size=4, fill_timeout_s=60.0)
+    gate.submit("a", [1], 1)
+    gate.submit("b", [1], 1)
+    assert gate.snapshot().num_waiting == 3

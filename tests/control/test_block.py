@@ -5,15 +5,19 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from kvloop.engine.control import layout as L
 from kvloop.engine.control.block import ControlBlock, ControlBlockError
 from kvloop.engine.control.records import (
     Targets,
-    pack_snapshot,
+    control_record,
+    pack_record,
     pack_targets,
-    unpack_snapshot,
+    unpack_record,
     unpack_targets,
 )
+from kvloop.engine.kv.stats import KVStats
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 def test_header_and_size(tmp_path):
@@ -22,7 +26,7 @@ def test_header_and_size(tmp_path):
     data = path.read_bytes()
     assert len(data) == L.FILE_SIZE
     magic, version, hsize, soff, ssize, toff, tsize = L.HEADER_FMT.unpack_from(data)
-    assert (magic, version, hsize) == (b"KVLOOPCB", 1, 64)
+    assert (magic, version, hsize) == (b"KVLOOPCB", L.LAYOUT_VERSION, 64)
     assert (soff, toff) == (L.SNAPSHOT_OFFSET, L.TARGETS_OFFSET)
 
 
@@ -37,14 +41,33 @@ def test_open_without_create_needs_a_valid_file(tmp_path):
     ControlBlock(bad).close()
 
 
-def test_snapshot_roundtrip_with_optional_and_nested_keys():
-    snap = {"num_waiting": 3, "kv_usage": 0.5, "num_preemptions": 7, "prefix_hits": {"host": 11},
-            "num_running": -1, "batch_cap": 2**40}  # bad values are clamped, never raised on
-    out = unpack_snapshot(pack_snapshot(snap, start_id=42, step=9, time_ns=123))
-    assert out["start_id"] == 42 and out["step"] == 9 and out["time_ns"] == 123
-    assert out["num_waiting"] == 3 and out["kv_use_device"] == 0.5 and out["preemptions"] == 7
-    assert out["prefix_hits_host"] == 11 and out["num_running"] == 0 and out["batch_cap"] == 2**32 - 1
-    assert out["ttft_p99_s"] != out["ttft_p99_s"]  # NaN: unknown
+def test_a_reader_refuses_another_layout_version_naming_both(tmp_path):
+    path = tmp_path / "old.bin"
+    ControlBlock(path, create=True).close()
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 8, L.LAYOUT_VERSION - 1)  # as an engine of the previous layout wrote it
+    path.write_bytes(bytes(data))
+    with pytest.raises(ControlBlockError) as err:
+        ControlBlock(path)  # the sidecar's open
+    message = str(err.value)
+    assert f"layout version {L.LAYOUT_VERSION - 1}" in message and f"reads version {L.LAYOUT_VERSION}" in message
+    ControlBlock(path, create=True).close()  # the engine, the block's owner, writes its own layout anew
+    ControlBlock(path).close()
+
+
+def test_snapshot_record_roundtrip_and_clamps():
+    snap = EngineSnapshot(num_waiting=3, kv_usage=0.5, num_preemptions=7, num_running=-1, batch_cap=2**40,
+                          kv_host_blocks_used=4, kv_host_blocks_total=16, requests_finished=5, tokens_generated=80,
+                          kv_stats=KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=30,
+                                           hit_tokens_host=11))  # bad values are clamped, never raised on
+    out = unpack_record(pack_record(control_record(snap, float("nan"), 0.25, start_id=42, step=9, time_ns=123)))
+    assert (out.start_id, out.step, out.time_ns) == (42, 9, 123)
+    assert out.num_waiting == 3 and out.kv_use_device == 0.5 and out.preemptions == 7
+    assert out.prefix_hits_host == 11 and out.num_running == 0 and out.batch_cap == 2**32 - 1
+    assert (out.prefix_queries_device, out.prefix_queries_host, out.prefix_queries_disk) == (100, 60, 30)
+    assert (out.requests_finished, out.tokens_generated, out.kv_use_host, out.kv_use_disk) == (5, 80, 0.25, 0.0)
+    assert out.ttft_p50_s != out.ttft_p50_s and out.ttft_p99_s == 0.25  # NaN: unknown
+    assert out.as_dict()["ttft_p50_s"] is None
 
 
 def test_targets_roundtrip_with_unset_knobs():

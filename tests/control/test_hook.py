@@ -7,6 +7,7 @@ import types
 
 from kvloop.engine.control.hook import EngineControl
 from kvloop.engine.control.link import SidecarLink
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 class FakeKV:
@@ -22,9 +23,9 @@ class FakeEngine:
         self.scheduler = types.SimpleNamespace(config=types.SimpleNamespace(max_num_seqs=16))
         self.kv = FakeKV()
 
-    def snapshot(self) -> dict:
-        return {"num_waiting": 2, "batch_cap": self.scheduler.config.max_num_seqs,
-                "watermark": self.kv.watermark, "kv_usage": 0.4}
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot(num_waiting=2, batch_cap=self.scheduler.config.max_num_seqs,
+                              watermark=self.kv.watermark, kv_usage=0.4)
 
 
 def out(ttft: float, n: int = 1):
@@ -38,8 +39,8 @@ def test_hook_publishes_and_applies(tmp_path):
     side = SidecarLink(tmp_path / "c.bin")
     hook.after_step(engine, [out(0.1), out(0.3), out(9.0, n=2)])  # n=2: not a first token
     snap = side.read_snapshot()
-    assert snap["num_waiting"] == 2 and snap["watermark"] == 0.2
-    assert abs(snap["ttft_p50_s"] - 0.1) < 1e-9 and abs(snap["ttft_p99_s"] - 0.3) < 1e-9
+    assert snap.num_waiting == 2 and snap.watermark == 0.2
+    assert abs(snap.ttft_p50_s - 0.1) < 1e-9 and abs(snap.ttft_p99_s - 0.3) < 1e-9
     side.write_targets(24, 0.6)
     hook.after_step(engine, [])
     assert engine.scheduler.config.max_num_seqs == 24 and engine.kv.watermark == 0.6
@@ -57,17 +58,3 @@ def test_scheduler_setter_preferred(tmp_path):
     hook.after_step(engine, [])
     assert calls == [7]
 
-
-def test_idle_heartbeat_publishes_and_polls(tmp_path):
-    import time
-
-    engine = FakeEngine()
-    hook = EngineControl.attach(engine, tmp_path / "c.bin", heartbeat_s=0.05)
-    side = SidecarLink(tmp_path / "c.bin")
-    side.write_targets(3, None)
-    deadline = time.monotonic() + 5
-    while engine.scheduler.config.max_num_seqs != 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert engine.scheduler.config.max_num_seqs == 3  # applied with no step at all
-    assert side.read_snapshot()["step"] >= 1
-    hook.close()

@@ -4,9 +4,11 @@ targets give way to the defaults; every start gets a new start id."""
 from __future__ import annotations
 
 import pytest
+
 from kvloop.engine.control import layout as L
 from kvloop.engine.control.link import ControlLink, SidecarLink
 from kvloop.engine.control.records import Targets, pack_targets
+from kvloop.engine.snapshot import EngineSnapshot
 
 SEC = 1_000_000_000
 
@@ -35,11 +37,11 @@ def pair(tmp_path):
 def test_publish_and_read_snapshot(pair):
     engine, sidecar, clock = pair
     assert sidecar.read_snapshot() is None
-    engine.publish({"num_waiting": 5, "kv_usage": 0.25})
+    engine.publish(EngineSnapshot(num_waiting=5, kv_usage=0.25), ttft_p50_s=0.1, ttft_p99_s=0.5)
     clock.advance(2)
     snap = sidecar.read_snapshot()
-    assert snap["num_waiting"] == 5 and snap["kv_use_device"] == 0.25
-    assert snap["start_id"] == engine.start_id and snap["step"] == 1 and snap["age_s"] == pytest.approx(2)
+    assert snap.num_waiting == 5 and snap.kv_use_device == 0.25 and snap.ttft_p99_s == 0.5
+    assert snap.start_id == engine.start_id and snap.step == 1 and snap.age_s == pytest.approx(2)
 
 
 def test_valid_targets_accepted_then_stale_fall_back_to_defaults(pair):

@@ -42,7 +42,7 @@ def test_targets_from_another_process_applied_within_one_step(make_engine, tmp_p
     kvloop("control", "set", "--control", str(path), "--batch-cap", "5", "--watermark", "0.4")
     engine.step()  # one step later the cap is in force
     assert engine.scheduler.config.max_num_seqs == 5
-    assert engine.snapshot()["batch_cap"] == 5
+    assert engine.snapshot().batch_cap == 5
 
     corrupt_from_another_process(path)
     engine.step()
@@ -63,7 +63,8 @@ def test_targets_from_another_process_applied_within_one_step(make_engine, tmp_p
 def test_restart_changes_start_id(tmp_path):
     path = tmp_path / "control.bin"
     code = ("import sys; from kvloop.engine.control import ControlLink, Targets; "
-            "l = ControlLink(sys.argv[1], Targets(8, 0.3)); l.publish({}); print(l.start_id)")
+            "from kvloop.engine.snapshot import EngineSnapshot; "
+            "l = ControlLink(sys.argv[1], Targets(8, 0.3)); l.publish(EngineSnapshot()); print(l.start_id)")
     ids = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True)

@@ -1,12 +1,12 @@
-"""Session-scoped model fixtures: the embedded checkpoint is loaded once; fp32 for exactness tests."""
+"""Engines over the suite's shared fp32 model (tests/conftest.py loads the checkpoint once)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
-from kvloop.engine.model.locate import embedded_model_path
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 torch.set_num_threads(1)
@@ -23,14 +23,3 @@ def make_engine(fp32_model, tokenizer, checkpoint):
                           model_name=checkpoint.name)
 
     return make
-
-
-@pytest.fixture(scope="session")
-def hf_model():
-    """transformers' own loading of the same GGUF: the reference for logits."""
-    transformers = pytest.importorskip("transformers")
-    path = embedded_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32)
-    model.eval()
-    return model

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.sampling import SamplingParams
 
@@ -79,7 +80,7 @@ def test_preempted_and_resumed_rows(make_engine, kind_host):
     schedule = {0: [("warm", SYSTEM + DOC_A, 1)], 2: rows}
     kv = KVConfig(min_prefix_tokens=16, admit_min_requests=1, host_cache_tokens=kind_host)
     engine = both(make_engine, schedule, kv=kv, kv_cache_tokens=2048, preempt_at={6: "r1"})
-    assert engine.snapshot()["num_preemptions_by_kind"]["swap" if kind_host else "recompute"] == 1
+    assert engine.snapshot().num_preemptions_by_kind["swap" if kind_host else "recompute"] == 1
     assert engine.runner.cascade_group_sizes[4] > 0
     # rebuilt after the preemption (a swapped row can be back within the step: its preemption count tells)
     assert engine.runner.planner.builds >= 2

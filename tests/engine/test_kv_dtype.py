@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.runner.model_runner import resolve_kv_dtype
 from kvloop.engine.sampling import SamplingParams

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+
 from kvloop.engine.sampling import SamplingParams
 
 TOL = 1e-4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvloop.engine.runner.sampler import Sampler
 from kvloop.engine.sampling import SamplingParams
 

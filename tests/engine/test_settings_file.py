@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+
 from kvloop.engine.engine_core import apply_pool_sizes
 from kvloop.engine.settings_file import SettingsFileError, load_engine_settings
 from kvloop.operator.render import engine_config

@@ -4,6 +4,7 @@ before triton's import); every test first checks that this really is the case.""
 from __future__ import annotations
 
 import pytest
+
 from kvloop.engine.kernels import triton as tk
 
 

@@ -1,4 +1,5 @@
-"""Naive, unpaged fp32 references and paged-cache builders for the kernel tests.
+"""Paged-cache builders, tolerances and checks for the kernel tests. The attention they are checked
+against is the one torch reference, engine/kernels/reference.py (float64, over the unpaged K/V kept here).
 
 Tolerances (atol, rtol), per dtype. Under the interpreter the kernels compute in fp32 from the same
 dtype-rounded inputs the reference sees, so what remains is fp32 reassociation (online softmax, exp2,
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+from kvloop.engine.kernels import reference
 
 TOL: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-5, 1e-5),
@@ -48,7 +51,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed:
     atol, rtol = TOL[dtype]
     assert out.dtype == dtype
     assert not out.isnan().any(), f"NaN in output (seed {seed})"
-    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
 
 
 @dataclass
@@ -95,33 +98,9 @@ def strided_rows(n: int, heads: int, head_dim: int, dtype: torch.dtype, gen: tor
     return wide[:, 2 * head_dim : (heads + 2) * head_dim].view(n, heads, head_dim)
 
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int | None) -> torch.Tensor:
-    """Plain softmax attention in fp32. q [Tq, H, D]; k, v [Tk, KV, D]; query head h reads KV head
-    h // (H // KV). first_pos: position of q[0] for a causal mask (None: every key is visible)."""
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    if first_pos is not None:
-        q_pos = first_pos + torch.arange(q.shape[0])
-        hidden = torch.arange(k.shape[0])[None, :] > q_pos[:, None]
-        scores = scores.masked_fill(hidden[None], float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
-
-
-def attention64_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 softmax attention of q [Tq, H, D] over every key of k, v [Tk, KV, D], with the natural
-    log-sum-exp of the scores per (query, head): [Tq, H, D] and [Tq, H]."""
-    group = q.shape[1] // k.shape[1]
-    k = k.double().repeat_interleave(group, dim=1)
-    v = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->qhk", q.double(), k) * scale
-    return torch.einsum("qhk,khd->qhd", scores.softmax(-1), v), scores.logsumexp(-1)
-
-
 def cascade_ref(q: torch.Tensor, paged: Paged, scale: float) -> torch.Tensor:
     """What cascade attention must equal: each row's plain attention over its whole context, in float64."""
-    return torch.cat([attention64_lse(q[b : b + 1], paged.keys[b], paged.values[b], scale)[0]
+    return torch.cat([reference.attention(q[b : b + 1], paged.keys[b], paged.values[b], scale)
                       for b in range(q.shape[0])])
 
 

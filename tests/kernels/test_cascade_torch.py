@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_ref import TOL, new_generator
-from kvloop.engine.kernels import torch_attention, torch_decode
-from kvloop.engine.runner.attention_meta import AttentionMetadata
+
+from kvloop.engine.kernels import reference, torch_backend, torch_decode
+from kvloop.engine.kernels.attention_meta import AttentionMetadata
 from kvloop.engine.runner.cascade_plan import build_plan
 
 BS, N_KV, HEADS, HD = 16, 2, 6, 64
@@ -39,15 +40,8 @@ def rows_from(cache: Cache, spec: list[tuple[list[int], int]]) -> list[list[int]
     return tables
 
 
-def reference(q: torch.Tensor, cache: Cache, tables: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
-    out = []
-    group = HEADS // N_KV
-    for b, (table, n) in enumerate(zip(tables, lens, strict=True)):
-        k = cache.k[table].reshape(-1, N_KV, HD)[:n].double().repeat_interleave(group, dim=1)
-        v = cache.v[table].reshape(-1, N_KV, HD)[:n].double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,khd->hk", q[b].double(), k) * scale
-        out.append(torch.einsum("hk,khd->hd", scores.softmax(-1), v))
-    return torch.stack(out)
+def float64_ref(q: torch.Tensor, cache: Cache, tables: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
+    return reference.paged_decode(q, cache.k, cache.v, run_tables(tables), lens, scale)
 
 
 def run(q, cache: Cache, tables, lens, scale, plan) -> torch.Tensor:
@@ -102,16 +96,13 @@ def test_cascade_and_in_place_match_float64(case, scatter):
     lens = [ctx for _, ctx in spec]
     q = torch.randn(len(tables), HEADS, HD, generator=gen)
     scale = HD ** -0.5
-    ref = reference(q, cache, tables, lens, scale)
+    ref = float64_ref(q, cache, tables, lens, scale)
     plan = build_plan(tables, lens, BS, always)
     if case != "group_of_1":
         assert plan is not None and plan.groups, "the case must exercise cascade"
     for p in (None, plan):
         out = run(q, cache, tables, lens, scale, p)
         torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-6, msg=lambda m: f"seed {seed}: {m}")
-    old = torch_attention.decode_attention_gathered(q, cache.k, cache.v, run_tables(tables), torch.tensor(lens),
-                                                    max(lens), scale)
-    torch.testing.assert_close(old.double(), ref, atol=2e-6, rtol=2e-6)  # the kept baseline agrees too
 
 
 def run_tables(tables: list[list[int]]) -> torch.Tensor:
@@ -139,7 +130,7 @@ def test_16bit_kv(model_dtype):
     tables = rows_from(cache, spec)
     lens = [ctx for _, ctx in spec]
     q = torch.randn(len(tables), HEADS, HD, generator=gen).to(model_dtype)
-    ref = reference(q, cache, tables, lens, HD ** -0.5)
+    ref = float64_ref(q, cache, tables, lens, HD ** -0.5)
     atol, rtol = (2e-6, 2e-6) if model_dtype == torch.float32 else TOL[torch.bfloat16]
     for plan in (None, build_plan(tables, lens, BS, always)):
         out = run(q, cache, tables, lens, HD ** -0.5, plan)
@@ -157,14 +148,10 @@ def test_16bit_kv_write_and_prefill():
     q = torch.randn(n, HEADS, HD, generator=gen)
     k_cache = torch.zeros(4, BS, N_KV, HD, dtype=torch.bfloat16)
     v_cache = torch.zeros_like(k_cache)
-    torch_attention.write_kv(k, v, k_cache, v_cache, torch.arange(n))
+    torch_backend.write_kv(k, v, k_cache, v_cache, torch.arange(n))
     assert torch.equal(k_cache.view(-1, N_KV, HD)[:n], k.bfloat16())
-    out = torch_attention.prefill_attention(q, k_cache, v_cache, torch.arange(3), n, HD ** -0.5)
-    kr, vr = k.bfloat16().double(), v.bfloat16().double()
-    group = HEADS // N_KV
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kr.repeat_interleave(group, 1)) * HD ** -0.5
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    ref = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vr.repeat_interleave(group, 1))
+    out = torch_backend.prefill_attention(q, k_cache, v_cache, torch.arange(3), n, HD ** -0.5)
+    ref = reference.attention(q, k.bfloat16(), v.bfloat16(), HD ** -0.5, first_pos=0)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-6, msg=lambda m: f"seed {seed}: {m}")
 
 
@@ -186,7 +173,7 @@ def test_long_rows_are_read_in_place_and_short_ones_bucketed(monkeypatch):
     monkeypatch.setattr(torch_decode, "gathered_attention", spy)
     q = torch.randn(len(lens), HEADS, HD, generator=gen)
     out = run(q, cache, tables, lens, HD ** -0.5, None)
-    torch.testing.assert_close(out.double(), reference(q, cache, tables, lens, HD ** -0.5), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(out.double(), float64_ref(q, cache, tables, lens, HD ** -0.5), atol=2e-6, rtol=2e-6)
     flat = sorted(n for bucket in copied for n in bucket)
     assert flat == sorted(n for n in lens if n <= limit)
     for bucket in copied:

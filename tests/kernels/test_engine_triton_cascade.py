@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_engine_triton_path import TINY
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels import triton as tk
@@ -16,7 +18,6 @@ from kvloop.engine.model.random_weights import random_weights
 from kvloop.engine.runner.cascade_plan import CascadePlan
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
-from test_engine_triton_path import TINY
 
 SYSTEM = list(range(40, 60))  # 20 tokens: one full shared block, then the documents start mid-block
 DOC_A = [(7 * i) % 90 + 3 for i in range(40)]

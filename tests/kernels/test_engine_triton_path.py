@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels import triton as tk

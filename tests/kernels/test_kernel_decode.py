@@ -8,12 +8,13 @@ import torch
 from kernel_ref import (
     DTYPES,
     assert_close,
-    attention_ref,
     make_paged,
     new_generator,
     poisoned_alloc,
     strided_rows,
 )
+
+from kvloop.engine.kernels import reference
 from kvloop.engine.kernels import triton as tk
 from kvloop.engine.kernels.triton.decode import choose_splits, plan_splits, tile_tokens
 
@@ -55,7 +56,7 @@ def test_decode_matches_reference(dtype_name, block_size, group, head_dim, split
         assert planned == splits, "the forced split count must take effect for this case to mean anything"
     launches("decode_merge", times=int(planned > 1))  # the split path really ran (or really did not)
 
-    ref = torch.cat([attention_ref(q[b : b + 1], paged.keys[b], paged.values[b], scale, None) for b in range(len(lens))])
+    ref = torch.cat([reference.attention(q[b : b + 1], paged.keys[b], paged.values[b], scale, None) for b in range(len(lens))])
     assert_close(out, ref, dtype, seed)
 
 
@@ -80,5 +81,5 @@ def test_decode_empty_context_gives_zeros(splits, launches):
         )
     launches("decode")
     assert torch.equal(out[0], torch.zeros_like(out[0])), f"seed {seed}"
-    ref = attention_ref(q[1:], paged.keys[1], paged.values[1], 0.125, None)
+    ref = reference.attention(q[1:], paged.keys[1], paged.values[1], 0.125, None)
     assert_close(out[1:], ref, torch.float16, seed)

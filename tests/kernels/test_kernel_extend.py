@@ -8,12 +8,13 @@ import torch
 from kernel_ref import (
     DTYPES,
     assert_close,
-    attention_ref,
     make_paged,
     new_generator,
     poisoned_alloc,
     strided_rows,
 )
+
+from kvloop.engine.kernels import reference
 from kvloop.engine.kernels import triton as tk
 
 N_KV = 2
@@ -42,7 +43,7 @@ def _run(dtype_name, block_size, group, head_dim, seqs):
             q, paged.k_cache, paged.v_cache, paged.block_tables, qsl, torch.tensor(seq_lens, dtype=torch.int32), scale
         )
     refs = [
-        attention_ref(q[qsl[s] : qsl[s + 1]], paged.keys[s], paged.values[s], scale, first_pos=prefix)
+        reference.attention(q[qsl[s] : qsl[s + 1]], paged.keys[s], paged.values[s], scale, first_pos=prefix)
         for s, (prefix, _) in enumerate(seqs)
     ]
     return out, torch.cat(refs), dtype, seed, paged, q, scale

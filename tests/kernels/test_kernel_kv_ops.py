@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_ref import DTYPES, new_generator, strided_rows
+
 from kvloop.engine.kernels import triton as tk
 
 NAN = float("nan")

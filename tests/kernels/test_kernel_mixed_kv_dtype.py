@@ -9,13 +9,14 @@ import torch
 from kernel_ref import (
     DTYPES,
     assert_close,
-    attention_ref,
     cascade_ref,
     make_cascade_paged,
     make_paged,
     new_generator,
     poisoned_alloc,
 )
+
+from kvloop.engine.kernels import reference
 from kvloop.engine.kernels import triton as tk
 
 S = tk.CascadeSegment
@@ -31,7 +32,7 @@ def test_decode_and_cascade_fp32_queries(kv, launches):
     paged = make_cascade_paged(lens, segments, 16, N_KV, HD, DTYPES[kv], gen)
     q = torch.randn(len(lens), N_KV * GROUP, HD, generator=gen)
     ctx = torch.tensor(lens, dtype=torch.int32)
-    ref = cascade_ref(q, paged, HD**-0.5).float()
+    ref = cascade_ref(q, paged, HD**-0.5)
     with poisoned_alloc():
         plain = tk.paged_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, HD**-0.5,
                                           num_splits=2)
@@ -53,8 +54,8 @@ def test_extend_fp32_queries(kv, launches):
         out = tk.paged_extend_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, qsl,
                                         torch.tensor([29, 17], dtype=torch.int32), HD**-0.5)
     launches("extend")
-    ref = torch.cat([attention_ref(q[:9], paged.keys[0], paged.values[0], HD**-0.5, 20),
-                     attention_ref(q[9:], paged.keys[1], paged.values[1], HD**-0.5, 0)])
+    ref = torch.cat([reference.attention(q[:9], paged.keys[0], paged.values[0], HD**-0.5, 20),
+                     reference.attention(q[9:], paged.keys[1], paged.values[1], HD**-0.5, 0)])
     assert_close(out, ref, torch.float32, seed)
 
 

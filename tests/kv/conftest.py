@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig

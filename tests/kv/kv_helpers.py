@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
 from kvloop.engine.kv.hashing import chain_hashes
 from kvloop.engine.sampling import SamplingParams
@@ -99,3 +100,19 @@ class FakeMover:
                 end = min((i + 1) * bs, seq.num_computed_tokens)
                 if end > i * bs:
                     assert self.device.get(block) == tuple(seq.token_ids[:end]), f"{seq.request_id}: block {i} wrong"
+
+
+def manager_state(kv) -> object:
+    """The KV manager's whole state in plain, order-sensitive form (LRU order and CLOCK hands count), for
+    checking that a read changed nothing. The mover and the memo of block keys are left out."""
+
+    def plain(x):
+        if isinstance(x, dict):
+            return [(k, plain(v)) for k, v in x.items()]
+        if isinstance(x, (list, tuple, deque)):
+            return [plain(v) for v in x]
+        if hasattr(x, "__dict__"):
+            return (type(x).__name__, plain(vars(x)))
+        return x
+
+    return plain({k: v for k, v in vars(kv).items() if k not in ("mover", "_keys", "config")})

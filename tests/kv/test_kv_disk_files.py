@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from kv_helpers import greedy
+
 from kvloop.engine.kv import disk_format as fmt
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager

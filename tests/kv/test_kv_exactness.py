@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kv_helpers import run, tokens
+
 from kvloop.engine.kv import disk_format as fmt
 from kvloop.engine.kv.hashing import chain_hashes
 
@@ -100,5 +101,5 @@ def test_multi_turn_chat_is_token_identical(make_engine):
     assert set(chat.cached[1]) == {"host"}  # turn 2: the history came back from host memory
     assert set(chat.cached[2]) == {"device", "host"}  # turn 3: turn 1 passed the gate (2 requests)
     snap = engine.snapshot()  # the counters the metrics and the control block read
-    assert snap["kv_hit_tokens_host"] > 0 and snap["kv_hit_tokens_device"] > 0 and snap["kv_demotions_host"] > 0
-    assert snap["kv_query_tokens"] == sum(64 + 24 * (t + 1) + 8 * t for t in range(3))
+    assert snap.prefix_hits("host") > 0 and snap.prefix_hits("device") > 0 and snap.kv_stats.demotions_host > 0
+    assert snap.prefix_queries("device") == sum(64 + 24 * (t + 1) + 8 * t for t in range(3))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kv_helpers import FakeMover
+
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.eviction import LRU, GClock
 from kvloop.engine.kv.ghost import GhostTable

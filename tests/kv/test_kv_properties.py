@@ -12,7 +12,8 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kv_helpers import FakeMover
+from kv_helpers import FakeMover, manager_state
+
 from kvloop.engine.kv.config import MODES, KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
@@ -54,9 +55,13 @@ class KVMachine(RuleBasedStateMachine):
     def admit(self, pick, chunk):
         seq = self.waiting.pop(pick % len(self.waiting))
         if seq.num_computed_tokens == 0 and not seq.block_table:
+            before = manager_state(self.kv)
+            match = self.kv.peek_prefix(seq)
+            assert manager_state(self.kv) == before, "peek_prefix changed the manager"
             hit = self.kv.lookup_prefix(seq)
             assert hit < seq.num_tokens and hit % BS == 0
             assert seq.num_computed_tokens == seq.num_cached_tokens == hit
+            self._check_peek(match, hit, seq.cached_tokens_by_tier)
         if not self._advance(seq, chunk):
             self.waiting.append(seq)  # waits (it may keep its prefix blocks, as the scheduler allows)
             return
@@ -78,6 +83,27 @@ class KVMachine(RuleBasedStateMachine):
         self.kv.release(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = 0
         self.waiting.append(seq)
+
+    @staticmethod
+    def _check_peek(match, hit: int, by_tier: dict[str, int]) -> None:
+        """lookup_prefix attaches what peek_prefix saw, except where a promotion's own block take moved
+        copies down the tiers (an evicted device block demoted, a host copy pushed to disk) or failed (no
+        room, a bad disk file): then blocks come from lower tiers, or fewer are attached. A device-only
+        match takes no block, so it is attached exactly."""
+        assert hit <= match.tokens
+        if not hit:
+            return  # a miss leaves seq.cached_tokens_by_tier as it was
+        assert sum(by_tier.values()) == hit
+        if set(match.tiers) == {"device"}:
+            assert by_tier == match.tokens_by_tier
+        peeked = match.tokens_by_tier
+        for top in (1, 2, 3):  # copies only move down: at each level, no more attached from above than seen
+            upper = ("device", "host", "disk")[:top]
+            assert sum(by_tier.get(t, 0) for t in upper) <= sum(peeked.get(t, 0) for t in upper)
+        if by_tier == peeked:
+            STATS.update(f"peek_agreed_{tier}" for tier in set(match.tiers))
+        else:
+            STATS["peek_moved_or_fell_short"] += 1
 
     def _advance(self, seq: Sequence, chunk: int) -> bool:
         n = min(chunk, seq.num_uncomputed_tokens)
@@ -195,5 +221,6 @@ def test_long_runs_exercised_every_path():
         test_long_random_runs()
     for key in ("hit_tokens_device", "hit_tokens_host", "hit_tokens_disk", "evictions", "host_evictions",
                 "demotions_host", "demotions_disk", "promotions_host", "promotions_disk", "swaps_out", "swaps_in",
-                "disk_bad_files", "disk_writes_dropped", "admissions_refused", "eviction_regret"):
+                "disk_bad_files", "disk_writes_dropped", "admissions_refused", "eviction_regret",
+                "peek_agreed_device", "peek_agreed_host", "peek_agreed_disk"):
         assert STATS[key] > 0, f"the random runs never exercised {key}: {dict(STATS)}"

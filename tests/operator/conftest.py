@@ -56,6 +56,7 @@ class OperatorRunner:
 
     async def start(self) -> None:
         import kopf
+
         from kvloop.operator.handlers import OperatorConfig, build_registry, configure
         from kvloop.operator.kube import KubeConfig
 

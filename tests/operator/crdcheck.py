@@ -15,6 +15,7 @@ import celpy
 import jsonschema
 import yaml
 from celpy import celtypes
+
 from kvloop.operator.limits import is_quantity, parse_quantity
 
 ROOT = Path(__file__).resolve().parents[2]

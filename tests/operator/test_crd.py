@@ -10,6 +10,8 @@ import celpy
 import pytest
 import yaml
 from crdcheck import ROOT, all_rules, compile_rule, load_crd, openapi_schema, validate
+
+from kvloop.engine.scheduler.policy import DEFAULT_POLICY, policy_names
 from kvloop.operator.crd import render_yaml
 from kvloop.operator.limits import is_quantity, parse_quantity
 from kvloop.operator.spec import DEFAULTS
@@ -22,6 +24,15 @@ def test_crd_files_match_generator():
     text = render_yaml()
     assert (ROOT / "manifests" / "base" / "crd.yaml").read_text() == text, "run python -m kvloop.operator.crd"
     assert CHART_CRD.read_text() == text, "charts/kvloop/crds/ is out of date"
+
+
+def test_scheduler_mode_enum_is_the_policy_registry():
+    """The CRD files (rendered by kvloop.operator.crd, checked above) offer exactly the engine's policies."""
+    for crd in (load_crd(), load_crd(CHART_CRD)):
+        engine = openapi_schema(crd)["properties"]["spec"]["properties"]["engine"]["properties"]
+        mode = engine["scheduler"]["properties"]["mode"]
+        assert mode["enum"] == list(policy_names())
+        assert mode["default"] == DEFAULT_POLICY == DEFAULTS["engine"]["scheduler"]["mode"]
 
 
 def test_crd_shape():

@@ -9,6 +9,7 @@ import json
 import kmock
 import pytest
 from conftest import OperatorRunner, eventually
+
 from kvloop.operator import constants as C
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crdcheck import ROOT
+
 from kvloop.operator.render import render_children
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import kmock
 import pytest
 from conftest import eventually
-from kvloop.operator import constants as C
 from test_e2e import BASE, CR, NAME, NS, cond, create, obj, raw, status_of
+
+from kvloop.operator import constants as C
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

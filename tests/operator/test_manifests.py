@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crdcheck import ROOT, validate
+
 from kvloop.operator.render import render_children
 
 CHART = ROOT / "charts" / "kvloop"

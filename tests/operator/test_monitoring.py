@@ -187,10 +187,11 @@ def test_feedback_alerts_ignore_pods_with_feedback_off():
 
 
 def test_sidecar_in_mode_off_exports_the_mode_the_alerts_gate_on(tmp_path):
+    from prometheus_client import generate_latest
+
     from kvloop.sidecar.coordinator import Coordinator
     from kvloop.sidecar.metrics import build_registry
     from kvloop.sidecar.settings import SettingsWatcher
-    from prometheus_client import generate_latest
 
     coord = Coordinator(SettingsWatcher(None, overrides={"mode": "off"}), control_path=str(tmp_path / "c.bin"))
     text = generate_latest(build_registry(coord)).decode()
@@ -199,9 +200,10 @@ def test_sidecar_in_mode_off_exports_the_mode_the_alerts_gate_on(tmp_path):
 
 
 def test_engine_metrics_carry_the_served_name():
+    from prometheus_client import generate_latest
+
     from kvloop.engine.server.launch import metrics_model_name
     from kvloop.engine.server.metrics import EngineMetrics
-    from prometheus_client import generate_latest
 
     assert metrics_model_name("SmolLM2 135M Instruct", ["smollm2-135m", "default"]) == "smollm2-135m"
     assert metrics_model_name("SmolLM2 135M Instruct", None) == "SmolLM2 135M Instruct"

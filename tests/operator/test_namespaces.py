@@ -7,10 +7,11 @@ import contextlib
 
 import pytest
 from conftest import eventually
-from kvloop.operator import constants as C
-from kvloop.operator.main import has_patterns, parse_args, run
 from test_cli_variants import write_kubeconfig
 from test_e2e import obj
+
+from kvloop.operator import constants as C
+from kvloop.operator.main import has_patterns, parse_args, run
 
 ASYNC = pytest.mark.asyncio(loop_scope="session")
 

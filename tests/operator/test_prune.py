@@ -5,10 +5,11 @@ from __future__ import annotations
 import kmock
 import pytest
 from conftest import eventually
+from test_e2e import BASE, CR, NAME, NS, cr_body, create, obj, patch, raw, status_of
+
 from kvloop.operator import constants as C
 from kvloop.operator.kube import PLURALS
 from kvloop.operator.render import OWNED_KINDS, render_children
-from test_e2e import BASE, CR, NAME, NS, cr_body, create, obj, patch, raw, status_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

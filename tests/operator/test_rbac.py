@@ -15,12 +15,13 @@ import kmock
 import pytest
 import yaml
 from conftest import ROOT, eventually
-from kvloop.operator import constants as C
-from kvloop.operator.render import render_children
 from test_cli_variants import PEERINGS
 from test_e2e import BASE, CR, NAME, cr_body, obj, status_of
 from test_namespaces import operator_cli
 from test_prune import POOLS
+
+from kvloop.operator import constants as C
+from kvloop.operator.render import render_children
 
 CHART = ROOT / "charts" / "kvloop"
 TEST_AGENT = {"User-Agent": "kvloop-test"}  # the test's own requests, told apart from the operator's

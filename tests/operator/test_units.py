@@ -11,6 +11,7 @@ import sys
 import aiohttp
 import pytest
 from conftest import eventually
+
 from kvloop.operator import constants as C
 from kvloop.operator.kube import KubeConfig, is_subset
 from kvloop.operator.render import render_children

@@ -19,7 +19,8 @@ def test_wheel_contains_the_mapped_packages(tmp_path):
     wheel = next(tmp_path.glob("kvloop-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("kvloop/engine/__init__.py", "kvloop/engine/model/llama.py", "kvloop/engine/scheduler/scheduler.py",
-                   "kvloop/sidecar/__init__.py", "kvloop/operator/__init__.py"):
+                   "kvloop/sidecar/__init__.py", "kvloop/operator/__init__.py",
+                   "kvloop/engine/kernels/cpu/csrc/paged_decode.cpp", "kvloop/engine/kernels/cpu/csrc/simd.h"):
         assert module in names
     assert not any(n.startswith(("operator/", "engine/", "sidecar/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

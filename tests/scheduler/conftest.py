@@ -1,26 +1,9 @@
-"""Session-scoped model fixtures (the pattern of tests/engine/conftest.py): the embedded checkpoint is
-loaded once; fp32 for exactness tests. Pure-Python tests here never touch them."""
+"""An fp32 engine over the suite's shared session model (tests/conftest.py: checkpoint, fp32_model), for
+the real-model scheduler tests. Pure-Python tests here never touch it."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def checkpoint():
-    from kvloop.engine.model.checkpoint import load_checkpoint
-    from kvloop.engine.model.locate import embedded_model_path
-
-    return load_checkpoint(embedded_model_path(), progress=False)
-
-
-@pytest.fixture(scope="session")
-def fp32_model(checkpoint):
-    import torch
-    from kvloop.engine.model.llama import LlamaModel
-
-    torch.set_num_threads(1)
-    return LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import random
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.batch import StepResult
 from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
 from kvloop.engine.scheduler.sequence import Sequence
 
@@ -48,17 +49,9 @@ def next_token(seq: Sequence) -> int:
 def step(s: Scheduler) -> list[Sequence]:
     """One engine step without a model; returns the sequences finished (length) this step."""
     batch = s.schedule()
-    done = []
-    for item in batch.items:
-        seq = item.seq
-        assert item.start == seq.num_computed_tokens
-        seq.num_computed_tokens = item.start + item.num_tokens
-        if item.samples:
-            seq.token_ids.append(next_token(seq))
-            if seq.num_output_tokens >= seq.params.max_tokens:
-                s.finish(seq, "length")
-                done.append(seq)
-    return done
+    assert all(item.start == item.seq.num_computed_tokens for item in batch.items)
+    result = StepResult({item.seq.request_id: next_token(item.seq) for item in batch.items if item.samples})
+    return [x.seq for x in s.update_from_output(batch, result) if x.finish_reason == "length"]
 
 
 def run_all(s: Scheduler, max_steps: int = 5000, clock: FakeClock | None = None, dt: float = 0.01) -> int:

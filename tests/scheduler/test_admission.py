@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from sched_helpers import kv_config, make, req, run_all, toks
+
 from kvloop.engine.control.hook import apply_targets
 from kvloop.engine.control.records import Targets
-from sched_helpers import kv_config, make, req, run_all, toks
 
 DOC = toks(1, 64)  # 16 blocks of 4 tokens
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvloop.engine.bench.sizing import Sizing, mode_configs
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.runner.cascade_plan import build_plan

@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from kvloop.engine.scheduler.scheduler import RequestRejected
 from sched_helpers import FakeClock, kv_config, make, req, step, toks
+
+from kvloop.engine.scheduler.scheduler import RequestRejected
 
 DOCS = [toks(50 + d, 48) for d in range(3)]
 

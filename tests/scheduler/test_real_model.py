@@ -4,9 +4,10 @@ tokens of an unpreempted run; static mode's out-of-memory events reach the calle
 from __future__ import annotations
 
 import pytest
+from sched_helpers import toks
+
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.sampling import SamplingParams
-from sched_helpers import toks
 
 N = 10
 PROMPTS = [toks(i, 40) for i in range(3)]  # 3 blocks of 16; the 9th output token needs a 4th
@@ -40,7 +41,7 @@ def test_forced_preemption_gives_the_same_tokens(make_engine, reference, kind):
     assert eng.scheduler.preempt(victim) == kind
     final.update(eng.drain(max_steps=200))
     assert {k: v.token_ids for k, v in final.items()} == reference
-    assert eng.snapshot()["num_preemptions_by_kind"][kind] == 1
+    assert eng.snapshot().num_preemptions_by_kind[kind] == 1
     eng.scheduler.check_integrity()
 
 
@@ -53,7 +54,7 @@ def test_preemption_under_a_small_pool_gives_the_same_tokens(make_engine, refere
         eng.add_request(f"r{i}", p, greedy())
     final = eng.drain(max_steps=400)
     assert {k: v.token_ids for k, v in final.items()} == reference
-    by_kind = eng.snapshot()["num_preemptions_by_kind"]
+    by_kind = eng.snapshot().num_preemptions_by_kind
     assert by_kind["swap" if host else "recompute"] > 0
     assert eng.kv.num_referenced_blocks == 0
 
@@ -68,4 +69,4 @@ def test_static_oom_events_fail_requests_with_an_error(make_engine):
     err = next(o for o in final.values() if o.finish_reason == "error")
     assert "out of memory" in err.error
     snap = eng.snapshot()
-    assert snap["num_oom_events"] == 1 and snap["scheduler_mode"] == "static" and snap["kv_mode"] == "continuous"
+    assert snap.num_oom_events == 1 and snap.scheduler_mode == "static" and snap.kv_mode == "continuous"

@@ -4,9 +4,11 @@ waiting queue (pure Python)."""
 from __future__ import annotations
 
 import pytest
-from kvloop.engine.config import EngineConfig
-from kvloop.engine.scheduler.scheduler import RequestRejected
 from sched_helpers import FakeClock, kv_config, make, req, run_all, step, toks
+
+from kvloop.engine.config import EngineConfig
+from kvloop.engine.scheduler.policy import get_policy, policy_names
+from kvloop.engine.scheduler.scheduler import RequestRejected
 
 
 def _static(clock: FakeClock, num_blocks: int = 64, **kw):
@@ -93,8 +95,8 @@ def test_request_larger_than_the_pool_is_rejected_not_left_to_hang():
     assert err.value.reason == "too_long"
 
 
-@pytest.mark.parametrize("mode", ["static", "continuous", "continuous+lru", "codesign"])
+@pytest.mark.parametrize("mode", policy_names())
 def test_engine_mode_sets_scheduler_and_kv(mode):
     cfg = EngineConfig(mode=mode)
     assert cfg.scheduler.mode == mode
-    assert cfg.kv.mode == ("continuous" if mode == "static" else mode)
+    assert cfg.kv.mode == get_policy(mode).cache.name  # static: over the no-cache `continuous` cache policy

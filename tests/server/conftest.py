@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import httpx
 import pytest
 import torch
+
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.launch import build_server
+from kvloop.engine.snapshot import EngineSnapshot
 
 torch.set_num_threads(1)
 
@@ -33,12 +35,12 @@ class LiveServer:
     async_engine: AsyncEngine
     app: object
 
-    def wait_idle(self, timeout: float = 20.0) -> dict:
+    def wait_idle(self, timeout: float = 20.0) -> EngineSnapshot:
         """Until nothing is in flight and the engine holds no request; returns the last snapshot."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            snap = self.in_engine(lambda e: {**e.snapshot(), "unfinished": e.has_unfinished()})
-            if self.async_engine.num_in_flight == 0 and not snap["unfinished"]:
+            snap, unfinished = self.in_engine(lambda e: (e.snapshot(), e.has_unfinished()))
+            if self.async_engine.num_in_flight == 0 and not unfinished:
                 return snap
             time.sleep(0.05)
         raise AssertionError(f"engine not idle after {timeout} s: {self.async_engine.snapshot()}")

@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+
 from kvloop.engine.server.async_engine import EXIT_ENGINE_DEAD
 
 SERVER = """

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from kvloop.engine.server.metrics import build_registry
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvloop.engine.server.metrics import build_registry
 
 VLLM = ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
         "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
         "vllm:request_queue_time_seconds", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"]
 KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
-          "kvloop:prefix_cache_queries", "kvloop:prefix_cache_hits", "kvloop:num_preemptions",
-          "kvloop:requests_rejected", "kvloop:oom_events", "kvloop:time_to_first_token_seconds",
+          "kvloop:prefix_cache_queries", "kvloop:prefix_cache_hits", "kvloop:prefix_cache_tier_queries",
+          "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events", "kvloop:time_to_first_token_seconds",
           "kvloop:inter_token_latency_seconds", "kvloop:e2e_request_latency_seconds",
           "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
           "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
@@ -64,20 +65,26 @@ def test_build_registry_lists_every_name():
     assert set(VLLM + KVLOOP) <= names
 
 
-def test_metrics_read_kv_manager_and_future_keys():
-    """The KV manager's kv_* keys, and dict-shaped keys other components may add, feed the same families."""
+def test_metrics_read_the_engine_snapshot():
+    """Every engine-state family comes from one typed field of the engine snapshot."""
+    from kvloop.engine.kv.stats import KVStats
     from kvloop.engine.server.metrics import EngineMetrics
+    from kvloop.engine.snapshot import EngineSnapshot
 
-    snap = {"num_waiting": 2, "kv_usage": 0.5, "kv_host_blocks_used": 16, "kv_host_blocks_total": 64,
-            "kv_query_tokens": 100, "kv_hit_tokens_device": 40, "kv_hit_tokens_host": 10, "kv_hit_tokens_disk": 0,
-            "num_preemptions_by_kind": {"swap": 1, "recompute": 2}, "kv_watermark": 0.3, "kv_evictions": 7,
-            "kv_demotions_host": 4, "kv_promotions_disk": 2, "kv_admissions_refused": 5, "kv_eviction_regret": 1,
-            "kv_mode": "codesign"}
+    stats = KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=50, hit_tokens_device=40,
+                    hit_tokens_host=10, evictions=7, demotions_host=4, promotions_disk=2, admissions_refused=5,
+                    eviction_regret=1)
+    snap = EngineSnapshot(num_waiting=2, kv_usage=0.5, kv_host_blocks_used=16, kv_host_blocks_total=64,
+                          num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2}, watermark=0.3,
+                          kv_mode="codesign", step_failures=1, kv_stats=stats)
     reg = EngineMetrics("m", lambda: snap).registry
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
     assert value(fams["vllm:prefix_cache_queries"]) == 100
     assert value(fams["vllm:prefix_cache_hits"]) == 50
     assert value(fams["kvloop:prefix_cache_hits"], tier="host") == 10
+    assert value(fams["kvloop:prefix_cache_tier_queries"], tier="host") == 60
+    assert value(fams["kvloop:prefix_cache_tier_queries"], tier="disk") == 50
+    assert value(fams["kvloop:step_failures"]) == 1
     assert value(fams["vllm:num_preemptions"]) == 3
     assert value(fams["kvloop:num_preemptions"], kind="swap") == 1
     assert value(fams["kvloop:kv_cache_usage_perc"], tier="host") == 0.25

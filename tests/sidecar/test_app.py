@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+
 from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.records import Targets
+from kvloop.engine.snapshot import EngineSnapshot
 from kvloop.sidecar.app import build_app
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.metrics import build_registry
@@ -21,7 +23,7 @@ def test_registry_lists_names_without_a_coordinator():
 def test_endpoints(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
     coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
-    engine.publish({"num_waiting": 0, "num_running": 1, "kv_usage": 0.1, "batch_cap": 8, "kv_watermark": 0.25})
+    engine.publish(EngineSnapshot(num_waiting=0, num_running=1, kv_usage=0.1, batch_cap=8, watermark=0.25))
     coord.sample()
     coord.tick()
     client = TestClient(build_app(coord))

@@ -4,15 +4,18 @@ stale snapshots, starting over on a new engine start id, decisions recorded with
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
+
 from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.records import Targets
+from kvloop.engine.kv.stats import KVStats
+from kvloop.engine.snapshot import EngineSnapshot
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.settings import SettingsWatcher
 
-HEAVY = {"num_waiting": 20, "num_running": 8, "batch_cap": 8, "kv_usage": 0.5,
-         "prefix_queries_device": 0, "prefix_hits_device": 0}
+HEAVY = EngineSnapshot(num_waiting=20, num_running=8, batch_cap=8, kv_usage=0.5)
 
 
 class Clock:
@@ -43,8 +46,10 @@ def period(engine, coord, clock, snap, hits=(0, 0)):
     twice and ticks."""
     queries, hit = hits
     for _ in range(2):
-        snap = {**snap, "num_running": coord.law.batch_cap, "prefix_queries_device": snap["prefix_queries_device"] + queries // 2,
-                "prefix_hits_device": snap["prefix_hits_device"] + hit // 2}
+        st = snap.kv_stats
+        snap = replace(snap, num_running=coord.law.batch_cap,
+                       kv_stats=KVStats(query_tokens_device=st.query_tokens_device + queries // 2,
+                                        hit_tokens_device=st.hit_tokens_device + hit // 2))
         engine.publish(snap)
         coord.sample()
         clock.t += 0.5
@@ -132,7 +137,42 @@ def test_settings_change_reclamps(setup, tmp_path):
 def test_initial_targets_from_the_engine_when_settings_have_none(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
     coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
-    engine.publish({"batch_cap": 100, "kv_watermark": 0.45})
+    engine.publish(EngineSnapshot(batch_cap=100, watermark=0.45))
     coord.sample()
     assert coord.law.batch_cap == 64 and coord.law.watermark == 0.45  # clamped into the default bounds
     assert [d["reason"] for d in coord.status()["decisions"]] == ["engine_start"] * 2
+
+
+def test_a_block_of_another_layout_version_is_refused_and_reported(tmp_path):
+    import struct
+
+    from kvloop.engine.control import layout as L
+
+    path = tmp_path / "c.bin"
+    ControlLink(path, Targets(8, 0.3)).close()
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 8, L.LAYOUT_VERSION + 1)  # an engine of a newer layout
+    path.write_bytes(bytes(data))
+    coord = Coordinator(SettingsWatcher(None), control_path=str(path))
+    assert coord.sample() is None and coord.stale_reads == 1
+    error = coord.status()["control_error"]
+    assert f"layout version {L.LAYOUT_VERSION + 1}" in error and f"reads version {L.LAYOUT_VERSION}" in error
+
+
+def test_observation_per_tier_hit_rates_and_finished_work():
+    from kvloop.engine.control.records import control_record
+    from kvloop.sidecar.observe import PeriodWindow
+
+    def record(queries: tuple[int, int, int], hits: tuple[int, int, int], finished: int, generated: int):
+        stats = KVStats(**{f"query_tokens_{t}": q for t, q in zip(("device", "host", "disk"), queries, strict=True)},
+                        **{f"hit_tokens_{t}": h for t, h in zip(("device", "host", "disk"), hits, strict=True)})
+        snap = EngineSnapshot(requests_finished=finished, tokens_generated=generated, kv_stats=stats)
+        return control_record(snap, float("nan"), float("nan"))
+
+    window = PeriodWindow(record((100, 80, 40), (20, 40, 10), 1, 10))
+    window.add(record((1100, 680, 340), (420, 340, 160), 5, 90))
+    obs = window.observation()
+    # 1000 tokens looked up; the device served 400 of them, the host 300 of the 600 asked of it, the disk
+    # 150 of the 300 asked of it
+    assert obs.hit_rate == 0.85 and obs.tier_hit_rates == {"device": 0.4, "host": 0.5, "disk": 0.5}
+    assert (obs.requests_finished, obs.tokens_generated) == (4, 80)

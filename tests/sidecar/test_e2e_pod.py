@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from kvloop.engine.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from kvloop.sidecar.law import ControlLaw, Observation
 from kvloop.sidecar.settings import Bounds, Settings
 

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import yaml
+
 from kvloop.sidecar.settings import SettingsError, SettingsWatcher, load_settings, parse_settings
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from kvloop.engine.bench import workloads as bw
 from kvloop.engine.sim.modes import Sizing
 from kvloop.engine.sim.profiles import get_profile

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.modes import Sizing
@@ -26,18 +27,10 @@ DOC = toks(1, 2000)
 
 
 def _advance(sim: Simulator) -> list:
-    """One scheduled step, priced by the simulator's runner, with the engine's bookkeeping."""
+    """One scheduled step, priced by the simulator's runner, with the scheduler's bookkeeping."""
     s = sim.scheduler
     batch = s.schedule()
-    result = sim.runner.execute(batch)
-    for item in batch.items:
-        seq = item.seq
-        seq.num_computed_tokens = item.start + item.num_tokens
-        if id(seq) in result.tokens:
-            seq.token_ids.append(result.tokens[id(seq)])
-            seq.first_token_time = seq.first_token_time or 1.0
-            if seq.num_output_tokens >= seq.params.max_tokens:
-                s.finish(seq, "length")
+    s.update_from_output(batch, sim.runner.execute(batch), now=1.0)
     return batch.items
 
 

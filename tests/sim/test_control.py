@@ -4,6 +4,7 @@ scheduler and KV manager."""
 from dataclasses import replace
 
 import pytest
+
 from kvloop.engine.bench import workloads as bw
 from kvloop.sidecar.settings import Bounds, Settings
 

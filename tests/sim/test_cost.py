@@ -1,6 +1,7 @@
 """Cost-model arithmetic against hand-computed rooflines."""
 
 import pytest
+
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.sim.cost import (
     CostModel,

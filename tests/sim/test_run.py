@@ -5,6 +5,7 @@ gives exactly the step-by-step results."""
 import json
 
 import pytest
+
 from kvloop.engine.bench import workloads as bw
 from kvloop.engine.sim.modes import MODES
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from kvloop.engine.structured.spec import GrammarSpec
 
 torch.set_num_threads(1)

@@ -8,6 +8,7 @@ import json
 import jsonschema
 import pytest
 from conftest import PERSON, PERSON_SPEC
+
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.sampling import SamplingParams
 
@@ -79,7 +80,7 @@ def test_grammar_state_survives_preemption(make_engine, tokenizer, alone, kind):
     assert eng.scheduler.preempt(victim) == kind
     final.update(eng.drain(max_steps=300))
     assert final["g"].token_ids == alone.token_ids and final["g"].finish_reason == "stop"
-    assert eng.snapshot()["num_preemptions_by_kind"][kind] == 1
+    assert eng.snapshot().num_preemptions_by_kind[kind] == 1
     check_done(eng)
 
 

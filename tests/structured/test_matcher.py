@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from conftest import PERSON_SPEC
+
 from kvloop.engine.structured.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask
 from kvloop.engine.structured.compiler import GrammarError
 from kvloop.engine.structured.matcher import GrammarMatcher, GrammarStateError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from kvloop.engine.structured.spec import ANY_OBJECT, MAX_SCHEMA_CHARS, GrammarSpec, parse_response_format
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from kvloop.engine.snapshot import EngineSnapshot
+
 
 @dataclass
 class Event:
@@ -23,7 +25,7 @@ class Event:
 
 class Target:
     """submit() starts a request; poll() makes progress and returns what happened, waiting at most
-    `timeout` seconds when nothing is ready; snapshot() returns server counters (or None)."""
+    `timeout` seconds when nothing is ready; snapshot() returns the server's engine snapshot (or None)."""
 
     name = "target"
 
@@ -40,7 +42,7 @@ class Target:
         """Nothing submitted is unfinished."""
         raise NotImplementedError
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> EngineSnapshot | None:
         return None
 
     def info(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from kvloop.engine.bench.targets.base import Event, Target
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 class EngineTarget(Target):
@@ -47,7 +48,7 @@ class EngineTarget(Target):
     def idle(self) -> bool:
         return not self._live and not self._pending
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> EngineSnapshot:
         return self.engine.snapshot()
 
     def info(self) -> dict:

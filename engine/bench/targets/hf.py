@@ -14,8 +14,9 @@ def load_embedded(dtype: str = "float32"):
     import os
 
     import torch
-    from kvloop.engine.model.locate import embedded_model_path
     from transformers import AutoModelForCausalLM
+
+    from kvloop.engine.model.locate import embedded_model_path
 
     path = str(embedded_model_path())
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),

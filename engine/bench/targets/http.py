@@ -13,9 +13,13 @@ import threading
 import time
 
 import httpx
+
 from kvloop.engine.bench.targets.base import Event, Target
+from kvloop.engine.kv.stats import TIERS, KVStats
+from kvloop.engine.snapshot import EngineSnapshot
 
 _METRIC = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaINF]+)$')
+_LABEL = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"')
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -25,30 +29,38 @@ def parse_prometheus(text: str) -> dict[str, float]:
         m = _METRIC.match(line.strip())
         if not m:
             continue
-        labels = re.sub(r'model_name="[^"]*",?', "", m.group(2) or "").replace("{}", "")
+        pairs = [p for p in _LABEL.findall(m.group(2) or "") if not p.startswith("model_name=")]
         try:
-            out[m.group(1) + labels] = float(m.group(3))
+            out[m.group(1) + ("{" + ",".join(pairs) + "}" if pairs else "")] = float(m.group(3))
         except ValueError:
             pass
     return out
 
 
-def kvloop_snapshot(metrics: dict[str, float]) -> dict:
-    """Maps kvloop's /metrics families onto the engine snapshot keys the metrics module reads."""
-    snap: dict = {}
-    pairs = {"num_waiting": "kvloop:num_requests_waiting", "num_running": "kvloop:num_requests_running",
-             "kv_query_tokens": "kvloop:prefix_cache_queries_total", "num_preemptions": "vllm:num_preemptions_total",
-             "num_oom_events": "kvloop:oom_events_total", "kv_usage": "vllm:kv_cache_usage_perc"}
-    for key, name in pairs.items():
-        for n in (name, name.removesuffix("_total")):
+def kvloop_snapshot(metrics: dict[str, float]) -> EngineSnapshot | None:
+    """The engine snapshot as far as a kvloop server's /metrics tells it (what the benchmark reads); None
+    for servers that are not kvloop (their families differ, and a made-up zero is worse than none)."""
+    if "kvloop:num_requests_waiting" not in metrics:
+        return None
+
+    def get(name: str, labels: str = "") -> float:
+        for n in (f"{name}_total{labels}", f"{name}{labels}"):  # counters carry _total
             if n in metrics:
-                snap[key] = metrics[n]
-                break
-    for tier in ("device", "host", "disk"):
-        for n in (f'kvloop:prefix_cache_hits_total{{tier="{tier}"}}', f'kvloop:prefix_cache_hits{{tier="{tier}"}}'):
-            if n in metrics:
-                snap[f"kv_hit_tokens_{tier}"] = metrics[n]
-    return snap
+                return metrics[n]
+        return 0.0
+
+    def count(name: str, labels: str = "") -> int:
+        return int(get(name, labels))
+
+    tier = {t: f'{{tier="{t}"}}' for t in TIERS}
+    stats = KVStats(**{f"query_tokens_{t}": count("kvloop:prefix_cache_tier_queries", tier[t]) for t in TIERS},
+                    **{f"hit_tokens_{t}": count("kvloop:prefix_cache_hits", tier[t]) for t in TIERS})
+    kinds = {k: count("kvloop:num_preemptions", f'{{kind="{k}"}}') for k in ("swap", "recompute")}
+    return EngineSnapshot(
+        num_waiting=count("kvloop:num_requests_waiting"), num_running=count("kvloop:num_requests_running"),
+        batch_cap=count("kvloop:batch_cap"), num_preemptions=count("vllm:num_preemptions"),
+        num_preemptions_by_kind=kinds, num_oom_events=count("kvloop:oom_events"),
+        watermark=get("kvloop:retention_watermark"), kv_usage=get("vllm:kv_cache_usage_perc"), kv_stats=stats)
 
 
 class HTTPTarget(Target):
@@ -158,7 +170,7 @@ class HTTPTarget(Target):
         with self._lock:
             return not self._live and self._events.empty()
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> EngineSnapshot | None:
         if not self.scrape_metrics:
             return None
         try:

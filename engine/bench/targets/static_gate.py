@@ -4,10 +4,12 @@ has waited `fill_timeout_s`, and the next batch starts only when the whole previ
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 
 from kvloop.engine.bench.targets.base import Event, Target
+from kvloop.engine.snapshot import EngineSnapshot
 
 
 class StaticBatchGate(Target):
@@ -46,10 +48,10 @@ class StaticBatchGate(Target):
     def idle(self) -> bool:
         return not self._queue and self.inner.idle()
 
-    def snapshot(self) -> dict | None:
+    def snapshot(self) -> EngineSnapshot | None:
         snap = self.inner.snapshot()
-        if snap is not None:
-            snap = dict(snap, num_waiting=snap.get("num_waiting", 0) + len(self._queue))
+        if snap is not None:  # the requests held here wait too
+            snap = dataclasses.replace(snap, num_waiting=snap.num_waiting + len(self._queue))
         return snap
 
     def info(self) -> dict:

@@ -1,4 +1,4 @@
-"""Shared helpers: interpreter detection, dot dtypes, backend choice and a launch counter for tests."""
+"""Shared helpers: interpreter detection, dot dtypes, the device check and a launch counter for tests."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import triton.language as tl
 LAUNCHES: collections.Counter[str] = collections.Counter()
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-BACKENDS = (None, "triton", "torch")
 
 
 @functools.cache  # fixed for the process: triton reads TRITON_INTERPRET when the kernels are decorated
@@ -53,18 +52,12 @@ def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
     return _TL_DTYPES[dtype], "tf32"
 
 
-def use_triton(device: torch.device, backend: str | None) -> bool:
-    """None: Triton wherever it can run (CUDA tensors, or any tensor under the interpreter), else the
-    torch path. "triton": Triton or an error. "torch": the torch path. The runner's own dispatch
-    (engine/kernels/ops.py) decides CUDA vs CPU before calling here, so the default runs Triton."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    runnable = device.type == "cuda" or is_interpreted()
-    if backend == "torch":
-        return False
-    if backend == "triton" and not runnable:
-        raise RuntimeError("Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before triton's import")
-    return runnable
+def require_triton(device: torch.device) -> None:
+    """Triton runs on CUDA tensors, and on CPU tensors only when the kernels are interpreted; anything else
+    is an error (and the backend registry, engine/kernels/backend.py, refuses "triton" where it cannot run)."""
+    if device.type != "cuda" and not (device.type == "cpu" and is_interpreted()):
+        raise RuntimeError(f"Triton kernels cannot run on {device} tensors: CPU tensors need TRITON_INTERPRET=1 "
+                           "set before triton's first import")
 
 
 def next_pow2(n: int) -> int:

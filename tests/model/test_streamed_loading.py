@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import one_prompt_logits
+
 from kvloop.engine.model.checkpoint import LazyWeights
 from kvloop.engine.model.llama import Layer, LlamaModel
-from test_loading import one_prompt_logits
 
 SCRIPT = Path(__file__).with_name("peak_load.py")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvloop.engine.model.locate import embedded_model_path
 
 TEXTS = [

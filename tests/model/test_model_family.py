@@ -1,12 +1,17 @@
-"""Llama, Mistral and Qwen2 (q/k/v bias) Hugging Face directories: our logits equal transformers' in fp32."""
+"""Llama, Mistral and Qwen2 (q/k/v bias) Hugging Face directories: the model registry builds each from its
+architecture name, and our logits equal transformers' in fp32."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.model.checkpoint import load_checkpoint
+from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.runner.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.model.random_weights import random_weights
+from kvloop.engine.model.registry import architectures, build_model, model_class
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,8 +36,23 @@ def test_hf_family_matches_transformers(tmp_path, arch):
     reference.save_pretrained(tmp_path, safe_serialization=True)
     checkpoint = load_checkpoint(tmp_path, progress=False)
     assert checkpoint.config.attention_bias == (arch == "Qwen2")
-    ours = LlamaModel(checkpoint.config, checkpoint.weights, torch.float32)
+    assert checkpoint.config.architecture == f"{arch}ForCausalLM"
+    ours = build_model(checkpoint.config, checkpoint.weights, torch.float32)
+    assert isinstance(ours, LlamaModel)
     ids = [3, 17, 99, 4, 250, 7, 7, 31, 64, 128, 5, 9, 11, 200, 1, 2, 3, 4, 5, 6, 8]
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0]
     assert (logits_of(ours, ids) - expected).abs().max().item() <= 1e-4
+
+
+def test_registry_knows_both_formats_names():
+    assert {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"} <= set(architectures("hf"))
+    assert {"llama", "mistral", "qwen2"} <= set(architectures("gguf"))
+    assert model_class("llama") is model_class("Qwen2ForCausalLM") is LlamaModel
+
+
+def test_unknown_architecture_is_a_clear_error():
+    cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=16, architecture="GemmaForCausalLM")
+    with pytest.raises(ValueError, match=r"unknown model architecture 'GemmaForCausalLM'; known: LlamaForCausalLM"):
+        build_model(cfg, random_weights(cfg, 0), torch.float32)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.batch import StepResult
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler, SchedulerConfig
 from kvloop.engine.scheduler.sequence import Sequence
 
@@ -18,14 +20,9 @@ def seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
 
 
 def fake_step(s: Scheduler, token: int = 7) -> None:
-    """What the engine does after the runner: advance computed tokens, append samples, finish at max_tokens."""
+    """A step without a model: every sampling sequence gets `token`; the scheduler's bookkeeping applies it."""
     batch = s.schedule()
-    for item in batch.items:
-        item.seq.num_computed_tokens = item.start + item.num_tokens
-        if item.samples:
-            item.seq.token_ids.append(token)
-            if item.seq.num_output_tokens >= item.seq.params.max_tokens:
-                s.finish(item.seq, "length")
+    s.update_from_output(batch, StepResult({item.seq.request_id: token for item in batch.items if item.samples}))
 
 
 def test_running_first_and_token_budget():

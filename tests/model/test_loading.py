@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from model_helpers import one_prompt_logits
+
 from kvloop.engine.model.checkpoint import load_checkpoint
 from kvloop.engine.model.gguf_loader import unpermute_rotary
 from kvloop.engine.model.llama import LlamaModel
-from kvloop.engine.runner.attention_meta import AttentionMetadata, PrefillChunk
 
 
 def test_embedded_config(checkpoint):
@@ -28,15 +29,6 @@ def test_unpermute_inverts_llama_cpp_permutation():
     w = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
     permuted = w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)  # llama.cpp's
     assert np.array_equal(unpermute_rotary(permuted, n_head), w)
-
-
-def one_prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    kv = model.new_kv_cache(4, 16)
-    table = torch.tensor([2, 0])
-    slots = torch.tensor([int(table[i // 16]) * 16 + i % 16 for i in range(len(ids))])
-    meta = AttentionMetadata(slots, 0, torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long),
-                             [PrefillChunk(0, len(ids), len(ids), table)])
-    return model.logits(model.forward(torch.tensor(ids), torch.arange(len(ids)), meta, kv))
 
 
 def test_hf_directory_loads_the_same_model(tmp_path, hf_model, checkpoint, fp32_model, tokenizer):

@@ -1,13 +1,14 @@
-"""Attention metadata for one flattened step, built in one place.
+"""Attention metadata for one flattened step, built in one place (ModelRunner.build_metadata).
 
 The step's tokens are laid out decode tokens first (one per decoding sequence), then each prefill
-chunk in turn. Every kernel backend reads what it needs from this one object."""
+chunk in turn. Every attention backend (backend.py) reads what it needs from this one object."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
 from kvloop.engine.runner.cascade_plan import CascadePlan
 
 

@@ -1,0 +1,145 @@
+"""Weight streaming of the linear layers on the CPU: the bf16-weight kernel (engine/kernels/cpu/linear_bf16w,
+fp32 arithmetic) against torch's fp32 F.linear (the dense path it replaces on CPUs without native bf16), on
+the embedded model's shapes (fused q/k/v, o, fused gate/up, down, the 49152-row head) at M = 1, 8, 16, 32
+rows, with the bandwidth each reaches: the bytes of weights read per call over its time.
+
+A decode step reads every layer's weights once, so each call here uses another copy of the weights (enough
+copies that together they are several times the last-level cache): the numbers are streaming from memory,
+not re-reading a cached matrix. "decode_step" sums one decode step's calls (30 layers and the head) at each
+M. The machine's read bandwidth at the same thread count is measured too (the bound), other processes'
+CPU use is sampled throughout and the CPU flags are recorded.
+
+    .venv/bin/python bench/linear_kernel.py [--quick] [--threads 2] [--reps 10]
+
+Writes bench/results/linear_kernel.json (--quick: linear_kernel_quick.json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from attention_kernel import machine_read_gbps  # sibling scripts: the same bandwidth bound and CPU record
+from decode_shared import cpu_flags
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LAYERS = 30
+# the embedded SmolLM2-135M's linears as the engine fuses them: name -> (N, K, calls per decode step)
+SHAPES = {"qkv": (960, 576, LAYERS), "o": (576, 576, LAYERS), "gate_up": (3072, 576, LAYERS),
+          "down": (576, 1536, LAYERS), "lm_head": (49152, 576, 1)}
+ROWS = (1, 8, 16, 32)
+CYCLE_BYTES = 256 << 20  # fp32 bytes of the copies cycled per shape: several times a 32 MB last-level cache
+
+
+def time_calls(fn, operands: list, reps: int) -> float:
+    """Median seconds of one call, each call on the next operand (the cycle is warmed up once first)."""
+    for op in operands:
+        fn(op)
+    times = []
+    for _ in range(reps):
+        for op in operands:
+            t = time.perf_counter()
+            fn(op)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def run_shape(name: str, n: int, k: int, rows: tuple[int, ...], reps: int, cycle_bytes: int) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from kvloop.engine.kernels.cpu import linear_bf16w
+
+    copies = max(2, min(64, -(-cycle_bytes // (n * k * 4))))
+    gen = torch.Generator().manual_seed(0)
+    dense = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(copies)]
+    packed = [linear_bf16w.pack(w) for w in dense]
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, generator=gen)
+        kernel_s = time_calls(lambda p, x=x: linear_bf16w.linear(x, p, n), packed, reps)
+        torch_s = time_calls(lambda w, x=x: F.linear(x, w), dense, reps)
+        diff = (linear_bf16w.linear(x, packed[0], n) - F.linear(x, dense[0].to(torch.bfloat16).float())).abs().max()
+        out.append({"shape": name, "n": n, "k": k, "m": m, "copies_cycled": copies,
+                    "kernel_ms": round(kernel_s * 1e3, 4), "kernel_gbps": round(n * k * 2 / kernel_s / 1e9, 2),
+                    "torch_fp32_ms": round(torch_s * 1e3, 4), "torch_fp32_gbps": round(n * k * 4 / torch_s / 1e9, 2),
+                    "speedup": round(torch_s / kernel_s, 3),
+                    "max_abs_diff_vs_fp32_same_weights": float(diff)})
+    return out
+
+
+def decode_step(rows: list[dict]) -> list[dict]:
+    """One decode step's linears (every layer's and the head) at each M: summed times, bytes over time."""
+    steps = []
+    for m in sorted({r["m"] for r in rows}):
+        at = [r for r in rows if r["m"] == m]
+        calls = {r["shape"]: SHAPES[r["shape"]][2] for r in at}
+        kernel_ms = sum(r["kernel_ms"] * calls[r["shape"]] for r in at)
+        torch_ms = sum(r["torch_fp32_ms"] * calls[r["shape"]] for r in at)
+        params = sum(r["n"] * r["k"] * calls[r["shape"]] for r in at)
+        steps.append({"m": m, "shapes": sorted(calls), "kernel_ms": round(kernel_ms, 3),
+                      "kernel_gbps": round(params * 2 / kernel_ms / 1e6, 2), "torch_fp32_ms": round(torch_ms, 3),
+                      "torch_fp32_gbps": round(params * 4 / torch_ms / 1e6, 2),
+                      "speedup": round(torch_ms / kernel_ms, 3)})
+    return steps
+
+
+def goals(steps: list[dict], rows: list[dict], read_gbps: float) -> list[dict]:
+    from kvloop.engine.bench.goals import goal
+
+    one = next((s for s in steps if s["m"] == 1), None)
+    speedups = [r["speedup"] for r in rows]
+    return [
+        goal("bf16-weight kernel: a decode step's weights at M=1, GB/s", one and one["kernel_gbps"], ">=", 20.0),
+        goal("the same as a share of the machine's read bandwidth", one and round(one["kernel_gbps"] / read_gbps, 3),
+             ">=", 0.6),
+        goal("decode step's linears at M=1: fp32 F.linear time / kernel time", one and one["speedup"], ">=", 1.6),
+        goal("kernel never slower than fp32 F.linear (min speedup over shapes and M)",
+             min(speedups) if speedups else None, ">=", 1.0),
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="few copies, M=1 and 8, two repetitions: a smoke run")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=10, help="passes over the cycled copies per case")
+    args = p.parse_args()
+
+    import torch
+
+    from kvloop.engine.bench.guard import NoiseGuard
+    from kvloop.engine.kernels.cpu import build, linear_bf16w
+
+    torch.set_num_threads(args.threads)
+    if not linear_bf16w.available():
+        raise SystemExit(f"the bf16-weight kernel is not built: {build.unavailable_reason(linear_bf16w.KERNEL)}")
+    rows_m, reps, cycle, stream_mb = ((1, 8), 2, 64 << 20, 64) if args.quick else (ROWS, args.reps, CYCLE_BYTES, 512)
+    with NoiseGuard() as guard:
+        read_gbps = machine_read_gbps(3 if args.quick else 7, stream_mb)
+        rows = [r for name, (n, k, _) in SHAPES.items() for r in run_shape(name, n, k, rows_m, reps, cycle)]
+    steps = decode_step(rows)
+    result = {"bench": "linear_kernel", "quick": args.quick, "threads": args.threads, "cpu": cpu_flags(),
+              "machine_read_gbps": round(read_gbps, 2), "noise": guard.report().as_dict(), "rows": rows,
+              "decode_step": steps}
+    result["goals"] = goals(steps, rows, read_gbps)
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / ("linear_kernel_quick.json" if args.quick else "linear_kernel.json")
+    path.write_text(json.dumps(result, indent=1))
+    print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads)")
+    for r in rows:
+        print(f"{r['shape']:>8} {r['n']:>5}x{r['k']:<5} M={r['m']:>2}: kernel {r['kernel_ms']:8.3f} ms "
+              f"({r['kernel_gbps']:5.1f} GB/s)  fp32 F.linear {r['torch_fp32_ms']:8.3f} ms "
+              f"({r['torch_fp32_gbps']:5.1f} GB/s)  x{r['speedup']}")
+    for s in steps:
+        print(f"decode step M={s['m']:>2}: kernel {s['kernel_ms']:.2f} ms ({s['kernel_gbps']} GB/s), "
+              f"fp32 {s['torch_fp32_ms']:.2f} ms ({s['torch_fp32_gbps']} GB/s), x{s['speedup']}")
+    for g in result["goals"]:
+        print(f"goal {'met' if g['met'] else 'NOT met'}: {g['name']}: {g['value']} {g['op']} {g['bound']}")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+// Paged decode attention on the CPU, reading the KV cache in place.
+//
+// The work is a list of segments: a segment is a set of query rows (one token each) that attend to the
+// same tokens of the paged cache, given as a run of block ids and a token count (the segment starts on
+// its first block's first slot). Plain decode is one segment per row over its whole context; cascade
+// adds one segment per shared prefix, its members' queries stacked so that every K/V token is read once
+// for all of them. Every (segment, member) pair gets its normalised output and the log-sum-exp of its
+// scaled scores per query head, so partial results over other tokens merge exactly.
+//
+// Work items are (segment, KV heads, context split), spread over torch's thread count with OpenMP. An
+// item streams its tokens in tiles (16-bit K/V widened to fp32 in a small buffer, fp32 read in place)
+// with an online softmax in fp32. Splits have a fixed length, so a row's result never depends on what
+// else is in the batch; an item's splits are merged in a second pass.
+//
+// Layouts (as the runner allocates them): q [rows, heads, head_dim] (last dim contiguous, any row and
+// head strides), k_cache / v_cache [blocks, block_size, kv_heads, head_dim] (last dim contiguous).
+
+// The lighter ATen headers, not ATen/ATen.h (which declares every operator): 18 s instead of 25 s to compile.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "simd.h"
+
+namespace kvloop {
+namespace {
+
+// Tokens per tile: the tile's K and V (all of an item's heads, widened to fp32) stay in L1/L2 while every
+// query of the item uses them.
+constexpr int64_t kTile = 16;
+constexpr int64_t kMinTokenHeadsPerThread = 2048;  // about 50 us of work: below that, one thread
+
+struct Item {
+  int64_t seg, h0, h1, t0, t1;  // KV heads [h0, h1) over tokens [t0, t1) of the segment
+  int64_t ws;                   // workspace offset of an unfinished split (-1: writes the output)
+};
+
+struct Shape {
+  int64_t heads, kv_heads, group, d, block_size;
+  int64_t q_row, q_head;               // q strides
+  int64_t k_block, k_tok, k_head;      // k_cache strides
+  int64_t v_block, v_tok, v_head;      // v_cache strides
+};
+
+// Per-thread buffers, sized for the largest stacked query set and head count of an item.
+struct Scratch {
+  std::vector<float> q, acc, top, sum, kbuf, vbuf, zeros, scores, probs;
+  Scratch(int64_t m, int64_t heads, int64_t d)
+      : q(m * d), acc(m * d), top(m), sum(m), kbuf(heads * kTile * d), vbuf(heads * kTile * d), zeros(d, 0.f),
+        scores(kTile), probs(kTile) {}
+};
+
+void load_query(const at::Tensor& q, const Shape& sh, int64_t row, int64_t head, float scale, float* dst) {
+  const int64_t off = row * sh.q_row + head * sh.q_head;
+  switch (q.scalar_type()) {
+    case at::kFloat: to_float(q.const_data_ptr<float>() + off, dst, sh.d); break;
+    case at::kBFloat16: to_float(q.const_data_ptr<c10::BFloat16>() + off, dst, sh.d); break;
+    default: to_float(q.const_data_ptr<c10::Half>() + off, dst, sh.d); break;
+  }
+  for (int64_t i = 0; i < sh.d; ++i) dst[i] *= scale;
+}
+
+// out = acc / sum, lse = top + log(sum); a segment without tokens gives zeros and -inf.
+void finish(const float* acc, float top, float sum, int64_t d, float* out, float* lse) {
+  if (sum == 0.f) {
+    std::fill(out, out + d, 0.f);
+    *lse = kNegInf;
+    return;
+  }
+  const float inv = 1.f / sum;
+  for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
+  *lse = top + std::log(sum);
+}
+
+// HD: head_dim as a compile-time constant (64, 128: every loop over it unrolls), or 0 for any other.
+template <typename KV, int64_t HD>
+void run_item(const Item& it, const at::Tensor& q, const KV* k, const KV* v, const Shape& sh, const int64_t* blocks,
+              const int64_t* block_start, const int64_t* rows_ptr, const int64_t* rows, float scale, float* out,
+              float* lse, float* ws, Scratch& sc) {
+  // query m = (member j, KV head h0 + hl, query head gi of that KV head's group) = (j * nh + hl) * g + gi,
+  // so the queries of one member are its query heads h0 * g ... h1 * g - 1 in order
+  const int64_t d = HD ? HD : sh.d, g = sh.group, nh = it.h1 - it.h0;
+  const int64_t p0 = rows_ptr[it.seg], members = rows_ptr[it.seg + 1] - p0;
+  const int64_t m_count = members * nh * g;
+  for (int64_t m = 0; m < m_count; ++m)
+    load_query(q, sh, rows[p0 + m / (nh * g)], it.h0 * g + m % (nh * g), scale, sc.q.data() + m * d);
+  std::fill(sc.acc.begin(), sc.acc.begin() + m_count * d, 0.f);
+  std::fill(sc.top.begin(), sc.top.begin() + m_count, kNegInf);
+  std::fill(sc.sum.begin(), sc.sum.begin() + m_count, 0.f);
+
+  const int64_t* table = blocks + block_start[it.seg];
+  // Each tile's tokens are located one tile ahead, and the next tile's K/V lines prefetched a few tokens
+  // at a time between this tile's queries, so that reading memory overlaps the arithmetic (measured with
+  // bf16 KV: about 12% faster; prefetching the whole next tile in one burst gained nothing).
+  const KV* ktok[2][kTile];  // per tile: each token's K / V at the item's first head
+  const KV* vtok[2][kTile];
+  int64_t blk_index = it.t0 / sh.block_size, slot = it.t0 % sh.block_size;  // walked, not divided per token
+  auto locate = [&](int64_t n, const KV** kt, const KV** vt) {
+    for (int64_t t = 0; t < n; ++t, ++slot) {
+      if (slot == sh.block_size) {
+        slot = 0;
+        ++blk_index;
+      }
+      const int64_t blk = table[blk_index];
+      kt[t] = k + blk * sh.k_block + slot * sh.k_tok + it.h0 * sh.k_head;
+      vt[t] = v + blk * sh.v_block + slot * sh.v_tok + it.h0 * sh.v_head;
+    }
+  };
+  const int64_t kbytes = nh * sh.k_head * static_cast<int64_t>(sizeof(KV));  // one token's K of the item's heads
+  const int64_t vbytes = nh * sh.v_head * static_cast<int64_t>(sizeof(KV));
+  const int64_t per_query = std::max<int64_t>(1, (kTile + m_count - 1) / m_count);  // tokens prefetched per query
+  const float* krow[kTile];
+  const float* vrow[kTile];
+  locate(std::min(kTile, it.t1 - it.t0), ktok[0], vtok[0]);
+  for (int64_t t0 = it.t0, cur = 0; t0 < it.t1; t0 += kTile, cur ^= 1) {
+    const int64_t n = std::min(kTile, it.t1 - t0), n8 = (n + 7) / 8 * 8;
+    // Widened (fp32: copied) token by token, all of the item's heads, in memory order: the reads stream
+    // like one sequential scan (head by head they stride, and measured at about half the bandwidth).
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t hl = 0; hl < nh; ++hl) {
+        to_float(ktok[cur][t] + hl * sh.k_head, sc.kbuf.data() + (hl * kTile + t) * d, d);
+        to_float(vtok[cur][t] + hl * sh.v_head, sc.vbuf.data() + (hl * kTile + t) * d, d);
+      }
+    const int64_t next = std::min(kTile, it.t1 - t0 - kTile);  // <= 0: this is the last tile
+    if (next > 0) locate(next, ktok[cur ^ 1], vtok[cur ^ 1]);
+    int64_t prefetched = 0;
+    for (int64_t hl = 0; hl < nh; ++hl) {
+      for (int64_t t = 0; t < n; ++t) {
+        krow[t] = sc.kbuf.data() + (hl * kTile + t) * d;
+        vrow[t] = sc.vbuf.data() + (hl * kTile + t) * d;
+      }
+      for (int64_t t = n; t < n8; ++t) krow[t] = sc.zeros.data();  // scored in groups of 8, then ignored
+      for (int64_t j = 0; j < members; ++j)
+        for (int64_t m = (j * nh + hl) * g; m < (j * nh + hl + 1) * g; ++m) {
+          float* s = sc.scores.data();
+          dots(sc.q.data() + m * d, krow, n8, d, s);
+          const float prev = sc.top[m];
+          const float top = std::max(prev, max_of(s, n));
+          const float alpha = top == prev ? 1.f : std::exp(prev - top);  // prev = -inf: nothing to rescale
+          const float tile_sum = exp_shifted(s, top, n, n8, sc.probs.data());
+          sc.sum[m] = sc.sum[m] * alpha + tile_sum;
+          sc.top[m] = top;
+          scale_accumulate(sc.acc.data() + m * d, alpha, sc.probs.data(), vrow, n, d);
+          for (int64_t e = 0; e < per_query && prefetched < next; ++e, ++prefetched) {
+            prefetch(ktok[cur ^ 1][prefetched], kbytes);
+            prefetch(vtok[cur ^ 1][prefetched], vbytes);
+          }
+        }
+    }
+  }
+
+  if (it.ws < 0) {
+    for (int64_t m = 0; m < m_count; ++m) {
+      const int64_t at = (p0 + m / (nh * g)) * sh.heads + it.h0 * g + m % (nh * g);  // (pair, head)
+      finish(sc.acc.data() + m * d, sc.top[m], sc.sum[m], d, out + at * d, lse + at);
+    }
+    return;
+  }
+  float* w = ws + it.ws;  // [m_count * d acc][m_count top][m_count sum], merged by merge_splits
+  std::copy(sc.acc.begin(), sc.acc.begin() + m_count * d, w);
+  std::copy(sc.top.begin(), sc.top.begin() + m_count, w + m_count * d);
+  std::copy(sc.sum.begin(), sc.sum.begin() + m_count, w + m_count * (d + 1));
+}
+
+// The splits of one (segment, KV heads), in order, combined exactly by their maxima and sums.
+void merge_splits(const std::vector<Item>& items, int64_t first, int64_t splits, const Shape& sh,
+                  const int64_t* rows_ptr, const float* ws, float* out, float* lse, std::vector<float>& acc) {
+  const Item& it = items[first];
+  const int64_t d = sh.d, g = sh.group, nh = it.h1 - it.h0;
+  const int64_t p0 = rows_ptr[it.seg], members = rows_ptr[it.seg + 1] - p0;
+  const int64_t m_count = members * nh * g;
+  acc.assign(d, 0.f);
+  for (int64_t m = 0; m < m_count; ++m) {
+    float top = kNegInf;
+    for (int64_t i = 0; i < splits; ++i) top = std::max(top, ws[items[first + i].ws + m_count * d + m]);
+    float sum = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t i = 0; i < splits; ++i) {
+      const float* w = ws + items[first + i].ws;
+      const float weight = std::exp(w[m_count * d + m] - top);
+      sum += w[m_count * (d + 1) + m] * weight;
+      for (int64_t c = 0; c < d; ++c) acc[c] += w[m * d + c] * weight;
+    }
+    const int64_t at = (p0 + m / (nh * g)) * sh.heads + it.h0 * g + m % (nh * g);  // (pair, head)
+    finish(acc.data(), top, sum, d, out + at * d, lse + at);
+  }
+}
+
+void check_index(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kLong && t.dim() == 1 && t.is_contiguous() && t.device().is_cpu(), name,
+              " must be a contiguous 1-d int64 CPU tensor");
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache, const at::Tensor& blocks,
+                                                   const at::Tensor& block_start, const at::Tensor& tokens,
+                                                   const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
+                                                   int64_t split_tokens) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, head_dim] with a contiguous last dim");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
+                  v_cache.stride(3) == 1,
+              "k_cache and v_cache must be [blocks, block_size, kv_heads, head_dim] with a contiguous last dim");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache and v_cache must share a dtype");
+  for (const auto& t : {q, k_cache})
+    TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf,
+                "float32, bfloat16 or float16 expected, got ", t.scalar_type());
+  TORCH_CHECK(split_tokens > 0, "split_tokens must be positive");
+  for (const auto& [t, name] : {std::pair{blocks, "blocks"}, {block_start, "block_start"}, {tokens, "tokens"},
+                                {rows_ptr, "rows_ptr"}, {rows, "rows"}})
+    check_index(t, name);
+
+  Shape sh{};
+  sh.heads = q.size(1);
+  sh.kv_heads = k_cache.size(2);
+  sh.d = q.size(2);
+  sh.block_size = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(3) == sh.d, "q and the cache disagree on head_dim");
+  TORCH_CHECK(sh.kv_heads > 0 && sh.heads % sh.kv_heads == 0, "query heads must be a multiple of KV heads");
+  sh.group = sh.heads / sh.kv_heads;
+  sh.q_row = q.stride(0);
+  sh.q_head = q.stride(1);
+  sh.k_block = k_cache.stride(0), sh.k_tok = k_cache.stride(1), sh.k_head = k_cache.stride(2);
+  sh.v_block = v_cache.stride(0), sh.v_tok = v_cache.stride(1), sh.v_head = v_cache.stride(2);
+
+  const int64_t segs = tokens.numel(), pairs = rows.numel(), num_blocks = k_cache.size(0);
+  TORCH_CHECK(block_start.numel() == segs && rows_ptr.numel() == segs + 1, "one block_start and token count per "
+              "segment, and segments + 1 row pointers");
+  const int64_t* bl = blocks.const_data_ptr<int64_t>();
+  const int64_t* bs = block_start.const_data_ptr<int64_t>();
+  const int64_t* tk = tokens.const_data_ptr<int64_t>();
+  const int64_t* rp = rows_ptr.const_data_ptr<int64_t>();
+  const int64_t* rw = rows.const_data_ptr<int64_t>();
+  TORCH_CHECK(rp[0] == 0 && rp[segs] == pairs, "rows_ptr must run from 0 to rows.numel()");
+  for (int64_t p = 0; p < pairs; ++p) TORCH_CHECK(rw[p] >= 0 && rw[p] < q.size(0), "query row out of range");
+
+  // Every index is checked before any thread reads it.
+  int64_t base_items = 0, max_members = 1;  // base items: (segment, context split) pairs
+  int64_t token_heads = 0;                    // K/V rows to read, a measure of the call's work
+  for (int64_t s = 0; s < segs; ++s) {
+    const int64_t members = rp[s + 1] - rp[s], n = tk[s];
+    TORCH_CHECK(members >= 0 && n >= 0, "segment ", s, ": negative size");
+    const int64_t used = (n + sh.block_size - 1) / sh.block_size;
+    TORCH_CHECK(bs[s] >= 0 && bs[s] + used <= blocks.numel(), "segment ", s, ": blocks out of range");
+    for (int64_t j = 0; j < used; ++j)
+      TORCH_CHECK(bl[bs[s] + j] >= 0 && bl[bs[s] + j] < num_blocks, "segment ", s, ": block id out of range");
+    if (members == 0) continue;
+    max_members = std::max(max_members, members);
+    base_items += std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens);
+    token_heads += n * sh.kv_heads;
+  }
+  // An item reads all KV heads of its tokens (whole cache lines, in order) unless that leaves too few items
+  // to keep every thread busy; then one KV head each. Either way the arithmetic is the same.
+  const int64_t want = 4 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t per_item = base_items >= want ? sh.kv_heads : 1;
+
+  std::vector<Item> items;
+  std::vector<std::pair<int64_t, int64_t>> merges;  // (first item, splits) of each split (segment, heads)
+  int64_t ws_size = 0;
+  for (int64_t s = 0; s < segs; ++s) {
+    const int64_t members = rp[s + 1] - rp[s], n = tk[s];
+    if (members == 0) continue;
+    const int64_t splits = std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens);
+    for (int64_t h = 0; h < sh.kv_heads; h += per_item) {
+      if (splits > 1) merges.emplace_back(static_cast<int64_t>(items.size()), splits);
+      for (int64_t i = 0; i < splits; ++i) {
+        int64_t off = -1;
+        if (splits > 1) {
+          off = ws_size;
+          ws_size += members * per_item * sh.group * (sh.d + 2);
+        }
+        items.push_back({s, h, h + per_item, i * split_tokens, std::min(n, (i + 1) * split_tokens), off});
+      }
+    }
+  }
+
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor out = at::empty({pairs, sh.heads, sh.d}, f32);
+  at::Tensor lse = at::empty({pairs, sh.heads}, f32);
+  at::Tensor workspace = at::empty({ws_size}, f32);
+  float* o = out.data_ptr<float>();
+  float* l = lse.data_ptr<float>();
+  float* w = workspace.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  const int64_t n_items = static_cast<int64_t>(items.size()), n_merges = static_cast<int64_t>(merges.size());
+  // A small call runs on one thread: waking the others costs more than it saves (and on a loaded machine a
+  // barrier can wait a whole time slice for a descheduled thread).
+  const int64_t useful = std::max<int64_t>(1, token_heads / kMinTokenHeadsPerThread);
+  const int threads = static_cast<int>(std::min<int64_t>({at::get_num_threads(), n_items, useful}));
+
+  auto run = [&](auto kv_tag) {
+    using KV = decltype(kv_tag);
+    const KV* k = k_cache.const_data_ptr<KV>();
+    const KV* v = v_cache.const_data_ptr<KV>();
+    auto item = sh.d == 64 ? run_item<KV, 64> : sh.d == 128 ? run_item<KV, 128> : run_item<KV, 0>;
+#pragma omp parallel num_threads(threads)
+    {
+      Scratch scratch(max_members * per_item * sh.group, per_item, sh.d);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n_items; ++i) item(items[i], q, k, v, sh, bl, bs, rp, rw, sc, o, l, w, scratch);
+      std::vector<float> acc;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n_merges; ++i)
+        merge_splits(items, merges[i].first, merges[i].second, sh, rp, w, o, l, acc);
+    }
+  };
+  switch (k_cache.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(c10::BFloat16{}); break;
+    default: run(c10::Half{}); break;
+  }
+  return {out, lse};
+}
+
+std::string simd() { return isa(); }
+
+}  // namespace
+}  // namespace kvloop
+
+TORCH_LIBRARY(kvloop_cpu, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
+      "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
+  m.def("simd() -> str", &kvloop::simd);
+}
+
+TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) { m.impl("paged_attention", &kvloop::paged_attention); }

@@ -1,0 +1,142 @@
+"""The CPU paged decode kernel (csrc/paged_decode.cpp) from Python: segments packed for it, and a decode
+step over AttentionMetadata, plain or with the step's cascade groups.
+
+A segment is a set of query rows attending to the same tokens of the paged cache: a run of block ids and
+a token count, starting on a block edge. Plain decode is one segment per row over its whole context (the
+runner's block tables are handed over as they are). Cascade adds one segment per shared prefix, with its
+members' queries stacked so that each K/V token is read once for all of them; each row's own part is a
+segment of its own, and the partial results merge exactly by log-sum-exp (torch_decode.merge_into, the
+same merge the torch path uses). Needs the built kernel: build.load() first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata
+from kvloop.engine.kernels.cpu import build
+from kvloop.engine.kernels.torch_decode import merge_into
+
+# Tokens per context split: a fixed length (not one derived from the batch or the thread count), so that a
+# row's result is the same whatever else is in the batch. Long enough that a split's fixed cost (its queries,
+# its partial result) is small against streaming its K/V, short enough to spread one long row over threads.
+SPLIT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The kernel's work list: segment s attends with query rows rows[rows_ptr[s]:rows_ptr[s + 1]] to its
+    first tokens[s] tokens, held in blocks[block_start[s]:]. Each (segment, row) pair is one output."""
+    blocks: torch.Tensor  # int64: block ids, each segment's from its first token on
+    block_start: torch.Tensor  # int64 [S]
+    tokens: torch.Tensor  # int64 [S]
+    rows_ptr: torch.Tensor  # int64 [S + 1]
+    rows: torch.Tensor  # int64 [P]: query rows (indices into q), segment by segment
+
+    @property
+    def num_pairs(self) -> int:
+        return self.rows.numel()
+
+
+def _long(values) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=torch.long).contiguous()
+
+
+def plain_segments(block_tables: torch.Tensor, context_lens: torch.Tensor) -> Segments:
+    """Row b over its first context_lens[b] tokens through block_tables[b] (tables used in place)."""
+    batch, width = block_tables.shape
+    return Segments(_long(block_tables).view(-1), torch.arange(batch, dtype=torch.long) * width, _long(context_lens),
+                    torch.arange(batch + 1, dtype=torch.long), torch.arange(batch, dtype=torch.long))
+
+
+def pack_segments(parts: Sequence[tuple[Sequence[int], Sequence[int], int]]) -> Segments:
+    """parts: (query rows, block ids from the segment's first token on, tokens) per segment."""
+    blocks: list[int] = []
+    starts, tokens, ptr, rows = [], [], [0], []
+    for members, block_ids, n in parts:
+        starts.append(len(blocks))
+        blocks.extend(block_ids)
+        tokens.append(n)
+        rows.extend(members)
+        ptr.append(len(rows))
+    return Segments(_long(blocks), _long(starts), _long(tokens), _long(ptr), _long(rows))
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
+           split_tokens: int = SPLIT_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [R, heads, hd]; k_cache / v_cache [num_blocks, block_size, kv_heads, hd] (fp32, bf16 or fp16) →
+    (out [P, heads, hd] fp32, normalised; lse [P, heads] fp32, natural log-sum-exp of the scaled scores)
+    per (segment, row) pair, in segment order. A segment without tokens gives zeros and -inf."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return torch.ops.kvloop_cpu.paged_attention(q, k_cache, v_cache, segments.blocks, segments.block_start,
+                                                segments.tokens, segments.rows_ptr, segments.rows, float(scale),
+                                                int(split_tokens))
+
+
+def _shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
+    """The operator's outputs without running it: what torch.compile traces through."""
+    pairs, heads, hd = rows.shape[0], q.shape[1], q.shape[2]
+    return q.new_empty(pairs, heads, hd, dtype=torch.float32), q.new_empty(pairs, heads, dtype=torch.float32)
+
+
+if build.load():
+    torch.library.register_fake("kvloop_cpu::paged_attention")(_shapes)
+
+
+@dataclass(frozen=True)
+class DecodeWork:
+    """One step's segments (built once, used by every layer) and how their pairs merge into rows."""
+    segments: Segments
+    own: slice  # pairs of each row's own part (its whole context without cascade), in row order
+    groups: tuple[tuple[torch.Tensor, slice], ...]  # per cascade group: its rows and its pairs
+
+
+def decode_work(meta: AttentionMetadata, block_size: int) -> DecodeWork:
+    """Groups come first: their items are the heaviest (many stacked queries), so the threads start them
+    first and the rows' own parts fill in around them."""
+    n = meta.num_decode
+    plan = meta.cascade
+    if plan is None or not plan.groups:
+        return DecodeWork(plain_segments(meta.decode_block_tables[:n], meta.decode_context_lens[:n]), slice(0, n), ())
+    tables = meta.decode_block_tables.tolist()
+    lens = meta.decode_context_lens.tolist()
+    parts: list[tuple[Sequence[int], Sequence[int], int]] = []
+    groups = []
+    pairs = 0
+    for g in plan.groups:
+        parts.append((g.rows, g.block_ids, g.num_tokens))
+        groups.append((torch.tensor(g.rows, dtype=torch.long), slice(pairs, pairs + len(g.rows))))
+        pairs += len(g.rows)
+    for r in range(n):
+        start = plan.suffix_start[r]
+        parts.append(([r], tables[r][start // block_size: -(-lens[r] // block_size)], lens[r] - start))
+    return DecodeWork(pack_segments(parts), slice(pairs, pairs + n), tuple(groups))
+
+
+class CpuDecode:
+    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention; the step's
+    work list is built on the first layer and reused by the others."""
+
+    def __init__(self, split_tokens: int = SPLIT_TOKENS):
+        self.split_tokens = split_tokens
+        self._meta: AttentionMetadata | None = None  # kept alive while cached, so `is` cannot match a new one
+        self._work: DecodeWork | None = None
+
+    def work(self, meta: AttentionMetadata, block_size: int) -> DecodeWork:
+        if meta is not self._meta or self._work is None:
+            self._work = decode_work(meta, block_size)
+            self._meta = meta
+        return self._work
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                 scale: float) -> torch.Tensor:
+        """q [num_decode, heads, hd] → [num_decode, heads, hd] in q's dtype."""
+        work = self.work(meta, k_cache.shape[1])
+        out, lse = attend(q, k_cache, v_cache, work.segments, scale, self.split_tokens)
+        acc, acc_lse = out[work.own], lse[work.own]
+        for rows, pairs in work.groups:
+            merge_into(acc, acc_lse, rows, out[pairs], lse[pairs])
+        return acc.to(q.dtype)

@@ -1,0 +1,80 @@
+"""The torch attention backend (the default on CPU): K/V writes and prefill attention here, decode rows
+in torch_decode (in place over the paged cache, with cascade over shared prefixes).
+
+Grouped-query attention without repeating K/V heads: queries are viewed as [kv_heads, group, ...] and
+multiplied against each KV head once. Products run in the model dtype (bf16 matmul is fast on this
+CPU; bf16 SDPA is not), softmax in fp32."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvloop.engine.kernels import torch_decode
+from kvloop.engine.kernels.attention_meta import AttentionMetadata
+from kvloop.engine.kernels.backend import AttentionBackend
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    n_kv, hd = k_cache.shape[-2:]
+    k_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, n_kv, hd).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def gather_blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, kv, hd], tables [...] → [..., block_size, kv, hd] (one row copy per block)."""
+    flat = cache.view(cache.shape[0], -1).index_select(0, tables.reshape(-1))
+    return flat.view(*tables.shape, *cache.shape[1:])
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                      seq_len: int, scale: float) -> torch.Tensor:
+    """q [L, heads, hd]: the last L of seq_len tokens, causal over the paged prefix plus themselves."""
+    q_len, heads, hd = q.shape
+    n_kv = k_cache.shape[2]
+    keys = gather_blocks(k_cache, block_table).view(-1, n_kv, hd)[:seq_len]  # [S, kv, hd]
+    values = gather_blocks(v_cache, block_table).view(-1, n_kv, hd)[:seq_len]
+    if keys.dtype != q.dtype:  # 16-bit KV under a wider model dtype
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+    visible = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+    if q.dtype == torch.float32:
+        # fp32 SDPA runs a fused kernel here, about 2.5x faster than matmul + softmax (measured, L=512, S=2000)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                             values.transpose(0, 1)[None], attn_mask=visible, scale=scale,
+                                             enable_gqa=True)
+        return out[0].transpose(0, 1).contiguous()
+    # 16-bit: SDPA takes a slow path on this CPU, so matmul in the model dtype and softmax in fp32
+    group = heads // n_kv
+    qg = q.view(q_len, n_kv, group, hd).permute(1, 2, 0, 3)  # [kv, group, L, hd]
+    scores = torch.matmul(qg, keys.permute(1, 2, 0)[:, None]).float()  # [kv, group, L, S]
+    scores.mul_(scale)
+    scores.masked_fill_(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
+    out = torch.matmul(probs, values.permute(1, 0, 2)[:, None])  # [kv, group, L, hd]
+    return out.permute(2, 0, 1, 3).reshape(q_len, heads, hd)
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device
+
+    def write_kv(self, k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return torch_decode.decode_attention(q, k_cache, v_cache, meta, scale)
+
+    def extend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        first = meta.num_decode  # q holds the prefill rows only
+        if len(meta.prefills) == 1:
+            chunk = meta.prefills[0]
+            return prefill_attention(q, k_cache, v_cache, chunk.block_table, chunk.seq_len, scale)
+        out = torch.empty_like(q)
+        for chunk in meta.prefills:
+            rows = slice(chunk.q_start - first, chunk.q_start - first + chunk.q_len)
+            out[rows] = prefill_attention(q[rows], k_cache, v_cache, chunk.block_table, chunk.seq_len, scale)
+        return out

@@ -1,0 +1,105 @@
+"""The engine's state at one moment, typed: what Prometheus, the control block, the benchmark harness and
+the simulator's results read. `build_snapshot` is the one place it is made, for EngineCore and the
+Simulator alike (pure Python, no torch).
+
+Counters are cumulative since the engine started; gauges are the value now. Prefix queries and hits are
+in prompt tokens, per tier as engine.kv.stats defines them (a lower tier is asked only for what the
+tiers above it did not serve)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvloop.engine.kv.stats import TIERS, KVStats
+
+if TYPE_CHECKING:
+    from kvloop.engine.kv.manager import KVCacheManager
+    from kvloop.engine.scheduler.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    # scheduler
+    num_waiting: int = 0
+    num_running: int = 0
+    batch_cap: int = 0  # the live cap on running requests (static mode: the batch size)
+    scheduler_mode: str = ""
+    num_preemptions: int = 0
+    num_preemptions_by_kind: Mapping[str, int] = field(default_factory=dict)  # "swap" / "recompute"
+    num_rejections: int = 0  # requests refused at add (too long, queue full, ...)
+    num_oom_events: int = 0  # static mode's reservations that did not fit the pool
+    requests_finished: int = 0  # any finish reason: stop, length, abort, error
+    tokens_generated: int = 0  # output tokens of the finished requests
+    # engine
+    num_steps: int = 0  # model steps run
+    step_failures: int = 0  # steps whose model forward raised (their requests failed)
+    request_failures: Mapping[str, int] = field(default_factory=dict)  # stage -> requests failed alone
+    # KV cache
+    kv_mode: str = ""  # the cache policy
+    prefix_cache: bool = False
+    watermark: float = 0.0  # retention watermark, share of the device pool
+    kv_usage: float = 0.0  # share of the device pool held by running requests
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0  # not referenced: free plus cached
+    kv_cached_blocks: int = 0  # cached, unreferenced (evictable)
+    kv_host_blocks_used: int = 0
+    kv_host_blocks_total: int = 0  # 0: no host tier
+    kv_disk_blocks_used: int = 0
+    kv_disk_blocks_total: int = 0  # 0: no disk tier
+    kv_ghost_entries: int = 0
+    kv_stats: KVStats = field(default_factory=KVStats)  # a copy of the KV manager's counters
+
+    def prefix_queries(self, tier: str) -> int:
+        return self.kv_stats.queries(tier)
+
+    def prefix_hits(self, tier: str) -> int:
+        return self.kv_stats.hits(tier)
+
+    def kv_use(self, tier: str) -> float | None:
+        """Share of a tier in use, 0..1 (the device: held by running requests); None: no such tier."""
+        if tier == "device":
+            return self.kv_usage
+        total = self.kv_host_blocks_total if tier == "host" else self.kv_disk_blocks_total
+        used = self.kv_host_blocks_used if tier == "host" else self.kv_disk_blocks_used
+        return used / total if total else None
+
+    def kv_use_by_tier(self) -> dict[str, float]:
+        """The tiers this engine has, with their use."""
+        return {t: u for t in TIERS if (u := self.kv_use(t)) is not None}
+
+
+def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, step_failures: int = 0,
+                   request_failures: Mapping[str, int] | None = None) -> EngineSnapshot:
+    """The snapshot of a scheduler, its KV manager and the engine-level counters."""
+    host, disk = kv.host, kv.disk
+    return EngineSnapshot(
+        num_waiting=len(scheduler.waiting),
+        num_running=len(scheduler.running),
+        batch_cap=scheduler.batch_cap,
+        scheduler_mode=scheduler.mode,
+        num_preemptions=scheduler.num_preemptions,
+        num_preemptions_by_kind=scheduler.preemptions_by_kind,
+        num_rejections=scheduler.num_rejections,
+        num_oom_events=scheduler.num_oom_events,
+        requests_finished=scheduler.requests_finished,
+        tokens_generated=scheduler.tokens_generated,
+        num_steps=num_steps,
+        step_failures=step_failures,
+        request_failures=dict(request_failures or {}),
+        kv_mode=kv.config.mode,
+        prefix_cache=kv.config.prefix_cache,
+        watermark=kv.watermark,
+        kv_usage=kv.usage(),
+        kv_blocks_total=kv.num_blocks,
+        kv_blocks_free=kv.num_free_blocks,
+        kv_cached_blocks=kv.num_cached_blocks,
+        kv_host_blocks_used=host.num_used if host is not None else 0,
+        kv_host_blocks_total=host.num_slots if host is not None else 0,
+        kv_disk_blocks_used=len(disk) if disk is not None else 0,
+        kv_disk_blocks_total=disk.capacity if disk is not None else 0,
+        kv_ghost_entries=len(kv.ghost),
+        kv_stats=dataclasses.replace(kv.stats),
+    )

@@ -1,0 +1,126 @@
+"""The decode-attention cost model per attention backend and KV dtype (kernels/cascade_cost.py): which entry
+each backend gets, the CPU kernel's entry against its measured decisions, every entry consistent with
+itself, the runner asking for the backend its model runs, and the CPU calibration's fit recovering known
+coefficients (bench/calibrate_cascade.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvloop.engine.kernels.cascade_cost import COSTS, STAND_INS, AttentionCost, cost_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_RESULTS = ROOT / "bench" / "results" / "cascade_calibration_cpu.json"
+ENTRIES = [(backend, dtype) for backend, by_dtype in COSTS.items() for dtype in by_dtype]
+
+
+def test_torch_is_the_default_and_keeps_its_roofline():
+    """The simulator and the scheduler's default price with the torch path's entries, unchanged: no per-stack
+    token cost and no per-group cost, so a group's gain is the formula it always was."""
+    assert cost_for("bfloat16") is COSTS["torch"]["bfloat16"] is cost_for("torch.bfloat16", "torch")
+    assert cost_for("float16") is cost_for("bfloat16")
+    for dtype, c in COSTS["torch"].items():
+        assert (c.token_stack_us, c.group_us) == (0.0, 0.0), dtype
+        for members, tokens in [(2, 64), (4, 1888), (16, 1888), (32, 96)]:
+            before = (members * tokens * max(c.token_us, c.token_row_us)
+                      - (c.call_us + c.row_us * members + tokens * max(c.token_us, c.token_row_us * members)
+                         + c.merge_us * members))
+            assert c.group_gain_us(members, tokens) == before
+
+
+def test_each_backend_gets_its_own_entry_or_a_named_stand_in():
+    for dtype in ("bfloat16", "float16", "float32"):
+        assert cost_for(dtype, "cpu") is COSTS["cpu"][dtype] is not COSTS["torch"][dtype]
+        assert cost_for(f"torch.{dtype}", "cpu") is COSTS["cpu"][dtype]
+        assert cost_for(dtype, "triton") is COSTS[STAND_INS["triton"]][dtype]
+    with pytest.raises(ValueError, match="no attention cost model for backend 'decode-only'"):
+        cost_for("bfloat16", "decode-only")
+
+
+def test_cpu_kernel_cascades_sixteen_sharers_of_a_document():
+    for dtype in ("bfloat16", "float32"):
+        assert cost_for(dtype, "cpu").worth(16, 1888), dtype
+
+
+def test_cpu_entry_follows_its_calibrations_measurements():
+    """The entry decides as the calibration that produced it measured, at 4 and 16 sharers of a 1,888-token
+    document (unless the two paths were within the tie margin there)."""
+    if not CPU_RESULTS.exists():
+        pytest.skip("no CPU calibration results (bench/calibrate_cascade.py --backend cpu)")
+    result = json.loads(CPU_RESULTS.read_text())
+    for dtype, measured in result["dtypes"].items():
+        cost = cost_for(dtype, "cpu")
+        points = {(p["members"], p["shared_tokens"]): p for p in measured["held_out"]}
+        for key in [(4, 1888), (16, 1888)]:
+            point = points.get(key)
+            if point is None or point["tie"]:
+                continue
+            assert cost.worth(*key) == (point["cascade_us"] < point["plain_us"]), (dtype, point)
+
+
+@pytest.mark.parametrize(("backend", "dtype"), ENTRIES)
+def test_every_entry_is_consistent_with_itself(backend: str, dtype: str):
+    cost = COSTS[backend][dtype]
+    lens = [700, 1888, 2000, 33]
+    for members in (1, 2, 3, 4, 8, 16, 32):
+        for tokens in (0, 16, 96, 400, 1888, 4096):
+            gain = cost.group_gain_us(members, tokens)
+            assert cost.worth(members, tokens) == (members > 1 and tokens > 0 and gain > 0)
+            assert cost.step_us(lens, [(members, tokens)]) == pytest.approx(cost.plain_us(lens) - gain)
+    assert cost.plain_us(lens) == pytest.approx(sum(cost.span_us(1, n) for n in lens))
+    # stacking rows costs less per token than reading alone, so longer shared prefixes only gain more
+    for members in (2, 4, 16):
+        assert cost.token_cost_us(members) < members * cost.token_cost_us(1)
+        assert cost.group_gain_us(members, 2048) > cost.group_gain_us(members, 1024)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_runner_prices_with_the_backend_its_model_runs(backend: str):
+    from kvloop.engine.kernels.backend import available_backends
+    from kvloop.engine.model.config import ModelConfig
+    from kvloop.engine.model.llama import LlamaModel
+    from kvloop.engine.model.random_weights import random_weights
+    from kvloop.engine.runner.model_runner import ModelRunner
+
+    if backend not in available_backends("cpu"):
+        pytest.skip(f"the {backend} backend cannot run here")
+    cfg = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=64)
+    model = LlamaModel(cfg, random_weights(cfg, seed=0), torch.float32, attention_backend=backend)
+    runner = ModelRunner(model, num_blocks=4, block_size=16, kv_dtype=torch.bfloat16)
+    assert runner.attention_cost is COSTS[backend]["bfloat16"]
+
+
+def load_calibration():
+    path = ROOT / "bench" / "calibrate_cascade.py"
+    spec = importlib.util.spec_from_file_location("kvloop_bench_calibrate_cascade", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_fit_recovers_the_coefficients_it_was_given():
+    """Samples made from a known model (plus the kernel call's fixed cost) give that model back."""
+    cc = load_calibration()
+    true = AttentionCost(call_us=0.5, row_us=0.4, token_us=0.1, token_row_us=0.05, merge_us=1.5, group_us=60.0,
+                         token_stack_us=0.03)
+    fixed = 9.0
+    rows, tokens = [1, 2, 4, 8, 16, 32], [64, 256, 1024, 2048]
+    stacked = [(m, s, fixed + true.span_us(m, s)) for m in rows for s in tokens]
+    plain = [(m, s, fixed + true.plain_us([s] * m)) for m in rows for s in tokens]
+    merges = [(m, true.group_us + true.merge_us * m) for m in rows if m > 1]
+    cost, fixed_us, worst = cc.fit_cpu(stacked, plain, merges)
+    for field, value in true.__dict__.items():
+        assert getattr(cost, field) == pytest.approx(value, rel=1e-3, abs=1e-3), field
+    assert fixed_us == pytest.approx(fixed, abs=1e-3)
+    assert worst < 1e-3
+    pasted = cc.paste_line("_CPU_BF16", cost)
+    assert eval(pasted.split(" = ", 1)[1], {"AttentionCost": AttentionCost}) == cost
+    assert max(len(line) for line in pasted.splitlines()) <= 110

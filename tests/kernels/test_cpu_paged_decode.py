@@ -1,0 +1,242 @@
+"""The CPU paged decode kernel (engine/kernels/cpu) against the float64 torch reference: fp32, bf16 and
+fp16 KV, grouped-query heads, contexts ending mid-block and on a block edge, rows of different lengths,
+context splits merged inside the kernel, and a cascade prefix + suffix split merged by log-sum-exp.
+
+The kernel computes in fp32 from the values the cache holds, and the reference reads the same values, so
+every dtype is held to fp32 reassociation error. The build is cached in the virtual environment (built at
+install time); a missing one is built here once."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from kernel_ref import make_paged, new_generator, strided_rows
+
+from kvloop.engine.kernels import reference
+from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.kernels.cpu import backend, build
+from kvloop.engine.kernels.cpu import paged_decode as pd
+from kvloop.engine.kernels.torch_decode import merge_into
+from kvloop.engine.runner.cascade_plan import build_plan
+
+ATOL = RTOL = 1e-5  # fp32 accumulation over the dtype-rounded values the reference sees too
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    if not build.load(build=True):
+        if shutil.which("c++") is None or shutil.which("ninja") is None:
+            pytest.skip(f"no C++ toolchain here: {build.unavailable_reason()}")
+        pytest.fail(f"the CPU kernel did not build: {build.unavailable_reason()}")
+
+
+def reference_lse(q, paged, tables, lens, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (out, lse) of row b over its first lens[b] tokens."""
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        k = reference.gather(paged.k_cache, tables[b], n)
+        v = reference.gather(paged.v_cache, tables[b], n)
+        out, lse = reference.attention_lse(q[b : b + 1], k, v, scale)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.stack(outs), torch.stack(lses)
+
+
+def check(out, ref, seed, atol=ATOL, rtol=RTOL) -> None:
+    assert not out.isnan().any(), f"NaN in output (seed {seed})"
+    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+
+
+# 1: a lone token; 15/16/17: one short of, on and one past a block edge; 700 and 1100: several context
+# splits (512 tokens) merged inside the kernel, ending mid-block
+LENS = [1, 15, 16, 17, 700, 1100, 48]
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(6, 2, 64), (4, 4, 128), (6, 3, 40)],
+                         ids=["gqa3_hd64", "mha_hd128", "gqa2_hd40_scalar_tail"])
+def test_plain_decode_matches_float64(kv_dtype, heads, kv_heads, head_dim):
+    gen, seed = new_generator()
+    dtype = KV_DTYPES[kv_dtype]
+    paged = make_paged(LENS, BS, kv_heads, head_dim, dtype, gen)  # unused slots NaN: a stray read shows
+    q = strided_rows(len(LENS), heads, head_dim, torch.float32, gen)  # a view of a wider projection
+    scale = head_dim ** -0.5
+    out, lse = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
+                         scale)
+    ref_out, ref_lse = reference_lse(q, paged, paged.block_tables, LENS, scale)
+    assert out.dtype == lse.dtype == torch.float32 and out.shape == q.shape and lse.shape == q.shape[:2]
+    check(out, ref_out, seed)
+    check(lse, ref_lse, seed)
+
+
+@pytest.mark.parametrize("q_dtype", [torch.bfloat16, torch.float16], ids=["bf16_q", "fp16_q"])
+def test_16bit_queries(q_dtype):
+    gen, seed = new_generator()
+    paged = make_paged(LENS, BS, 2, 64, torch.bfloat16, gen)
+    q = strided_rows(len(LENS), 6, 64, q_dtype, gen)
+    out, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
+                       0.125)
+    check(out, reference_lse(q, paged, paged.block_tables, LENS, 0.125)[0], seed)
+
+
+def test_context_splits_merge_exactly():
+    """Splits of any length (here 7 tokens: not on block edges) give the single-pass result."""
+    gen, seed = new_generator()
+    paged = make_paged(LENS, BS, 2, 64, torch.float32, gen)
+    q = torch.randn(len(LENS), 6, 64, generator=gen)
+    segs = pd.plain_segments(paged.block_tables, torch.tensor(LENS))
+    whole, whole_lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens=1 << 20)
+    split, split_lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens=7)
+    check(split, whole, seed)
+    check(split_lse, whole_lse, seed)
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+@pytest.mark.parametrize("shared", [40, 48], ids=["prefix_ends_mid_block", "prefix_ends_on_block_edge"])
+def test_prefix_and_suffix_merged_by_lse_equal_full_attention(kv_dtype, shared):
+    """Rows sharing their first `shared` tokens: the shared full blocks attended once with the rows'
+    queries stacked, each row's own tokens (the rest of a shared block included) separately, merged by
+    log-sum-exp: equal to each row's attention over its whole context."""
+    gen, seed = new_generator()
+    dtype = KV_DTYPES[kv_dtype]
+    lens = [shared + extra for extra in (1, 30, 300, 16)]
+    paged = make_paged(lens, BS, 2, 64, dtype, gen)
+    prefix_blocks = shared // BS
+    tables = paged.block_tables.clone()
+    prefix = tables[0, :prefix_blocks]
+    tables[1:, :prefix_blocks] = prefix  # the KV manager's sharing: same block ids
+    rows = list(range(len(lens)))
+    q = torch.randn(len(lens), 6, 64, generator=gen)
+    segs = pd.pack_segments([(rows, prefix.tolist(), prefix_blocks * BS)]
+                            + [([r], tables[r, prefix_blocks:].tolist(), n - prefix_blocks * BS)
+                               for r, n in enumerate(lens)])
+    out, lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125)
+    acc, acc_lse = out[len(rows):], lse[len(rows):]
+    merge_into(acc, acc_lse, torch.tensor(rows), out[: len(rows)], lse[: len(rows)])
+    ref_out, ref_lse = reference_lse(q, paged, tables, lens, 0.125)
+    check(acc, ref_out, seed)
+    check(acc_lse, ref_lse, seed)
+
+
+def meta_for(tables: list[list[int]], lens: list[int], plan=None) -> AttentionMetadata:
+    width = max(len(t) for t in tables)
+    return AttentionMetadata(
+        slot_mapping=torch.zeros(len(tables), dtype=torch.long), num_decode=len(tables),
+        decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        decode_context_lens=torch.tensor(lens), max_decode_context=max(lens), cascade=plan)
+
+
+def nested_rows(num_blocks: int, gen: torch.Generator) -> tuple[list[list[int]], list[int]]:
+    """A system prompt shared by 9 rows, a document (ending mid-block) shared by 3 of them and another
+    by 4, a pair on a block edge, a row alone: tables with shuffled block ids."""
+    free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+
+    def take(n: int) -> list[int]:
+        nonlocal free
+        out, free = free[:n], free[n:]
+        return out
+
+    system, doc_a, doc_b, pair = take(2), take(20), take(5), take(4)
+    spec = ([(system + doc_a, 340 + 7 * i) for i in range(3)] + [(system + doc_b, 120 + i) for i in range(4)]
+            + [(list(system), 50), (list(system), 33)] + [(list(pair), 65), (list(pair), 90)] + [([], 70)])
+    tables = [prefix + take(-(-n // BS) - len(prefix)) for prefix, n in spec]
+    return tables, [n for _, n in spec]
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+def test_decode_step_with_and_without_cascade(kv_dtype):
+    """CpuDecode over a step's metadata, nested cascade groups from the runner's planner and without a
+    plan, against float64 (and the same work list reused by a second layer)."""
+    gen, seed = new_generator()
+    dtype = KV_DTYPES[kv_dtype]
+    k_cache = torch.randn(200, BS, 2, 64, generator=gen).to(dtype)
+    v_cache = torch.randn(200, BS, 2, 64, generator=gen).to(dtype)
+    tables, lens = nested_rows(200, gen)
+    q = torch.randn(len(lens), 6, 64, generator=gen)
+    ref = reference.paged_decode(q, k_cache, v_cache, meta_for(tables, lens).decode_block_tables, lens, 0.125)
+    plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1)
+    assert plan is not None and sorted(len(g.rows) for g in plan.groups) == [2, 3, 4, 9]
+    decode = pd.CpuDecode()
+    for p in (None, plan):
+        meta = meta_for(tables, lens, p)
+        out = decode(q, k_cache, v_cache, meta, 0.125)
+        assert out.dtype == q.dtype
+        check(out, ref, seed)
+        assert decode.work(meta, BS) is decode.work(meta, BS)  # built once per step
+    bf16_out = decode(q.bfloat16(), k_cache, v_cache, meta_for(tables, lens, plan), 0.125)
+    assert bf16_out.dtype == torch.bfloat16
+
+
+def test_cpu_backend_runs_a_mixed_step():
+    """The "cpu" backend: decode rows (in cascade groups) through the kernel, a prefill chunk over a cached
+    prefix and the K/V writes through the torch backend it composes."""
+    gen, seed = new_generator()
+    k_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
+    tables, lens = nested_rows(200, gen)
+    plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1)
+    meta = meta_for(tables, lens, plan)
+    chunk_blocks = torch.tensor([190, 191, 192])
+    meta.prefills = [PrefillChunk(len(lens), 9, 41, chunk_blocks)]  # 9 new tokens over 32 cached ones
+    q = torch.randn(len(lens) + 9, 6, 64, generator=gen)
+    cpu = backend.create("cpu")
+    assert cpu.name == "cpu" and backend.available("cpu") and not backend.available("meta")
+    out = cpu.forward(q, k_cache, v_cache, meta, 0.125)
+    check(out, reference.paged_step(q, k_cache, v_cache, meta, 0.125), seed)
+
+
+def test_rows_do_not_depend_on_the_batch_or_threads():
+    """A row's result is bitwise the same alone, in a batch, and with 1 or 2 threads (fixed split length;
+    items covering one or all KV heads compute the same operations)."""
+    gen, _ = new_generator()
+    paged = make_paged(LENS, BS, 2, 64, torch.bfloat16, gen)
+    q = torch.randn(len(LENS), 6, 64, generator=gen)
+    lens = torch.tensor(LENS)
+    batch, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, lens), 0.125)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, lens), 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch, two)
+    for r in (0, 5):
+        alone, _ = pd.attend(q[r : r + 1], paged.k_cache, paged.v_cache,
+                             pd.plain_segments(paged.block_tables[r : r + 1], lens[r : r + 1]), 0.125)
+        assert torch.equal(alone[0], batch[r])
+
+
+def test_operator_traces_with_fake_tensors():
+    """torch.compile can trace through the operator: its output shapes are registered (no data read)."""
+    gen, _ = new_generator()
+    paged = make_paged(LENS, BS, 2, 64, torch.bfloat16, gen)
+    q = torch.randn(len(LENS), 6, 64, generator=gen)
+    segs = pd.plain_segments(paged.block_tables, torch.tensor(LENS))
+    args = (q, paged.k_cache, paged.v_cache, segs.blocks, segs.block_start, segs.tokens, segs.rows_ptr, segs.rows,
+            0.125, 512)
+    torch.library.opcheck(torch.ops.kvloop_cpu.paged_attention.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_empty_segment_gives_zeros_and_minus_infinity():
+    gen, _ = new_generator()
+    paged = make_paged([20], BS, 2, 64, torch.float32, gen)
+    q = torch.randn(1, 6, 64, generator=gen)
+    out, lse = pd.attend(q, paged.k_cache, paged.v_cache, pd.pack_segments([([0], [], 0)]), 0.125)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+def test_bad_indices_are_refused():
+    gen, _ = new_generator()
+    paged = make_paged([20], BS, 2, 64, torch.float32, gen)
+    q = torch.randn(1, 6, 64, generator=gen)
+    num_blocks = paged.k_cache.shape[0]
+    for segs in (pd.pack_segments([([0], [num_blocks], 5)]),  # block id past the cache
+                 pd.pack_segments([([0], [1], 17)]),  # more tokens than its blocks hold
+                 pd.pack_segments([([3], [1], 5)])):  # a query row q does not have
+        with pytest.raises(RuntimeError):
+            pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125)
