@@ -21,6 +21,8 @@ def decode_gathered(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     span = blocks * block_size
     keys = gather_blocks(k_cache, tables).view(batch, span, n_kv, hd)
     values = gather_blocks(v_cache, tables).view(batch, span, n_kv, hd)
+    if keys.dtype != q.dtype:  # 16-bit KV under a wider model dtype: widened after the copy, as prefill does
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     group = heads // n_kv
     qg = q.view(batch, n_kv, group, hd)
     scores = torch.empty(batch, n_kv, group, span, dtype=torch.float32, device=q.device)
