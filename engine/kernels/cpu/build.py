@@ -31,8 +31,10 @@ log = logging.getLogger("kvloop.kernels")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 # Built on the machine that runs it: -march=native picks AVX2/FMA/F16C (or AVX-512) where present.
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LDFLAGS = ["-fopenmp"]
+# tuples, and copies passed to cpp_extension.load: it appends to the lists it is given, which changed the
+# build key (digest) of every kernel built after the first in one process
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 ATTENTION = "paged_decode"  # the attention kernel's source, csrc/paged_decode.cpp
 
 
@@ -131,8 +133,8 @@ def _compile(kernel: str, target: Path) -> float:
     started = time.perf_counter()
     log.info("compiling CPU kernel %s into %s", kernel, target)
     # loads the library when done; a file lock in `target` keeps concurrent builds of it apart
-    cpp_extension.load(library_name(kernel), [str(CSRC / f"{kernel}.cpp")], extra_cflags=CFLAGS,
-                       extra_ldflags=LDFLAGS, extra_include_paths=[str(CSRC)], build_directory=str(target),
+    cpp_extension.load(library_name(kernel), [str(CSRC / f"{kernel}.cpp")], extra_cflags=list(CFLAGS),
+                       extra_ldflags=list(LDFLAGS), extra_include_paths=[str(CSRC)], build_directory=str(target),
                        is_python_module=False, verbose=False)
     took = time.perf_counter() - started
     log.info("CPU kernel %s built in %.1f s", kernel, took)
