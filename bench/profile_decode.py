@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [int(p) for p in args.prompt_tokens.split(",")]
     out = io.StringIO()
     for quant in args.quant.split(","):
-        engine = EngineCore(EngineConfig(dtype="float32", quantization=quant, progress=False,
+        engine = EngineCore(EngineConfig(dtype="auto" if quant == "auto" else "float32", quantization=quant, progress=False,
                                          kv_cache_tokens=max(batches) * (max(prompts) + 64) + 1024,
                                          kv=KVConfig(mode="continuous"), threads=args.threads))
         for plen in prompts:
