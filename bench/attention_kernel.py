@@ -15,30 +15,17 @@ Writes bench/results/attention_kernel.json (--quick: attention_kernel_quick.json
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from decode_shared import cpu_flags, layout  # a sibling script: the same block layout and CPU record
+from decode_shared import layout  # a sibling script: the same block layout
+
+from kvloop.engine.bench import machine  # the kernel benchmarks' shared run shape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 LAYER_BYTES_TARGET = 256 << 20  # all layers' K/V together, several times a 32 MB last-level cache
-
-
-def machine_read_gbps(reps: int, size_mb: int) -> float:
-    import torch
-
-    x = torch.ones(size_mb << 18)  # fp32: 4 bytes each
-    x.sum()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        x.sum()
-        times.append(time.perf_counter() - t)
-    return x.numel() * 4 / statistics.median(times) / 1e9
 
 
 def run_case(batch: int, ctx: int, kv_dtype: str, reps: int, layer_budget: int, kernel) -> dict:
@@ -100,44 +87,29 @@ def goals(rows: list[dict], read_gbps: float) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a smoke run")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=10, help="passes over the cycled layers per case")
-    args = p.parse_args()
-
-    import torch
-
-    from kvloop.engine.bench.guard import NoiseGuard
+    args = machine.kernel_bench_args(__doc__, "tiny sizes, one repetition: a smoke run",
+                                     "passes over the cycled layers per case")
     from kvloop.engine.kernels.cpu import build
 
-    torch.set_num_threads(args.threads)
     kernel = None
     if build.load():
         from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
 
         kernel = CpuDecode
-    batches, ctx, reps, budget, stream_mb = (((8,), 500, 1, 16 << 20, 64) if args.quick
-                                             else ((8, 16, 32), 2000, args.reps, LAYER_BYTES_TARGET, 512))
-    with NoiseGuard() as guard:
-        read_gbps = machine_read_gbps(3 if args.quick else 7, stream_mb)
-        rows = [run_case(b, ctx, kv, reps, budget, kernel) for kv in ("float32", "bfloat16") for b in batches]
-    result = {"bench": "attention_kernel", "quick": args.quick, "threads": args.threads, "cpu": cpu_flags(),
-              "kernel": build.simd() if kernel is not None else None,
-              "kernel_unavailable": build.unavailable_reason(), "machine_read_gbps": round(read_gbps, 2),
-              "noise": guard.report().as_dict(), "rows": rows}
+    batches, ctx, reps, budget = (((8,), 500, 1, 16 << 20) if args.quick
+                                  else ((8, 16, 32), 2000, args.reps, LAYER_BYTES_TARGET))
+    read_gbps, rows, noise = machine.measure_against_bandwidth(args.quick, lambda: [
+        run_case(b, ctx, kv, reps, budget, kernel) for kv in ("float32", "bfloat16") for b in batches])
+    facts = {"kernel": build.simd() if kernel is not None else None, "kernel_unavailable": build.unavailable_reason()}
+    result = machine.kernel_result("attention_kernel", args, read_gbps, noise, facts, rows=rows)
     result["goals"] = goals(rows, read_gbps)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / ("attention_kernel_quick.json" if args.quick else "attention_kernel.json")
-    path.write_text(json.dumps(result, indent=1))
+    path = machine.write_kernel_result(RESULTS, result)
     print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads); kernel: {result['kernel']}")
     for r in rows:
         print(f"batch {r['batch']:>2} ctx {r['context']} {r['kv_dtype']:>8}: torch {r['torch_ms']:8.3f} ms "
               f"({r['torch_gbps']:5.1f} GB/s)" + (f"  kernel {r['kernel_ms']:7.3f} ms ({r['kernel_gbps']:5.1f} GB/s)"
                                                    f"  x{r['speedup']}" if kernel is not None else ""))
-    for g in result["goals"]:
-        print(f"goal {'met' if g['met'] else 'NOT met'}: {g['name']}: {g['value']} {g['op']} {g['bound']}")
-    print(f"wrote {path}")
+    machine.print_goals(result["goals"], path)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections import Counter
 from pathlib import Path
 
+from kvloop.engine.bench.machine import cpu_flags
 from kvloop.engine.config import DTYPES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,21 +58,6 @@ def layout(batch: int, ctx: int, per_doc: int, bs: int) -> list[list[int]]:
             table.append(nxt)
             nxt += 1
     return tables
-
-
-def cpu_flags() -> dict:
-    flags: set[str] = set()
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    keep = ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "avx512_vnni")
-    return {"model": model, "flags": {f: f in flags for f in keep}}
 
 
 class Bench:
@@ -237,10 +222,15 @@ def group_sizes(groups: list[list[int]] | None) -> str:
     return ", ".join((f"{n} × " if n > 1 else "") + f"{m}x{s}" for (m, s), n in counts.items()) or "-"
 
 
+def present_flags(flags: list[str] | dict[str, bool]) -> list[str]:
+    """The CPU flags a result records: machine.cpu_flags' list, or {flag: present} in results saved before it."""
+    return [f for f, on in flags.items() if on] if isinstance(flags, dict) else list(flags)
+
+
 def render_md(result: dict) -> str:
     lines = ["# Shared-prefix decode (bench/decode_shared.py)", "",
              f"CPU: {result['cpu']['model']}; flags: "
-             + ", ".join(f for f, on in result["cpu"]["flags"].items() if on)
+             + ", ".join(present_flags(result["cpu"]["flags"]))
              + f"; threads {result['threads']}; model dtype {result['dtype']}, KV {result['kv_dtype']}.",
              f"Other processes' CPU use: mean {result['noise']['other_cores_mean']:.2f} cores, "
              f"max {result['noise']['other_cores_max']:.2f} (noisy: {result['noise']['noisy']})."]

@@ -15,14 +15,11 @@ Writes bench/results/linear_kernel.json (--quick: linear_kernel_quick.json)."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-from attention_kernel import machine_read_gbps  # sibling scripts: the same bandwidth bound and CPU record
-from decode_shared import cpu_flags
+from kvloop.engine.bench import machine  # the kernel benchmarks' shared run shape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LAYERS = 30
@@ -102,32 +99,19 @@ def goals(steps: list[dict], rows: list[dict], read_gbps: float) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="few copies, M=1 and 8, two repetitions: a smoke run")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=10, help="passes over the cycled copies per case")
-    args = p.parse_args()
-
-    import torch
-
-    from kvloop.engine.bench.guard import NoiseGuard
+    args = machine.kernel_bench_args(__doc__, "few copies, M=1 and 8, two repetitions: a smoke run",
+                                     "passes over the cycled copies per case")
     from kvloop.engine.kernels.cpu import build, linear_bf16w
 
-    torch.set_num_threads(args.threads)
     if not linear_bf16w.available():
         raise SystemExit(f"the bf16-weight kernel is not built: {build.unavailable_reason(linear_bf16w.KERNEL)}")
-    rows_m, reps, cycle, stream_mb = ((1, 8), 2, 64 << 20, 64) if args.quick else (ROWS, args.reps, CYCLE_BYTES, 512)
-    with NoiseGuard() as guard:
-        read_gbps = machine_read_gbps(3 if args.quick else 7, stream_mb)
-        rows = [r for name, (n, k, _) in SHAPES.items() for r in run_shape(name, n, k, rows_m, reps, cycle)]
+    rows_m, reps, cycle = ((1, 8), 2, 64 << 20) if args.quick else (ROWS, args.reps, CYCLE_BYTES)
+    read_gbps, rows, noise = machine.measure_against_bandwidth(args.quick, lambda: [
+        r for name, (n, k, _) in SHAPES.items() for r in run_shape(name, n, k, rows_m, reps, cycle)])
     steps = decode_step(rows)
-    result = {"bench": "linear_kernel", "quick": args.quick, "threads": args.threads, "cpu": cpu_flags(),
-              "machine_read_gbps": round(read_gbps, 2), "noise": guard.report().as_dict(), "rows": rows,
-              "decode_step": steps}
+    result = machine.kernel_result("linear_kernel", args, read_gbps, noise, {}, rows=rows, decode_step=steps)
     result["goals"] = goals(steps, rows, read_gbps)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / ("linear_kernel_quick.json" if args.quick else "linear_kernel.json")
-    path.write_text(json.dumps(result, indent=1))
+    path = machine.write_kernel_result(RESULTS, result)
     print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads)")
     for r in rows:
         print(f"{r['shape']:>8} {r['n']:>5}x{r['k']:<5} M={r['m']:>2}: kernel {r['kernel_ms']:8.3f} ms "
@@ -136,9 +120,7 @@ def main() -> None:
     for s in steps:
         print(f"decode step M={s['m']:>2}: kernel {s['kernel_ms']:.2f} ms ({s['kernel_gbps']} GB/s), "
               f"fp32 {s['torch_fp32_ms']:.2f} ms ({s['torch_fp32_gbps']} GB/s), x{s['speedup']}")
-    for g in result["goals"]:
-        print(f"goal {'met' if g['met'] else 'NOT met'}: {g['name']}: {g['value']} {g['op']} {g['bound']}")
-    print(f"wrote {path}")
+    machine.print_goals(result["goals"], path)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from kvloop.engine.bench.systems import Sizing
 from kvloop.engine.bench.workloads import SMOKE, W1Params, build_w1
 from kvloop.engine.scheduler.policy import policy_names
 
-MODES = policy_names()
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("throughput_tok_s", "throughput_req_s", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "oom_events", "preemptions",
         "kv_use_mean_saturated", "hit_rate")
@@ -174,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="per run (s); unfinished requests fail")
     ap.add_argument("--max-other-cores", type=float, default=0.3)
     ap.add_argument("--redo-noisy", type=int, default=0)
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(policy_names()))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--name", default="modes_w1")
     ap.add_argument("--note", action="append", default=[])

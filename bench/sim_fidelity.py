@@ -25,7 +25,8 @@ from pathlib import Path
 
 from kvloop.engine.bench import workloads as bw
 from kvloop.engine.bench.metrics import percentile
-from kvloop.engine.sim.modes import MODES, Sizing
+from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.sim.modes import Sizing
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = (("throughput_tok_s", "output_throughput_tok_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p99_s", "ttft_p99_s"))
@@ -165,7 +166,7 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(policy_names()))
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--rerun", action="store_true", help="rerun saved (mode, seed) pairs too")
     ap.add_argument("--threads", type=int, default=None)

@@ -24,7 +24,7 @@ import json
 import time
 from pathlib import Path
 
-from kvloop.engine.sim.modes import MODES
+from kvloop.engine.scheduler.policy import policy_names
 from kvloop.engine.sim.profiles import get_profile
 from kvloop.engine.sim.scenarios import gpu_sizing, gpu_w1, phased_w1
 from kvloop.engine.sim.simulator import SimConfig, Simulator
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("part", choices=("compare", "sweep", "gate", "speed", "report"))
     ap.add_argument("--rates", default="10,25,40")
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(policy_names()))
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--phase", type=float, default=180.0)
     ap.add_argument("--phases", type=int, default=4)

@@ -7,11 +7,12 @@ cores. A run whose mean outside load exceeds `max_other_cores` is flagged noisy 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
 import psutil
+
+from kvloop.engine.bench.sampler import BackgroundSampler
 
 
 @dataclass
@@ -34,14 +35,14 @@ def _busy(ct) -> float:
         ct, "steal", 0.0)
 
 
-class NoiseGuard:
+class NoiseGuard(BackgroundSampler):
+    thread_name = "noise-guard"
+
     def __init__(self, pids: list[int] | None = None, interval_s: float = 0.5, max_other_cores: float = 0.3):
+        super().__init__(interval_s)
         self.pids = set(pids or []) | {os.getpid()}
-        self.interval_s = interval_s
         self.max_other_cores = max_other_cores
-        self._stop = threading.Event()
         self._series: list[tuple[float, float, float]] = []
-        self._thread: threading.Thread | None = None
 
     def _ours(self) -> float:
         total = 0.0
@@ -59,26 +60,18 @@ class NoiseGuard:
                     pass
         return total
 
-    def _run(self) -> None:
-        t0 = time.monotonic()
-        last_t, last_busy, last_ours = t0, _busy(psutil.cpu_times()), self._ours()
-        while not self._stop.wait(self.interval_s):
-            t, busy, ours = time.monotonic(), _busy(psutil.cpu_times()), self._ours()
-            dt = max(t - last_t, 1e-6)
-            own = max(0.0, ours - last_ours) / dt
-            other = max(0.0, (busy - last_busy) / dt - own)
-            self._series.append((t - t0, other, own))
-            last_t, last_busy, last_ours = t, busy, ours
+    def begin(self) -> None:
+        self._t0 = time.monotonic()
+        self._last = (self._t0, _busy(psutil.cpu_times()), self._ours())
 
-    def __enter__(self) -> NoiseGuard:
-        self._thread = threading.Thread(target=self._run, name="noise-guard", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+    def sample(self) -> None:
+        last_t, last_busy, last_ours = self._last
+        t, busy, ours = time.monotonic(), _busy(psutil.cpu_times()), self._ours()
+        dt = max(t - last_t, 1e-6)
+        own = max(0.0, ours - last_ours) / dt
+        other = max(0.0, (busy - last_busy) / dt - own)
+        self._series.append((t - self._t0, other, own))
+        self._last = (t, busy, ours)
 
     def report(self) -> NoiseReport:
         s = self._series

@@ -8,9 +8,10 @@ are kept; sampling every `interval_s` can miss a peak shorter than that."""
 from __future__ import annotations
 
 import os
-import threading
 
 import psutil
+
+from kvloop.engine.bench.sampler import BackgroundSampler
 
 
 def descendants_memory_mib(pid: int) -> tuple[float, float]:
@@ -30,37 +31,23 @@ def descendants_memory_mib(pid: int) -> tuple[float, float]:
     return rss / 2**20, pss / 2**20
 
 
-class PeakMemory:
+class PeakMemory(BackgroundSampler):
     """Context manager sampling the memory of every process `pid` (default: this one) has started, so a
     server is covered from its first moment (start-up included) without knowing its pid; the peaks are
     over all samples. Run one system at a time under it."""
 
+    thread_name = "peak-memory"
+
     def __init__(self, pid: int | None = None, interval_s: float = 0.25):
+        super().__init__(interval_s)
         self.pid = os.getpid() if pid is None else pid
-        self.interval_s = interval_s
         self.peak_rss_mib = 0.0
         self.peak_pss_mib = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def sample(self) -> None:
         rss, pss = descendants_memory_mib(self.pid)
         self.peak_rss_mib = max(self.peak_rss_mib, rss)
         self.peak_pss_mib = max(self.peak_pss_mib, pss)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
-    def __enter__(self) -> PeakMemory:
-        self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
     def as_dict(self) -> dict:
         return {"peak_rss_mib": round(self.peak_rss_mib, 1), "peak_pss_mib": round(self.peak_pss_mib, 1)}

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.config import SchedulerConfig
-from kvloop.engine.scheduler.policy import get_policy, policy_names
-
-ENGINE_MODES = policy_names()  # the benchmark's engine systems: every registered policy
+from kvloop.engine.scheduler.policy import get_policy
 
 
 @dataclass

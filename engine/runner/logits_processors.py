@@ -41,15 +41,28 @@ class LogitsProcessor(Protocol):
 class LogitBias:
     name = "logit_bias"
 
+    def __init__(self) -> None:
+        # request id -> (the bias it was built from, ids, values): built once per request and reused while
+        # the request is in the batch; kept for the latest call's rows only, so what leaves costs nothing
+        self._built: dict[str, tuple[dict[int, float], torch.Tensor, torch.Tensor]] = {}
+
     def wants(self, row: SampleRow) -> bool:
         return bool(row.params.logit_bias)
+
+    def forget(self, request_id: str) -> None:
+        self._built.pop(request_id, None)
 
     def apply(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
         for i, row in enumerate(rows):
             bias = row.params.logit_bias
-            ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=logits.device)
-            values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
-            logits[i].index_add_(0, ids, values)
+            built = self._built.get(row.request_id)
+            if (built is None or built[0] != bias or built[2].device != logits.device
+                    or built[2].dtype != logits.dtype):
+                ids = torch.tensor(list(bias.keys()), dtype=torch.long, device=logits.device)
+                values = torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device)
+                built = self._built[row.request_id] = (dict(bias), ids, values)
+            logits[i].index_add_(0, built[1], built[2])
+        self._built = {row.request_id: self._built[row.request_id] for row in rows}
 
 
 class Penalties:
@@ -58,17 +71,40 @@ class Penalties:
 
     name = "penalties"
 
+    def __init__(self) -> None:
+        # request id -> (its sequence, output tokens counted, counts [vocab]): counted once, then extended by
+        # the tokens generated since; kept for the latest call's rows only, so what leaves costs nothing
+        self._counted: dict[str, tuple[object, int, torch.Tensor]] = {}
+
     def wants(self, row: SampleRow) -> bool:
         p = row.params
         return bool((p.presence_penalty or p.frequency_penalty) and row.output_token_ids)
 
+    def forget(self, request_id: str) -> None:
+        self._counted.pop(request_id, None)
+
     def apply(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
-        vocab = logits.shape[-1]
         for i, row in enumerate(rows):
-            ids = torch.tensor(row.output_token_ids, dtype=torch.long, device=logits.device)
-            counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
+            counts = self._counts(row, logits)
             p = row.params
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        self._counted = {row.request_id: self._counted[row.request_id] for row in rows}
+
+    def _counts(self, row: SampleRow, logits: torch.Tensor) -> torch.Tensor:
+        """How often each token id below the vocabulary size occurs in the row's output so far."""
+        vocab, out = logits.shape[-1], row.output_token_ids
+        seen = self._counted.get(row.request_id)
+        if (seen is None or seen[0] is not row.seq or seen[1] > len(out) or seen[2].shape[0] != vocab
+                or seen[2].device != logits.device or seen[2].dtype != logits.dtype):
+            ids = torch.tensor(out, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(ids, minlength=vocab)[:vocab].to(logits.dtype)
+        else:
+            counts = seen[2]
+            for token in out[seen[1]:]:
+                if token < vocab:  # as the full count's [:vocab]
+                    counts[token] += 1
+        self._counted[row.request_id] = (row.seq, len(out), counts)  # at once: a later row may raise
+        return counts
 
 
 def default_processors() -> list[LogitsProcessor]:

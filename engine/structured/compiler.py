@@ -7,6 +7,7 @@ is about a millisecond where outlines-core took seconds on a free-form object, a
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 
 import llguidance
@@ -60,7 +61,9 @@ class GrammarCompiler:
         return grammar
 
 
-_compilers: dict[int, GrammarCompiler] = {}
+# keyed by the tokenizer itself, held weakly: an entry goes with its tokenizer, so a new tokenizer at a reused
+# address cannot find the old one's compiler (a compiler does not hold its tokenizer, or it would never go)
+_compilers: weakref.WeakKeyDictionary[Tokenizer, GrammarCompiler] = weakref.WeakKeyDictionary()
 _compilers_lock = threading.Lock()
 
 
@@ -68,7 +71,7 @@ def compiler_for(tokenizer: Tokenizer, vocab_size: int | None = None) -> Grammar
     """One compiler (and cache) per tokenizer, shared by the API edge that validates a schema and the
     engine that constrains with it."""
     with _compilers_lock:
-        compiler = _compilers.get(id(tokenizer))
+        compiler = _compilers.get(tokenizer)
         if compiler is None or (vocab_size and compiler.vocab_size != vocab_size):
-            compiler = _compilers[id(tokenizer)] = GrammarCompiler(tokenizer, vocab_size)
+            compiler = _compilers[tokenizer] = GrammarCompiler(tokenizer, vocab_size)
         return compiler

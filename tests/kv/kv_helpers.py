@@ -1,13 +1,18 @@
-"""Helpers shared by the KV tests: greedy requests, a content-tracking fake mover, token streams."""
+"""Helpers shared by the KV tests: greedy requests, a content-tracking fake mover, token streams, a KV
+manager over that mover and one request served through it."""
 
 from __future__ import annotations
 
 import random
 from collections import deque
 
+from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.hashing import chain_hashes
+from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.sequence import Sequence
+
+ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -100,6 +105,27 @@ class FakeMover:
                 end = min((i + 1) * bs, seq.num_computed_tokens)
                 if end > i * bs:
                     assert self.device.get(block) == tuple(seq.token_ids[:end]), f"{seq.request_id}: block {i} wrong"
+
+
+def fake_manager(num_blocks: int, block_size: int, config: KVConfig, extra_key: str) -> KVCacheManager:
+    """A KV manager without a model: its mover is a FakeMover keyed like the manager."""
+    kv = KVCacheManager(num_blocks, block_size, config, extra_key=extra_key)
+    kv.attach_mover(FakeMover(kv, extra_key.encode()))
+    return kv
+
+
+def serve(kv: KVCacheManager, rid: str, ids: list[int]) -> int:
+    """Admits, 'computes' and releases one request on a fake_manager as the engine would; returns its prefix
+    hit. The invariants are checked while it holds its blocks and after."""
+    seq = Sequence(rid, ids, ONE_TOKEN)
+    hit = kv.lookup_prefix(seq)
+    assert kv.allocate(seq, len(ids))
+    kv.mover.compute(seq, hit, len(ids))
+    seq.num_computed_tokens = len(ids)
+    kv.check_integrity([seq])
+    kv.release(seq)
+    kv.check_integrity([])
+    return hit
 
 
 def manager_state(kv) -> object:

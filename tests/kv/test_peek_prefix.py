@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import pytest
-from kv_helpers import FakeMover, manager_state
+from kv_helpers import ONE_TOKEN, fake_manager, manager_state, serve
 
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.prefix_match import PrefixMatch
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 4
-PARAMS = SamplingParams(max_tokens=1, temperature=0)
 DOC = list(range(1, 26))  # six full blocks and one token
 
 
@@ -22,20 +20,7 @@ def make(mode: str = "codesign", host_blocks: int = 3, min_prefix_tokens: int = 
     cfg = KVConfig(mode=mode, admit_min_requests=1, host_admit_min_requests=2, disk_admit_min_requests=1,
                    min_prefix_tokens=min_prefix_tokens, watermark=0.0, host_cache_tokens=host_blocks * BS,
                    disk_dir="unused-by-the-fake", disk_cache_tokens=32 * BS)
-    kv = KVCacheManager(8, BS, cfg, extra_key="m")
-    kv.attach_mover(FakeMover(kv, b"m"))
-    return kv
-
-
-def serve(kv: KVCacheManager, rid: str, ids: list[int]) -> int:
-    seq = Sequence(rid, ids, PARAMS)
-    hit = kv.lookup_prefix(seq)
-    assert kv.allocate(seq, len(ids))
-    kv.mover.compute(seq, hit, len(ids))
-    seq.num_computed_tokens = len(ids)
-    kv.release(seq)
-    kv.check_integrity([])
-    return hit
+    return fake_manager(8, BS, cfg, "m")
 
 
 def spread_over_tiers(kv: KVCacheManager) -> None:
@@ -51,7 +36,7 @@ def spread_over_tiers(kv: KVCacheManager) -> None:
 def test_peek_is_what_lookup_attaches_across_tiers_and_changes_nothing():
     kv = make()
     spread_over_tiers(kv)
-    seq = Sequence("again", DOC, PARAMS)
+    seq = Sequence("again", DOC, ONE_TOKEN)
     before = manager_state(kv)
     match = kv.peek_prefix(seq)
     assert manager_state(kv) == before
@@ -72,7 +57,7 @@ def test_peek_is_what_lookup_attaches_across_tiers_and_changes_nothing():
 def test_peek_agrees_with_lookup_in_every_cache_policy(mode):
     kv = make(mode)
     spread_over_tiers(kv)
-    seq = Sequence("again", DOC, PARAMS)
+    seq = Sequence("again", DOC, ONE_TOKEN)
     before = manager_state(kv)
     match = kv.peek_prefix(seq)
     assert manager_state(kv) == before
@@ -95,7 +80,7 @@ def test_peek_applies_the_minimum_reusable_prefix():
     kv = make(min_prefix_tokens=4 * BS)
     serve(kv, "doc", DOC)
     assert kv.peek_prefix(DOC).num_blocks == 6
-    short = Sequence("short", DOC[: 3 * BS + 1], PARAMS)  # three blocks: under the minimum of four
+    short = Sequence("short", DOC[: 3 * BS + 1], ONE_TOKEN)  # three blocks: under the minimum of four
     misses = kv.stats.short_prefix_misses
     assert kv.peek_prefix(short) == PrefixMatch()
     assert kv.stats.short_prefix_misses == misses  # a peek counts nothing

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from kvloop.engine.bench import workloads as bw
-from kvloop.engine.sim.modes import MODES
+from kvloop.engine.scheduler.policy import policy_names
 
 KEYS = ("output_throughput_tok_s", "request_throughput_req_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
         "itl_p99_s", "e2e_p90_s")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", policy_names())
 def test_smoke_end_to_end(simulate, mode):
     sim, res = simulate(mode, check_integrity_every=1)
     c, s = res["client"], res["server"]
@@ -42,7 +42,7 @@ def test_deterministic_by_seed(simulate):
 
 
 @pytest.mark.parametrize("profile", ["cpu", "h200"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", policy_names())
 def test_fast_forward_is_exact(simulate, mode, profile, monkeypatch):
     from kvloop.engine.sim import fastforward
     from kvloop.engine.sim.profiles import get_profile
@@ -73,7 +73,7 @@ def test_fast_forward_is_exact(simulate, mode, profile, monkeypatch):
     assert fast["server"] == slow["server"]
 
 
-@pytest.mark.parametrize(("mode", "factor"), [(m, 1.0) for m in MODES] + [("codesign", 2.0)])
+@pytest.mark.parametrize(("mode", "factor"), [(m, 1.0) for m in policy_names()] + [("codesign", 2.0)])
 def test_fast_forward_is_exact_at_the_batch_cap(simulate, mode, factor, monkeypatch):
     """A cap of 3 with requests arriving faster than they finish: windows take arrivals into the queue.
     With codesign's priced room past the cap (factor 2), windows end where the scheduler may admit."""

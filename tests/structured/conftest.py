@@ -1,22 +1,12 @@
-"""Engines over the shared fp32 model and the real tokenizer (tests/conftest.py loads both once)."""
+"""Engines over the shared fp32 model and the real tokenizer (tests/conftest.py loads both once). Shared
+values (the schema the tests use) are in structured_helpers.py: a conftest is not imported by name."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
 
-from kvloop.engine.structured.spec import GrammarSpec
-
 torch.set_num_threads(1)
-
-# Small enough that its JSON completes in a few dozen tokens, strict enough to check.
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                           "city": {"enum": ["Paris", "Rome", "Oslo"]}},
-          "required": ["name", "age", "city"], "additionalProperties": False}
-PERSON_SPEC = GrammarSpec("json_schema", json.dumps(PERSON, separators=(",", ":")))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from conftest import PERSON, PERSON_SPEC
+from structured_helpers import PERSON, PERSON_SPEC
 
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.sampling import SamplingParams

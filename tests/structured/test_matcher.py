@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import PERSON_SPEC
+from structured_helpers import PERSON_SPEC
 
 from kvloop.engine.structured.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask
 from kvloop.engine.structured.compiler import GrammarError
@@ -37,6 +37,23 @@ def test_compile_is_cached_by_schema_text(tokenizer):
     again = c.compile(parse_response_format({"type": "json_schema", "json_schema": {
         "name": "other", "schema": json.loads(PERSON_SPEC.schema)}}))
     assert again is first and (c.misses, c.hits) == (1, 1)
+
+
+def test_one_compiler_per_tokenizer_object_and_it_goes_with_the_tokenizer(tokenizer):
+    import gc
+    import weakref
+
+    from kvloop.engine.structured import compiler as compiler_module
+    from kvloop.engine.tokenizer.tokenizer import Tokenizer
+
+    other = Tokenizer(tokenizer.backend, tokenizer.chat_template, set(tokenizer.eos_token_ids))
+    mine = compiler_module.compiler_for(other)
+    assert compiler_module.compiler_for(other) is mine and compiler_module.compiler_for(tokenizer) is not mine
+    gone, mine_ref = weakref.ref(other), weakref.ref(mine)
+    del other, mine
+    gc.collect()
+    # the compiler went with its tokenizer: nothing is left for a new one that may reuse the address
+    assert gone() is None and mine_ref() is None
 
 
 @pytest.mark.parametrize("schema", [
