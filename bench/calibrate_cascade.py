@@ -9,7 +9,9 @@ slope at M = 1 gives token_us, the slopes per row of stacks of 8 and more give t
 --backend cpu: the C++ kernel (kernels/cpu/paged_decode.attend) takes a whole step in one call, so a "call" of
 the model is one segment of it. Over the same grid it times the stacked call (one segment: M rows against S
 shared tokens, in place over the paged cache) and the plain call (M one-row segments over those tokens), and
-the merge (torch_decode.merge_into, once per group), and fits
+the merge of a group's partial results with its rows' own parts, which the kernel does inside the call
+(paged_decode.decode): that call's time less the same segments' without the merge (paged_decode.attend, the
+partial results as they are), and fits
     t(M, S) = call_us + row_us * M + S * max(token_us, token_stack_us + token_row_us * M)
 (the kernel widens each K/V tile once for all its stacked rows): the stacked intercepts give row_us, the
 plain ones the call's fixed cost (the same with or without cascade: left out of the model) and call_us per
@@ -200,25 +202,21 @@ def measure_cpu(dtype: torch.dtype, rows_grid: list[int], tokens_grid: list[int]
 
 
 def measure_cpu_merge(rows_grid: list[int], reps: int) -> list[tuple[int, float]]:
-    """(members, us) of one group's merge as CpuDecode runs it, on the kernel's fresh outputs (timed right
-    after the call that makes them, as in a step): rows by an index tensor, the partial results a slice."""
-    from kvloop.engine.kernels.cpu.paged_decode import attend, pack_segments
+    """(members, us) of one group's merge as CpuDecode runs it: inside the kernel call, so measured as that
+    call (each row's partial results merged, paged_decode.decode) less the same segments' call without the
+    merge (paged_decode.attend), a group of `members` rows and each row's own part."""
+    from kvloop.engine.kernels.cpu.paged_decode import attend, decode, pack_segments
 
     k, v = paged_cache(torch.float32, 6)
     q = torch.randn(max(rows_grid), HEADS, HD)
     ids = list(range(1, 5))
-    samples = []
-    for m in (m for m in rows_grid if m > 1):
+    sizes = [m for m in rows_grid if m > 1]
+    calls = []
+    for m in sizes:
         segments = pack_segments([(list(range(m)), ids, 4 * BLOCK)] + [([r], ids, 4 * BLOCK) for r in range(m)])
-        rows = torch.arange(m)
-        best = float("inf")
-        for _ in range(reps + 1):
-            out, lse = attend(q, k, v, segments, HD ** -0.5)
-            start = time.perf_counter()
-            torch_decode.merge_into(out[m:], lse[m:], rows, out[:m], lse[:m])
-            best = min(best, time.perf_counter() - start)
-        samples.append((m, best * 1e6))
-    return samples
+        calls += [partial(decode, q[:m], k, v, segments, HD ** -0.5), partial(attend, q[:m], k, v, segments, HD ** -0.5)]
+    times = best_of_each(calls, reps)
+    return [(m, times[2 * i] - times[2 * i + 1]) for i, m in enumerate(sizes)]
 
 
 def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, float]]
@@ -378,7 +376,7 @@ def main() -> None:
         calibrate_torch(result, rows_grid, tokens_grid, reps)
         result["goals"] = calibration_goals(result)
     else:
-        from decode_shared import cpu_flags  # bench/, beside this script
+        from kvloop.engine.bench.machine import cpu_flags
 
         result.update(backend="cpu", quick=args.quick, cpu_flags=cpu_flags())
         paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT, reps)

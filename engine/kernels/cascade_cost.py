@@ -7,8 +7,9 @@ One attention call that stacks M query rows against S shared tokens costs, per l
 what a kernel pays once per token for all the rows it stacks, such as widening 16-bit K/V; 0 on torch),
 and every row that takes part in a cascade pays merge_us per extra partial result (group_us more per
 group). Plain decode is one such call per row (M = 1) over its whole context. For a backend whose kernel
-takes the whole step in one call (the CPU kernel), a "call" is one segment of that call: call_us is what
-a segment adds, and the call's own fixed cost, the same with or without cascade, is left out.
+takes the whole step in one call (the CPU kernel, which also merges each row's partial results inside it),
+a "call" is one segment of that call: call_us is what a segment adds, and the call's own fixed cost, the
+same with or without cascade, is left out.
 Coefficients are measured by bench/calibrate_cascade.py on a CPU and stored below per attention backend
 and KV dtype; compare them only within one machine and one backend.
 """
@@ -40,8 +41,10 @@ class AttentionCost:
         return self.call_us + self.row_us * rows + tokens * self.token_cost_us(rows)
 
     def plain_us(self, context_lens: Iterable[int]) -> float:
-        """One decode step's attention per layer without cascade."""
-        return sum(self.span_us(1, n) for n in context_lens)
+        """One decode step's attention per layer without cascade: span_us(1, n) per row, its two terms
+        taken out of the loop (the same arithmetic; the simulator prices every step with it)."""
+        fixed, per_token = self.call_us + self.row_us * 1, self.token_cost_us(1)
+        return sum(fixed + n * per_token for n in context_lens)
 
     def group_gain_us(self, members: int, shared_tokens: int) -> float:
         """Time saved per layer by reading `shared_tokens` once for `members` rows (negative: a loss)."""
@@ -70,12 +73,15 @@ _BF16 = AttentionCost(call_us=233.872, row_us=0.0289, token_us=0.06555, token_ro
 _FP32 = AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
                       copy_max_tokens=8192)
 
-# The C++ CPU kernel (kernels/cpu/paged_decode.py; backend "cpu"): one call per step, a segment per row and per
-# group, merges in torch (group_us: their fixed cost). Measured with `bench/calibrate_cascade.py --backend cpu
-# --threads 2` on an AMD EPYC with AVX2 (no AVX-512), quiet machine (bench/results/cascade_calibration_cpu.json):
-# fit within 57% (bf16) / 55% (fp32) at worst; break-even shared tokens 6,640 for 2 sharers, 2,384 for 4, 672
-# for 16 (bf16); on held-out points the model picks the measured-slower path (by > 5%) at 2 of 35 (bf16) and
-# 3 of 35 (fp32) points (the goal of 0 is missed: the merge's fixed cost does not shrink with threads).
+# The C++ CPU kernel (kernels/cpu/paged_decode.py; backend "cpu"): one call per step, a segment per row and
+# per group. STALE in merge_us and group_us: measured when the merges ran in torch after the call (about 80 us
+# per group and layer); the kernel now merges inside the call (a few us per group), so these entries cascade
+# less than they could (never where it is slower) until recalibrated on a quiet machine. Measured with
+# `bench/calibrate_cascade.py --backend cpu --threads 2` on an AMD EPYC with AVX2 (no AVX-512), quiet machine
+# (bench/results/cascade_calibration_cpu.json): fit within 57% (bf16) / 55% (fp32) at worst; break-even shared
+# tokens 6,640 for 2 sharers, 2,384 for 4, 672 for 16 (bf16); on held-out points the model picks the
+# measured-slower path (by > 5%) at 2 of 35 (bf16) and 3 of 35 (fp32) points (the goal of 0 is missed: the
+# torch merge's fixed cost did not shrink with threads).
 _CPU_BF16 = AttentionCost(call_us=2.002, row_us=0.6793, token_us=0.06399, token_row_us=0.050237,
                           merge_us=2.652, copy_max_tokens=512, group_us=82.602, token_stack_us=0.01375)
 _CPU_FP32 = AttentionCost(call_us=3.419, row_us=0.7361, token_us=0.07522, token_row_us=0.054102,

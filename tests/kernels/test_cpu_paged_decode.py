@@ -1,6 +1,7 @@
 """The CPU paged decode kernel (engine/kernels/cpu) against the float64 torch reference: fp32, bf16 and
 fp16 KV, grouped-query heads, contexts ending mid-block and on a block edge, rows of different lengths,
-context splits merged inside the kernel, and a cascade prefix + suffix split merged by log-sum-exp.
+context splits merged inside the kernel, and cascade: shared prefixes (groups of 1, 2 and 16, nested ones)
+and each row's own part, their partial results merged by log-sum-exp inside the kernel (paged_decode).
 
 The kernel computes in fp32 from the values the cache holds, and the reference reads the same values, so
 every dtype is held to fp32 reassociation error. The build is cached in the virtual environment (built at
@@ -12,7 +13,7 @@ import shutil
 
 import pytest
 import torch
-from kernel_ref import make_paged, new_generator, strided_rows
+from kernel_ref import make_paged, new_generator, poisoned_alloc, strided_rows
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -95,31 +96,46 @@ def test_context_splits_merge_exactly():
     check(split_lse, whole_lse, seed)
 
 
-@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
-@pytest.mark.parametrize("shared", [40, 48], ids=["prefix_ends_mid_block", "prefix_ends_on_block_edge"])
-def test_prefix_and_suffix_merged_by_lse_equal_full_attention(kv_dtype, shared):
-    """Rows sharing their first `shared` tokens: the shared full blocks attended once with the rows'
-    queries stacked, each row's own tokens (the rest of a shared block included) separately, merged by
-    log-sum-exp: equal to each row's attention over its whole context."""
-    gen, seed = new_generator()
-    dtype = KV_DTYPES[kv_dtype]
-    lens = [shared + extra for extra in (1, 30, 300, 16)]
+def shared_prefix_rows(members: int, shared: int, dtype: torch.dtype, gen: torch.Generator):
+    """`members` rows sharing their first `shared` tokens (the same block ids for its full blocks, as the KV
+    manager shares them; a partly shared block is each row's own), then one row of its own: the paged cache,
+    tables, lengths and the shared block ids."""
+    lens = [shared + (1, 30, 300, 16)[i % 4] for i in range(members)] + [77]
     paged = make_paged(lens, BS, 2, 64, dtype, gen)
     prefix_blocks = shared // BS
     tables = paged.block_tables.clone()
-    prefix = tables[0, :prefix_blocks]
-    tables[1:, :prefix_blocks] = prefix  # the KV manager's sharing: same block ids
-    rows = list(range(len(lens)))
-    q = torch.randn(len(lens), 6, 64, generator=gen)
-    segs = pd.pack_segments([(rows, prefix.tolist(), prefix_blocks * BS)]
-                            + [([r], tables[r, prefix_blocks:].tolist(), n - prefix_blocks * BS)
-                               for r, n in enumerate(lens)])
-    out, lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125)
-    acc, acc_lse = out[len(rows):], lse[len(rows):]
-    merge_into(acc, acc_lse, torch.tensor(rows), out[: len(rows)], lse[: len(rows)])
+    tables[1:members, :prefix_blocks] = tables[0, :prefix_blocks]
+    return paged, tables, lens, tables[0, :prefix_blocks].tolist()
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+@pytest.mark.parametrize("shared", [40, 48], ids=["prefix_ends_mid_block", "prefix_ends_on_block_edge"])
+@pytest.mark.parametrize("members", [1, 2, 16])
+@pytest.mark.parametrize("split_tokens", [512, 7], ids=["one_split", "many_splits"])
+def test_prefix_and_suffix_merged_in_the_kernel_equal_full_attention(kv_dtype, shared, members, split_tokens):
+    """A group's shared full blocks attended once with its rows' queries stacked, each row's own tokens (the
+    rest of a partly shared block included) separately, and the partial results (context splits too) merged
+    by log-sum-exp inside the kernel: each row's output and log-sum-exp equal its attention over its whole
+    context. A row outside the group is written directly beside the merged ones."""
+    gen, seed = new_generator()
+    paged, tables, lens, prefix = shared_prefix_rows(members, shared, KV_DTYPES[kv_dtype], gen)
+    cut = len(prefix) * BS
+    q = strided_rows(len(lens), 6, 64, torch.float32, gen)
+    segs = pd.pack_segments([(list(range(members)), prefix, cut)]
+                            + [([r], tables[r, len(prefix):].tolist(), n - cut) for r, n in enumerate(lens[:members])]
+                            + [([members], tables[members].tolist(), lens[members])])
+    with poisoned_alloc():  # an output the kernel forgets to write would hold NaN
+        out, lse = pd.decode(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens)
     ref_out, ref_lse = reference_lse(q, paged, tables, lens, 0.125)
-    check(acc, ref_out, seed)
-    check(acc_lse, ref_lse, seed)
+    assert out.shape == q.shape and lse.shape == q.shape[:2]
+    check(out, ref_out, seed)
+    check(lse, ref_lse, seed)
+    # the partial results the kernel merged, and torch's merge of them, agree with it
+    parts, parts_lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens)
+    acc, acc_lse = parts[members:], parts_lse[members:]
+    merge_into(acc, acc_lse, torch.arange(members), parts[:members], parts_lse[:members])
+    check(out, acc, seed)
+    check(lse, acc_lse, seed)
 
 
 def meta_for(tables: list[list[int]], lens: list[int], plan=None) -> AttentionMetadata:
@@ -160,6 +176,7 @@ def test_decode_step_with_and_without_cascade(kv_dtype):
     ref = reference.paged_decode(q, k_cache, v_cache, meta_for(tables, lens).decode_block_tables, lens, 0.125)
     plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1)
     assert plan is not None and sorted(len(g.rows) for g in plan.groups) == [2, 3, 4, 9]
+    assert max(len(plan.row_groups(r)) for r in range(len(lens))) == 2  # nested: system prompt, then document
     decode = pd.CpuDecode()
     for p in (None, plan):
         meta = meta_for(tables, lens, p)
@@ -169,6 +186,12 @@ def test_decode_step_with_and_without_cascade(kv_dtype):
         assert decode.work(meta, BS) is decode.work(meta, BS)  # built once per step
     bf16_out = decode(q.bfloat16(), k_cache, v_cache, meta_for(tables, lens, plan), 0.125)
     assert bf16_out.dtype == torch.bfloat16
+    # a row's log-sum-exp over its nested groups and own part, merged in the kernel, is its whole context's
+    _, lse = pd.decode(q, k_cache, v_cache, pd.decode_work(meta_for(tables, lens, plan), BS), 0.125)
+    ref_lse = torch.stack([reference.attention_lse(q[b:b + 1], reference.gather(k_cache, torch.tensor(t), n),
+                                                   reference.gather(v_cache, torch.tensor(t), n), 0.125)[1][0]
+                           for b, (t, n) in enumerate(zip(tables, lens, strict=True))])
+    check(lse, ref_lse, seed)
 
 
 def test_cpu_backend_runs_a_mixed_step():
@@ -210,6 +233,35 @@ def test_rows_do_not_depend_on_the_batch_or_threads():
         assert torch.equal(alone[0], batch[r])
 
 
+def test_cascade_rows_do_not_depend_on_the_threads_or_the_group_size():
+    """With cascade, a row's merged result is bitwise the same with 1 or 2 threads, and in a group of 16 or
+    of 2 (each stacked query is computed on its own; a row's partial results merge in a fixed order)."""
+    gen, _ = new_generator()
+    k_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
+    tables, lens = nested_rows(200, gen)
+    q = torch.randn(len(lens), 6, 64, generator=gen)
+    segs = pd.decode_work(meta_for(tables, lens, build_plan(tables, lens, BS, lambda m, t: m > 1)), BS)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            runs.append(pd.decode(q, k_cache, v_cache, segs, 0.125, split_tokens=64))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    paged, tables, lens, prefix = shared_prefix_rows(16, 48, torch.bfloat16, gen)
+    q = torch.randn(len(lens), 6, 64, generator=gen)
+
+    def group_of(members: int) -> torch.Tensor:
+        segs = pd.pack_segments([(list(range(members)), prefix, 48)]
+                                + [([r], tables[r, 3:].tolist(), lens[r] - 48) for r in range(members)])
+        return pd.decode(q[:members], paged.k_cache, paged.v_cache, segs, 0.125)[0]
+
+    assert torch.equal(group_of(16)[:2], group_of(2))
+
+
 def test_operator_traces_with_fake_tensors():
     """torch.compile can trace through the operator: its output shapes are registered (no data read)."""
     gen, _ = new_generator()
@@ -218,8 +270,8 @@ def test_operator_traces_with_fake_tensors():
     segs = pd.plain_segments(paged.block_tables, torch.tensor(LENS))
     args = (q, paged.k_cache, paged.v_cache, segs.blocks, segs.block_start, segs.tokens, segs.rows_ptr, segs.rows,
             0.125, 512)
-    torch.library.opcheck(torch.ops.kvloop_cpu.paged_attention.default, args,
-                          test_utils=("test_schema", "test_faketensor"))
+    for op in (torch.ops.kvloop_cpu.paged_attention, torch.ops.kvloop_cpu.paged_decode):
+        torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_empty_segment_gives_zeros_and_minus_infinity():
@@ -228,6 +280,22 @@ def test_empty_segment_gives_zeros_and_minus_infinity():
     q = torch.randn(1, 6, 64, generator=gen)
     out, lse = pd.attend(q, paged.k_cache, paged.v_cache, pd.pack_segments([([0], [], 0)]), 0.125)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+def test_decode_rows_without_tokens_give_zeros_and_minus_infinity():
+    """paged_decode: a row no segment names, or only empty ones, gets zeros and -inf; an empty segment
+    beside a real one weighs nothing in the merge."""
+    gen, seed = new_generator()
+    paged = make_paged([20], BS, 2, 64, torch.float32, gen)
+    q = torch.randn(3, 6, 64, generator=gen)
+    table = paged.block_tables[0, :2].tolist()
+    with poisoned_alloc():
+        out, lse = pd.decode(q, paged.k_cache, paged.v_cache,
+                             pd.pack_segments([([0, 1], [], 0), ([0], table, 20), ([1], [], 0)]), 0.125)
+    assert torch.equal(out[1:], torch.zeros_like(out[1:])) and torch.isneginf(lse[1:]).all()
+    ref_out, ref_lse = reference_lse(q[:1], paged, paged.block_tables, [20], 0.125)
+    check(out[:1], ref_out, seed)
+    check(lse[:1], ref_lse, seed)
 
 
 def test_bad_indices_are_refused():

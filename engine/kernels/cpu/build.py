@@ -16,6 +16,7 @@ KVLOOP_CPU_KERNEL_DIR overrides the cache directory."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import platform
@@ -36,6 +37,12 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 ATTENTION = "paged_decode"  # the attention kernel's source, csrc/paged_decode.cpp
+# Called once a kernel's library is loaded, whoever loads it and whatever was imported before: registers
+# its operators' fake (meta) implementations, the output shapes torch.compile traces through without data.
+ON_LOAD = {
+    "paged_decode": "kvloop.engine.kernels.cpu.paged_decode:register_fakes",
+    "linear_bf16w": "kvloop.engine.kernels.cpu.linear_bf16w:register_fakes",
+}
 
 
 @dataclass
@@ -91,9 +98,9 @@ def library_path(kernel: str = ATTENTION) -> Path:
 
 
 def load(kernel: str = ATTENTION, build: bool = False) -> bool:
-    """Registers the kernel's operators (torch.ops.kvloop_cpu) from its cached build; True when available.
-    build=True compiles a missing build first (the install step and the tests); the engine passes False
-    and is told once, in the log, why a kernel is unavailable."""
+    """Registers the kernel's operators (torch.ops.kvloop_cpu) from its cached build, and their fakes (ON_LOAD);
+    True when available. build=True compiles a missing build first (the install step and the tests); the engine
+    passes False and is told once, in the log, why a kernel is unavailable."""
     state = _states.setdefault(kernel, _State())
     if state.loaded:
         return True
@@ -108,6 +115,9 @@ def load(kernel: str = ATTENTION, build: bool = False) -> bool:
         else:
             raise FileNotFoundError(f"not built for this machine and sources (run `{sys.executable} -m "
                                     f"kvloop.engine.kernels.cpu.build`)")
+        if kernel in ON_LOAD:
+            module, func = ON_LOAD[kernel].split(":")
+            getattr(importlib.import_module(module), func)()
     except Exception as exc:  # no compiler, no ninja, a compile error: the torch path serves instead
         state.error = f"{type(exc).__name__}: {exc}".strip()
         log.warning("CPU kernel %s unavailable, the torch path serves instead: %s", kernel, state.error)

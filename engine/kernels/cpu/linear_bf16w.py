@@ -20,18 +20,17 @@ BLOCK = 16
 # interleaves, which take slots 0-3 and 8-11 into one register and 4-7 and 12-15 into the other.
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
-_fake_registered = False
 
 
 def available() -> bool:
     """Whether the built kernel is loaded (loads it on first call; never compiles)."""
-    global _fake_registered
-    if not build.load(KERNEL):
-        return False
-    if not _fake_registered:  # shapes for torch.compile's tracing, so a compiled step keeps the op in its graph
-        torch.library.register_fake("kvloop_cpu::linear_bf16w")(_linear_shape)
-        _fake_registered = True
-    return True
+    return build.load(KERNEL)
+
+
+def register_fakes() -> None:
+    """The operator's output shape for torch.compile's tracing, so a compiled step keeps the op in its graph;
+    build.load calls this once the library is loaded."""
+    torch.library.register_fake("kvloop_cpu::linear_bf16w")(_linear_shape)
 
 
 def _linear_shape(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:

@@ -5,8 +5,10 @@ A segment is a set of query rows attending to the same tokens of the paged cache
 a token count, starting on a block edge. Plain decode is one segment per row over its whole context (the
 runner's block tables are handed over as they are). Cascade adds one segment per shared prefix, with its
 members' queries stacked so that each K/V token is read once for all of them; each row's own part is a
-segment of its own, and the partial results merge exactly by log-sum-exp (torch_decode.merge_into, the
-same merge the torch path uses). Needs the built kernel: build.load() first."""
+segment of its own. `decode` gives each row the exact softmax over all its segments: the kernel merges a
+row's partial results by log-sum-exp inside the call, so a cascade step is one operator call per layer, as a
+plain one is. `attend` gives the partial results themselves, per (segment, row) pair (tests, calibration).
+Needs the built kernel: build.load() first (it registers the operators' fakes for torch.compile too)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
-from kvloop.engine.kernels.cpu import build
-from kvloop.engine.kernels.torch_decode import merge_into
 
 # Tokens per context split: a fixed length (not one derived from the batch or the thread count), so that a
 # row's result is the same whatever else is in the batch. Long enough that a split's fixed cost (its queries,
@@ -76,56 +76,63 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segmen
                                                 int(split_tokens))
 
 
-def _shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
-    """The operator's outputs without running it: what torch.compile traces through."""
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
+           split_tokens: int = SPLIT_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [R, heads, hd] → (out [R, heads, hd] fp32, lse [R, heads] fp32): row r attends to the tokens of every
+    segment that names it, its partial results merged exactly inside the kernel (a row no segment names gets
+    zeros and -inf). The segments of one row must cover disjoint tokens (its context, split up)."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return torch.ops.kvloop_cpu.paged_decode(q, k_cache, v_cache, segments.blocks, segments.block_start,
+                                             segments.tokens, segments.rows_ptr, segments.rows, float(scale),
+                                             int(split_tokens))
+
+
+def _pair_shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
+    """paged_attention's outputs without running it (one per (segment, row) pair)."""
     pairs, heads, hd = rows.shape[0], q.shape[1], q.shape[2]
     return q.new_empty(pairs, heads, hd, dtype=torch.float32), q.new_empty(pairs, heads, dtype=torch.float32)
 
 
-if build.load():
-    torch.library.register_fake("kvloop_cpu::paged_attention")(_shapes)
+def _row_shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
+    """paged_decode's outputs without running it (one per query row)."""
+    return q.new_empty(q.shape, dtype=torch.float32), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
-@dataclass(frozen=True)
-class DecodeWork:
-    """One step's segments (built once, used by every layer) and how their pairs merge into rows."""
-    segments: Segments
-    own: slice  # pairs of each row's own part (its whole context without cascade), in row order
-    groups: tuple[tuple[torch.Tensor, slice], ...]  # per cascade group: its rows and its pairs
+def register_fakes() -> None:
+    """The operators' output shapes for torch.compile's tracing; build.load calls this once the library is
+    loaded, so they are there whatever was imported first."""
+    torch.library.register_fake("kvloop_cpu::paged_attention")(_pair_shapes)
+    torch.library.register_fake("kvloop_cpu::paged_decode")(_row_shapes)
 
 
-def decode_work(meta: AttentionMetadata, block_size: int) -> DecodeWork:
-    """Groups come first: their items are the heaviest (many stacked queries), so the threads start them
-    first and the rows' own parts fill in around them."""
+def decode_work(meta: AttentionMetadata, block_size: int) -> Segments:
+    """One step's segments, built once and used by every layer. Groups come first: their items are the
+    heaviest (many stacked queries), so the threads start them first and the rows' own parts fill in around
+    them; a row's partial results merge in this order (its groups, parents first, then its own part)."""
     n = meta.num_decode
     plan = meta.cascade
     if plan is None or not plan.groups:
-        return DecodeWork(plain_segments(meta.decode_block_tables[:n], meta.decode_context_lens[:n]), slice(0, n), ())
+        return plain_segments(meta.decode_block_tables[:n], meta.decode_context_lens[:n])
     tables = meta.decode_block_tables.tolist()
     lens = meta.decode_context_lens.tolist()
-    parts: list[tuple[Sequence[int], Sequence[int], int]] = []
-    groups = []
-    pairs = 0
-    for g in plan.groups:
-        parts.append((g.rows, g.block_ids, g.num_tokens))
-        groups.append((torch.tensor(g.rows, dtype=torch.long), slice(pairs, pairs + len(g.rows))))
-        pairs += len(g.rows)
+    parts: list[tuple[Sequence[int], Sequence[int], int]] = [(g.rows, g.block_ids, g.num_tokens) for g in plan.groups]
     for r in range(n):
         start = plan.suffix_start[r]
         parts.append(([r], tables[r][start // block_size: -(-lens[r] // block_size)], lens[r] - start))
-    return DecodeWork(pack_segments(parts), slice(pairs, pairs + n), tuple(groups))
+    return pack_segments(parts)
 
 
 class CpuDecode:
-    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention; the step's
-    work list is built on the first layer and reused by the others."""
+    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention: one kernel call
+    per layer, cascade or not. The step's work list is built on the first layer and reused by the others."""
 
     def __init__(self, split_tokens: int = SPLIT_TOKENS):
         self.split_tokens = split_tokens
         self._meta: AttentionMetadata | None = None  # kept alive while cached, so `is` cannot match a new one
-        self._work: DecodeWork | None = None
+        self._work: Segments | None = None
 
-    def work(self, meta: AttentionMetadata, block_size: int) -> DecodeWork:
+    def work(self, meta: AttentionMetadata, block_size: int) -> Segments:
         if meta is not self._meta or self._work is None:
             self._work = decode_work(meta, block_size)
             self._meta = meta
@@ -134,9 +141,5 @@ class CpuDecode:
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                  scale: float) -> torch.Tensor:
         """q [num_decode, heads, hd] → [num_decode, heads, hd] in q's dtype."""
-        work = self.work(meta, k_cache.shape[1])
-        out, lse = attend(q, k_cache, v_cache, work.segments, scale, self.split_tokens)
-        acc, acc_lse = out[work.own], lse[work.own]
-        for rows, pairs in work.groups:
-            merge_into(acc, acc_lse, rows, out[pairs], lse[pairs])
-        return acc.to(q.dtype)
+        out, _ = decode(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
+        return out.to(q.dtype)

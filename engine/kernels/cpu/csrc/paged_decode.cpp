@@ -4,13 +4,19 @@
 // same tokens of the paged cache, given as a run of block ids and a token count (the segment starts on
 // its first block's first slot). Plain decode is one segment per row over its whole context; cascade
 // adds one segment per shared prefix, its members' queries stacked so that every K/V token is read once
-// for all of them. Every (segment, member) pair gets its normalised output and the log-sum-exp of its
-// scaled scores per query head, so partial results over other tokens merge exactly.
+// for all of them, and gives each row a segment of its own for the rest of its context.
+//
+// Two operators over the same work: paged_attention gives every (segment, member) pair its own normalised
+// output and the log-sum-exp of its scaled scores per query head (partial results, for tests and the
+// calibration); paged_decode gives every query row the exact softmax over all the tokens of all its
+// segments: the partial results of a row (its shared prefixes', its own part's, and the context splits of
+// each) are merged by log-sum-exp inside the call, so a cascade step is one call per layer like a plain one.
 //
 // Work items are (segment, KV heads, context split), spread over torch's thread count with OpenMP. An
 // item streams its tokens in tiles (16-bit K/V widened to fp32 in a small buffer, fp32 read in place)
-// with an online softmax in fp32. Splits have a fixed length, so a row's result never depends on what
-// else is in the batch; an item's splits are merged in a second pass.
+// with an online softmax in fp32. An output with a single partial result gets it written directly; the
+// others are merged in a second pass, in a fixed order (segment order, then split order). Splits have a
+// fixed length, so a row's result never depends on what else is in the batch or on the thread count.
 //
 // Layouts (as the runner allocates them): q [rows, heads, head_dim] (last dim contiguous, any row and
 // head strides), k_cache / v_cache [blocks, block_size, kv_heads, head_dim] (last dim contiguous).
@@ -39,7 +45,21 @@ constexpr int64_t kMinTokenHeadsPerThread = 2048;  // about 50 us of work: below
 
 struct Item {
   int64_t seg, h0, h1, t0, t1;  // KV heads [h0, h1) over tokens [t0, t1) of the segment
-  int64_t ws;                   // workspace offset of an unfinished split (-1: writes the output)
+  int64_t ws;                   // workspace offset of its partial results (-1: every member writes its output)
+};
+
+// Where each (segment, member) pair's partial result goes: an output of its own (paged_attention) or its
+// query row's (paged_decode), and how many partial results each output merges (1: written directly).
+struct Dest {
+  const int64_t* rows;
+  const int64_t* parts;  // per output
+  bool per_row;
+  int64_t of(int64_t pair) const { return per_row ? rows[pair] : pair; }
+};
+
+// A partial result in the workspace: its item's offset and query count, and its member's first query.
+struct Part {
+  int64_t ws, m_count, m0;
 };
 
 struct Shape {
@@ -82,7 +102,7 @@ void finish(const float* acc, float top, float sum, int64_t d, float* out, float
 // HD: head_dim as a compile-time constant (64, 128: every loop over it unrolls), or 0 for any other.
 template <typename KV, int64_t HD>
 void run_item(const Item& it, const at::Tensor& q, const KV* k, const KV* v, const Shape& sh, const int64_t* blocks,
-              const int64_t* block_start, const int64_t* rows_ptr, const int64_t* rows, float scale, float* out,
+              const int64_t* block_start, const int64_t* rows_ptr, const Dest& dst, float scale, float* out,
               float* lse, float* ws, Scratch& sc) {
   // query m = (member j, KV head h0 + hl, query head gi of that KV head's group) = (j * nh + hl) * g + gi,
   // so the queries of one member are its query heads h0 * g ... h1 * g - 1 in order
@@ -90,7 +110,7 @@ void run_item(const Item& it, const at::Tensor& q, const KV* k, const KV* v, con
   const int64_t p0 = rows_ptr[it.seg], members = rows_ptr[it.seg + 1] - p0;
   const int64_t m_count = members * nh * g;
   for (int64_t m = 0; m < m_count; ++m)
-    load_query(q, sh, rows[p0 + m / (nh * g)], it.h0 * g + m % (nh * g), scale, sc.q.data() + m * d);
+    load_query(q, sh, dst.rows[p0 + m / (nh * g)], it.h0 * g + m % (nh * g), scale, sc.q.data() + m * d);
   std::fill(sc.acc.begin(), sc.acc.begin() + m_count * d, 0.f);
   std::fill(sc.top.begin(), sc.top.begin() + m_count, kNegInf);
   std::fill(sc.sum.begin(), sc.sum.begin() + m_count, 0.f);
@@ -156,39 +176,41 @@ void run_item(const Item& it, const at::Tensor& q, const KV* k, const KV* v, con
     }
   }
 
-  if (it.ws < 0) {
-    for (int64_t m = 0; m < m_count; ++m) {
-      const int64_t at = (p0 + m / (nh * g)) * sh.heads + it.h0 * g + m % (nh * g);  // (pair, head)
+  float* w = it.ws < 0 ? nullptr : ws + it.ws;  // [m_count * d acc][m_count top][m_count sum]
+  for (int64_t m = 0; m < m_count; ++m) {
+    const int64_t dest = dst.of(p0 + m / (nh * g));
+    if (dst.parts[dest] == 1) {
+      const int64_t at = dest * sh.heads + it.h0 * g + m % (nh * g);  // (output, head)
       finish(sc.acc.data() + m * d, sc.top[m], sc.sum[m], d, out + at * d, lse + at);
+      continue;
     }
-    return;
+    std::copy(sc.acc.begin() + m * d, sc.acc.begin() + (m + 1) * d, w + m * d);  // merged by merge_parts
+    w[m_count * d + m] = sc.top[m];
+    w[m_count * (d + 1) + m] = sc.sum[m];
   }
-  float* w = ws + it.ws;  // [m_count * d acc][m_count top][m_count sum], merged by merge_splits
-  std::copy(sc.acc.begin(), sc.acc.begin() + m_count * d, w);
-  std::copy(sc.top.begin(), sc.top.begin() + m_count, w + m_count * d);
-  std::copy(sc.sum.begin(), sc.sum.begin() + m_count, w + m_count * (d + 1));
 }
 
-// The splits of one (segment, KV heads), in order, combined exactly by their maxima and sums.
-void merge_splits(const std::vector<Item>& items, int64_t first, int64_t splits, const Shape& sh,
-                  const int64_t* rows_ptr, const float* ws, float* out, float* lse, std::vector<float>& acc) {
-  const Item& it = items[first];
-  const int64_t d = sh.d, g = sh.group, nh = it.h1 - it.h0;
-  const int64_t p0 = rows_ptr[it.seg], members = rows_ptr[it.seg + 1] - p0;
-  const int64_t m_count = members * nh * g;
-  acc.assign(d, 0.f);
-  for (int64_t m = 0; m < m_count; ++m) {
+// One output's partial results for one item's worth of KV heads (h0 on, `queries` query heads), combined
+// exactly: each weighted by exp(its maximum - the overall maximum), in the order given.
+void merge_parts(const Part* parts, int64_t n, int64_t dest, int64_t h0, int64_t queries, const Shape& sh,
+                 const float* ws, float* out, float* lse, std::vector<float>& acc) {
+  const int64_t d = sh.d;
+  acc.resize(d);
+  for (int64_t qi = 0; qi < queries; ++qi) {
     float top = kNegInf;
-    for (int64_t i = 0; i < splits; ++i) top = std::max(top, ws[items[first + i].ws + m_count * d + m]);
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, ws[parts[i].ws + parts[i].m_count * d + parts[i].m0 + qi]);
     float sum = 0.f;
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t i = 0; i < splits; ++i) {
-      const float* w = ws + items[first + i].ws;
-      const float weight = std::exp(w[m_count * d + m] - top);
-      sum += w[m_count * (d + 1) + m] * weight;
+    for (int64_t i = 0; top != kNegInf && i < n; ++i) {  // all -inf: every part empty, zeros and -inf
+      const float* w = ws + parts[i].ws;
+      const int64_t m = parts[i].m0 + qi, mc = parts[i].m_count;
+      const float part_top = w[mc * d + m];
+      if (part_top == kNegInf) continue;  // an empty part weighs nothing
+      const float weight = std::exp(part_top - top);
+      sum += w[mc * (d + 1) + m] * weight;
       for (int64_t c = 0; c < d; ++c) acc[c] += w[m * d + c] * weight;
     }
-    const int64_t at = (p0 + m / (nh * g)) * sh.heads + it.h0 * g + m % (nh * g);  // (pair, head)
+    const int64_t at = dest * sh.heads + h0 * sh.group + qi;  // (output, head)
     finish(acc.data(), top, sum, d, out + at * d, lse + at);
   }
 }
@@ -198,11 +220,13 @@ void check_index(const at::Tensor& t, const char* name) {
               " must be a contiguous 1-d int64 CPU tensor");
 }
 
-std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                                                   const at::Tensor& v_cache, const at::Tensor& blocks,
-                                                   const at::Tensor& block_start, const at::Tensor& tokens,
-                                                   const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
-                                                   int64_t split_tokens) {
+// Both operators: per_row = false gives each (segment, member) pair its own output (paged_attention), true each
+// query row the merge of all the pairs that name it (paged_decode; a row that none names gets zeros and -inf).
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                             const at::Tensor& blocks, const at::Tensor& block_start,
+                                             const at::Tensor& tokens, const at::Tensor& rows_ptr,
+                                             const at::Tensor& rows, double scale, int64_t split_tokens,
+                                             bool per_row) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, head_dim] with a contiguous last dim");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
@@ -261,20 +285,48 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
   const int64_t want = 4 * static_cast<int64_t>(at::get_num_threads());
   const int64_t per_item = base_items >= want ? sh.kv_heads : 1;
 
+  // Partial results per output: a pair's context splits, and per row those of every pair naming it.
+  const int64_t outputs = per_row ? q.size(0) : pairs;
+  std::vector<int64_t> parts(outputs, 0);
+  for (int64_t s = 0; s < segs; ++s)
+    for (int64_t p = rp[s]; p < rp[s + 1]; ++p)
+      parts[per_row ? rw[p] : p] += std::max<int64_t>(1, (tk[s] + split_tokens - 1) / split_tokens);
+  const Dest dest{rw, parts.data(), per_row};
+  // The merge pass: one task per (output of several parts, item's worth of KV heads), its parts in a run of
+  // `part` (segment order, then split order: a fixed order, whatever the threads).
+  const int64_t chunks = sh.kv_heads / per_item;
+  std::vector<int64_t> part_base(outputs, -1);  // an output's first part; chunk c's from part_base + c * parts
+  std::vector<std::pair<int64_t, int64_t>> merges;  // (output, chunk)
+  int64_t n_parts = 0;
+  for (int64_t o = 0; o < outputs; ++o) {
+    if (parts[o] < 2) continue;
+    part_base[o] = n_parts;
+    n_parts += parts[o] * chunks;
+    for (int64_t c = 0; c < chunks; ++c) merges.emplace_back(o, c);
+  }
+  std::vector<Part> part(n_parts);
+  std::vector<int64_t> filled(n_parts > 0 ? outputs * chunks : 0, 0);
+
   std::vector<Item> items;
-  std::vector<std::pair<int64_t, int64_t>> merges;  // (first item, splits) of each split (segment, heads)
   int64_t ws_size = 0;
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     if (members == 0) continue;
     const int64_t splits = std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens);
+    const int64_t m_count = members * per_item * sh.group;
+    bool merged = false;  // whether a member's output has other parts: the item then needs workspace
+    for (int64_t p = rp[s]; p < rp[s + 1]; ++p) merged |= parts[dest.of(p)] > 1;
     for (int64_t h = 0; h < sh.kv_heads; h += per_item) {
-      if (splits > 1) merges.emplace_back(static_cast<int64_t>(items.size()), splits);
       for (int64_t i = 0; i < splits; ++i) {
         int64_t off = -1;
-        if (splits > 1) {
+        if (merged) {
           off = ws_size;
-          ws_size += members * per_item * sh.group * (sh.d + 2);
+          ws_size += m_count * (sh.d + 2);
+          for (int64_t j = 0; j < members; ++j) {
+            const int64_t o = dest.of(rp[s] + j), c = h / per_item;
+            if (parts[o] > 1)
+              part[part_base[o] + c * parts[o] + filled[o * chunks + c]++] = {off, m_count, j * per_item * sh.group};
+          }
         }
         items.push_back({s, h, h + per_item, i * split_tokens, std::min(n, (i + 1) * split_tokens), off});
       }
@@ -282,18 +334,24 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
   }
 
   auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor out = at::empty({pairs, sh.heads, sh.d}, f32);
-  at::Tensor lse = at::empty({pairs, sh.heads}, f32);
+  at::Tensor out = at::empty({outputs, sh.heads, sh.d}, f32);
+  at::Tensor lse = at::empty({outputs, sh.heads}, f32);
   at::Tensor workspace = at::empty({ws_size}, f32);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
   float* w = workspace.data_ptr<float>();
+  for (int64_t r = 0; r < outputs; ++r)  // rows without a segment (paged_decode): zeros and -inf
+    if (parts[r] == 0) {
+      std::fill(o + r * sh.heads * sh.d, o + (r + 1) * sh.heads * sh.d, 0.f);
+      std::fill(l + r * sh.heads, l + (r + 1) * sh.heads, kNegInf);
+    }
   const float sc = static_cast<float>(scale);
   const int64_t n_items = static_cast<int64_t>(items.size()), n_merges = static_cast<int64_t>(merges.size());
   // A small call runs on one thread: waking the others costs more than it saves (and on a loaded machine a
   // barrier can wait a whole time slice for a descheduled thread).
   const int64_t useful = std::max<int64_t>(1, token_heads / kMinTokenHeadsPerThread);
-  const int threads = static_cast<int>(std::min<int64_t>({at::get_num_threads(), n_items, useful}));
+  const int threads =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({at::get_num_threads(), n_items, useful})));
 
   auto run = [&](auto kv_tag) {
     using KV = decltype(kv_tag);
@@ -304,11 +362,14 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
     {
       Scratch scratch(max_members * per_item * sh.group, per_item, sh.d);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < n_items; ++i) item(items[i], q, k, v, sh, bl, bs, rp, rw, sc, o, l, w, scratch);
+      for (int64_t i = 0; i < n_items; ++i) item(items[i], q, k, v, sh, bl, bs, rp, dest, sc, o, l, w, scratch);
       std::vector<float> acc;
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < n_merges; ++i)
-        merge_splits(items, merges[i].first, merges[i].second, sh, rp, w, o, l, acc);
+      for (int64_t i = 0; i < n_merges; ++i) {
+        const auto [out_index, c] = merges[i];
+        merge_parts(part.data() + part_base[out_index] + c * parts[out_index], parts[out_index], out_index,
+                    c * per_item, per_item * sh.group, sh, w, o, l, acc);
+      }
     }
   };
   switch (k_cache.scalar_type()) {
@@ -317,6 +378,22 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
     default: run(c10::Half{}); break;
   }
   return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                                   const at::Tensor& v_cache, const at::Tensor& blocks,
+                                                   const at::Tensor& block_start, const at::Tensor& tokens,
+                                                   const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
+                                                   int64_t split_tokens) {
+  return attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k_cache,
+                                                const at::Tensor& v_cache, const at::Tensor& blocks,
+                                                const at::Tensor& block_start, const at::Tensor& tokens,
+                                                const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
+                                                int64_t split_tokens) {
+  return attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, true);
 }
 
 std::string simd() { return isa(); }
@@ -328,7 +405,13 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
       "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
+  m.def(
+      "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
+      "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
   m.def("simd() -> str", &kvloop::simd);
 }
 
-TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) { m.impl("paged_attention", &kvloop::paged_attention); }
+TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
+  m.impl("paged_attention", &kvloop::paged_attention);
+  m.impl("paged_decode", &kvloop::paged_decode);
+}
