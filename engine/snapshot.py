@@ -25,7 +25,11 @@ class EngineSnapshot:
     # scheduler
     num_waiting: int = 0
     num_running: int = 0
+    num_decoding: int = 0  # running requests past their prefill (each decodes one token a step)
     batch_cap: int = 0  # the live cap on running requests (static mode: the batch size)
+    step_token_budget: int = 0  # tokens one step may schedule (the prefill chunk size), now
+    step_token_budget_max: int = 0  # the configured budget: the live knob's ceiling
+    max_model_len: int = 0  # longest request (prompt + output) the engine accepts
     scheduler_mode: str = ""
     num_preemptions: int = 0
     num_preemptions_by_kind: Mapping[str, int] = field(default_factory=dict)  # "swap" / "recompute"
@@ -44,6 +48,8 @@ class EngineSnapshot:
     kv_usage: float = 0.0  # share of the device pool held by running requests
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0  # not referenced: free plus cached
+    kv_blocks_pending: int = 0  # blocks the running requests' prompts still need (the rest of their prefill)
+    block_size: int = 0  # tokens per block
     kv_cached_blocks: int = 0  # cached, unreferenced (evictable)
     kv_host_blocks_used: int = 0
     kv_host_blocks_total: int = 0  # 0: no host tier
@@ -75,10 +81,15 @@ def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, 
                    request_failures: Mapping[str, int] | None = None) -> EngineSnapshot:
     """The snapshot of a scheduler, its KV manager and the engine-level counters."""
     host, disk = kv.host, kv.disk
+    decoding, pending = _running_phases(scheduler.running, kv.block_size)
     return EngineSnapshot(
         num_waiting=len(scheduler.waiting),
         num_running=len(scheduler.running),
+        num_decoding=decoding,
         batch_cap=scheduler.batch_cap,
+        step_token_budget=scheduler.step_token_budget,
+        step_token_budget_max=scheduler.step_token_budget_max,
+        max_model_len=scheduler.config.max_model_len,
         scheduler_mode=scheduler.mode,
         num_preemptions=scheduler.num_preemptions,
         num_preemptions_by_kind=scheduler.preemptions_by_kind,
@@ -95,6 +106,8 @@ def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, 
         kv_usage=kv.usage(),
         kv_blocks_total=kv.num_blocks,
         kv_blocks_free=kv.num_free_blocks,
+        kv_blocks_pending=pending,
+        block_size=kv.block_size,
         kv_cached_blocks=kv.num_cached_blocks,
         kv_host_blocks_used=host.num_used if host is not None else 0,
         kv_host_blocks_total=host.num_slots if host is not None else 0,
@@ -103,3 +116,16 @@ def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, 
         kv_ghost_entries=len(kv.ghost),
         kv_stats=dataclasses.replace(kv.stats),
     )
+
+
+def _running_phases(running, block_size: int) -> tuple[int, int]:
+    """(rows decoding, blocks the prefilling rows' prompts still need beyond what they hold). A row decodes
+    once its whole prompt is computed (a row recomputing after preemption prefills again)."""
+    decoding = pending = 0
+    for seq in running:
+        prompt = seq.num_prompt_tokens
+        if seq.num_computed_tokens >= prompt:
+            decoding += 1
+        else:
+            pending += max(0, -(-prompt // block_size) - len(seq.block_table))
+    return decoding, pending

@@ -16,6 +16,7 @@ import yaml
 from kvloop.engine.scheduler.policy import DEFAULT_POLICY, policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
+from kvloop.operator import step_budget as SB
 
 
 def _p(kind: str, desc: str, **kw: Any) -> dict[str, Any]:
@@ -171,8 +172,10 @@ def spec_schema() -> dict[str, Any]:
         "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB.", 16, 1048576, 512),
         "hostPoolMiB": i("Host (CPU memory) pool in MiB; 0 disables the tier.", 0, 1048576, 0),
         "disk": disk,
-        "admitMinRequests": i("Distinct requests a block needs to stay in the device pool.", 1, 64, 3),
-        "hostAdmitMinRequests": i("Distinct requests a block needs to stay in the host pool.", 1, 64, 1),
+        "admitMinRequests": i("Distinct requests a block needs to earn its place in the device pool (under "
+                              "pressure, blocks that have not earned it are evicted first).", 1, 64, 3),
+        "hostAdmitMinRequests": i("Distinct requests a block needs for its copy to the host pool (written "
+                                  "lazily, when the device evicts it).", 1, 64, 2),
         "minPrefixTokens": i("Shorter prefix matches are treated as misses.", 0, 65536, 64),
         "retentionWatermark": n("Initial share of the device pool kept for cached blocks.", 0.0, 1.0, 0.3, True),
     }, default={}, rules=[("self.hostAdmitMinRequests <= self.admitMinRequests",
@@ -186,7 +189,9 @@ def spec_schema() -> dict[str, Any]:
         "scheduler": o("Continuous batching.", {
             "mode": s("Scheduler mode.", list(policy_names()), DEFAULT_POLICY),
             "maxNumSeqs": i("Initial batch cap (running requests).", 1, 4096, 32),
-            "maxNumBatchedTokens": i("Token budget per step.", 16, 1048576, 2048),
+            "maxNumBatchedTokens": i("Token budget per step: where the engine starts and the ceiling of the "
+                                     "live budget the coordinator moves within feedback.stepTokenBudget.",
+                                     SB.FLOOR, 1048576, 2048),
             "chunkedPrefill": b("Split long prompts into chunks.", True),
         }, default={}),
         "kvCache": kv,
@@ -201,6 +206,16 @@ def spec_schema() -> dict[str, Any]:
         "maxStep": n("Largest change per period.", 0.001, 1.0, 0.1)},
         default={}, rules=[("self.min <= self.max", "watermark.min must be <= watermark.max"),
                            ("self.max < 1.0", "watermark.max must be below 1")])
+    bound_step = o(
+        "Step token budget: tokens one engine step may process, decode rows and prefill chunks together (the "
+        "prefill chunk size). The engine starts at engine.scheduler.maxNumBatchedTokens and never goes above it; "
+        "the coordinator lowers the budget while TPOT misses targets.tpotP50Seconds (prefills wait, decode rows "
+        "keep their per-token latency) and raises it again when TPOT has room or nothing decodes. Set min = max "
+        "to fix it. Without chunked prefill it stays where the engine puts it (at least maxModelLen).", {
+            "min": i(f"Lowest budget (default {SB.DEFAULT_MIN}, or max when smaller).", SB.FLOOR, 1048576),
+            "max": i("Highest budget (default and ceiling: engine.scheduler.maxNumBatchedTokens).", SB.FLOOR, 1048576),
+            "maxStep": i("Largest change per decision, in tokens.", 1, 1048576, SB.DEFAULT_MAX_STEP)},
+        default={}, rules=SB.bounds_rules())
     feedback = o("The sidecar's feedback coordinator (reloaded without a restart).", {
         "mode": s("off: no coordinator; observe: decide and log only; enforce: write targets.",
                   ["off", "observe", "enforce"], "enforce"),
@@ -208,8 +223,13 @@ def spec_schema() -> dict[str, Any]:
         "staleAfterSeconds": i("Feedback older than this is stale (engine falls back to defaults).", 2, 86400, 120),
         "batchCap": bound_cap,
         "watermark": bound_w,
+        "stepTokenBudget": bound_step,
+        "eventPath": o("Between periodic decisions, react within a second to a preemption burst or a fast-growing "
+                       "queue.", {"enabled": b("React between periods.", True)}, default={}),
         "targets": o("Objectives the coordinator steers towards.", {
             "ttftP99Seconds": n("P99 time-to-first-token objective.", 0.001, 600.0, 2.0),
+            "tpotP50Seconds": n("P50 time-per-output-token objective (after the first token) the step token "
+                                "budget is steered to.", 0.001, 60.0, 0.2),
             "maxQueueDepth": i("Waiting requests tolerated before the cap grows.", 0, 100000, 16)}, default={}),
     }, default={}, rules=[("self.staleAfterSeconds >= 2 * self.intervalSeconds",
                            "staleAfterSeconds must be at least twice intervalSeconds")])
@@ -268,6 +288,7 @@ def spec_schema() -> dict[str, Any]:
         ("self.engine.scheduler.maxNumSeqs >= self.feedback.batchCap.min && "
          "self.engine.scheduler.maxNumSeqs <= self.feedback.batchCap.max",
          "engine.scheduler.maxNumSeqs (the initial batch cap) must lie within feedback.batchCap bounds"),
+        *SB.spec_rules(),
         ("!self.routing.inferencePool.enabled || has(self.routing.inferencePool.endpointPicker)",
          "routing.inferencePool needs endpointPicker"),
         *memory_rules(),
@@ -318,6 +339,8 @@ def crd() -> dict[str, Any]:
                     {"name": "Hit rate", "type": "number", "jsonPath": ".status.feedback.hitRate",
                      "description": "Prefix cache hit rate over the last period (mean of pods)"},
                     {"name": "Batch cap", "type": "integer", "jsonPath": ".status.feedback.batchCap.max"},
+                    {"name": "Step budget", "type": "integer", "jsonPath": ".status.feedback.stepTokenBudget.max",
+                     "description": "Step token budget (prefill chunk size) the sidecars target (largest of pods)"},
                     {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 0},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from kvloop.operator import constants as C
+from kvloop.operator import step_budget
 from kvloop.operator.render_pod import model_path, render_pod_template
 from kvloop.operator.spec import gpu_count, with_defaults
 
@@ -60,7 +61,10 @@ def sidecar_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
                       "initial": spec["engine"]["scheduler"]["maxNumSeqs"]},
         "watermark": {"min": fb["watermark"]["min"], "max": fb["watermark"]["max"], "max_step": fb["watermark"]["maxStep"],
                       "initial": spec["engine"]["kvCache"]["retentionWatermark"]},
-        "targets": {"ttft_p99_s": fb["targets"].get("ttftP99Seconds"), "max_queue_depth": fb["targets"].get("maxQueueDepth")},
+        "step_token_budget": step_budget.resolved(spec),
+        "event_path": {"enabled": fb["eventPath"]["enabled"]},
+        "targets": {"ttft_p99_s": fb["targets"].get("ttftP99Seconds"), "tpot_p50_s": fb["targets"].get("tpotP50Seconds"),
+                    "max_queue_depth": fb["targets"].get("maxQueueDepth")},
         "control": {"path": C.CONTROL_PATH},
         "engine_metrics_url": f"http://127.0.0.1:{C.ENGINE_PORT}/metrics",
         "annotation": {"enabled": True, "key": C.FEEDBACK_ANNOTATION},

@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from kvloop.engine.scheduler.policy import DEFAULT_POLICY
+from kvloop.operator import step_budget
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
 from kvloop.operator.limits import (
     SIDECAR_FLOORS,
@@ -33,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
             "devicePoolMiB": 512,
             "hostPoolMiB": 0,
             "admitMinRequests": 3,
-            "hostAdmitMinRequests": 1,
+            "hostAdmitMinRequests": 2,
             "minPrefixTokens": 64,
             "retentionWatermark": 0.3,
             "disk": {"enabled": False, "storage": "emptyDir", "sizeGiB": 10},
@@ -45,7 +46,10 @@ DEFAULTS: dict[str, Any] = {
         "staleAfterSeconds": 120,
         "batchCap": {"min": 1, "max": 64, "maxStep": 8},
         "watermark": {"min": 0.0, "max": 0.9, "maxStep": 0.1},
-        "targets": {"ttftP99Seconds": 2.0, "maxQueueDepth": 16},
+        # min and max have no fixed default: step_budget.resolved derives them from maxNumBatchedTokens.
+        "stepTokenBudget": {"maxStep": step_budget.DEFAULT_MAX_STEP},
+        "eventPath": {"enabled": True},
+        "targets": {"ttftP99Seconds": 2.0, "tpotP50Seconds": 0.2, "maxQueueDepth": 16},
     },
     "observability": {"logLevel": "info", "serviceMonitor": {"enabled": False, "interval": "30s"}},
     "routing": {"inferencePool": {"enabled": False}},
@@ -102,6 +106,7 @@ def problems(spec: dict[str, Any]) -> list[str]:
         out.append("feedback.batchCap.max is more than 4x engine.scheduler.maxNumSeqs")
     if sched["maxNumBatchedTokens"] < engine["blockSize"]:
         out.append("engine.scheduler.maxNumBatchedTokens is smaller than one KV block")
+    out += step_budget.problems(spec)
     disk = kv["disk"]
     if disk["enabled"] and disk["storage"] == "pvc" and not disk.get("claimName"):
         # The CEL rule rejects this too; kept for objects written before the rule existed.

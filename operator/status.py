@@ -83,6 +83,8 @@ def _pod_feedback(pod: dict[str, Any], now: dt.datetime, stale_after: float) -> 
                      converged=bool(data.get("converged", False)), updatedAt=str(data["updatedAt"]))
         if isinstance(data.get("hitRate"), int | float):  # optional: prefix-cache hit rate last period
             entry["hitRate"] = float(data["hitRate"])
+        if data.get("stepTokenBudget") is not None:  # optional: sidecars from before the knob lack it
+            entry["stepTokenBudget"] = int(data["stepTokenBudget"])
         last = data.get("lastDecision")
         if isinstance(last, dict) and last.get("at"):
             entry["lastDecision"] = {"knob": str(last.get("knob", "")), "reason": str(last.get("reason", "")),
@@ -123,6 +125,9 @@ def aggregate_feedback(pods: list[dict[str, Any]], spec: dict[str, Any], now: dt
         marks = [e["watermark"] for e in reporting]
         summary["batchCap"] = {"min": min(caps), "max": max(caps)}
         summary["watermark"] = {"min": min(marks), "max": max(marks)}
+        budgets = [e["stepTokenBudget"] for e in reporting if "stepTokenBudget" in e]
+        if budgets:
+            summary["stepTokenBudget"] = {"min": min(budgets), "max": max(budgets)}
         rates = [e["hitRate"] for e in reporting if "hitRate" in e]
         if rates:
             summary["hitRate"] = round(sum(rates) / len(rates), 4)

@@ -1,5 +1,6 @@
-"""The coordinator: samples the snapshot, runs the law once a period, writes targets (enforce),
-and keeps every decision with its reason. Single-threaded core; `run` is the loop around it."""
+"""The coordinator: samples the snapshot (the event path looks at every sample), runs the law once a
+period, writes targets (enforce), and keeps every decision with its reason and inputs. Single-threaded
+core; `run` is the loop around it."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from dataclasses import asdict
 from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
 from kvloop.engine.control.link import SidecarLink
 from kvloop.engine.control.records import ControlRecord
-from kvloop.sidecar.law import ControlLaw, Decision
-from kvloop.sidecar.observe import PeriodWindow
+from kvloop.sidecar.law import ControlLaw, Decision, Observation
 from kvloop.sidecar.settings import Settings, SettingsWatcher
+from kvloop.sidecar.steering import Steering
 
 log = logging.getLogger("kvloop.sidecar")
 RECENT = 200  # decisions kept for /status
@@ -32,7 +33,7 @@ class Coordinator:
         self.watcher = watcher
         self.control_path = control_path or watcher.settings.control_path or DEFAULT_PATH
         self.clock = clock
-        self.law = ControlLaw(watcher.settings)
+        self.steer = Steering(watcher.settings)
         self.link: SidecarLink | None = None
         self.lock = threading.Lock()
         self.recent: deque[dict] = deque(maxlen=RECENT)
@@ -44,14 +45,20 @@ class Coordinator:
         self.start_id: int | None = None
         self.snapshot: ControlRecord | None = None
         self.control_error: str | None = None  # why the control block cannot be opened (None: it can)
-        self.window = PeriodWindow()
         self.stale = True
-        self.last_obs = None
         self.period_start = clock()
 
     @property
     def settings(self) -> Settings:
         return self.watcher.settings
+
+    @property
+    def law(self) -> ControlLaw:
+        return self.steer.law
+
+    @property
+    def last_obs(self) -> Observation | None:
+        return self.steer.last_obs
 
     # ---- sampling -------------------------------------------------------------------------------
     def _open(self) -> SidecarLink | None:
@@ -80,41 +87,30 @@ class Coordinator:
             return None
         self.stale = False
         self.snapshot = snap
-        if snap.start_id != self.start_id:
+        if snap.start_id != self.start_id:  # a new engine start: forget the old state, back to the initial targets
             first = self.start_id is None
             self.start_id = snap.start_id
-            self.window = PeriodWindow()
-            self._start_over(snap, first)
-        self.window.add(snap)
+            self._record(self.steer.start(snap, first))
+            self._write()
+            self.period_start = self.clock()
+        events = self.steer.sample(snap, self.clock(), events=self.settings.mode != "off" and self.settings.event_path)
+        if events:  # between periods: recorded and written like any other decision
+            self._record(events)
+            self._write()
         return snap
-
-    def _start_over(self, snap: ControlRecord, first: bool) -> None:
-        """A new engine start: forget the old state, go back to the initial targets."""
-        old = (self.law.batch_cap, self.law.watermark)
-        self.law.reset(snap.batch_cap, snap.watermark)
-        reason = "engine_start" if first else "engine_restart"
-        decisions = [Decision("batch_cap", old[0], self.law.batch_cap, reason),
-                     Decision("watermark", old[1], self.law.watermark, reason)]
-        self._record(decisions)
-        self._write()
-        self.period_start = self.clock()
 
     # ---- the period -----------------------------------------------------------------------------
     def tick(self) -> list[Decision]:
         """Ends a period: decide, record, write. Holds (and records why) when the snapshot is stale."""
         self.period_start = self.clock()
-        s = self.settings
-        if s.mode == "off":
-            self.window = self.window.next()
+        if self.settings.mode == "off":
+            self.steer.skip()
             return []
-        obs = None if self.stale else self.window.observation()
-        if obs is None:
-            decisions = [Decision("batch_cap", self.law.batch_cap, self.law.batch_cap, "stale_snapshot"),
-                         Decision("watermark", self.law.watermark, self.law.watermark, "stale_snapshot")]
+        if self.stale:
+            self.steer.skip()
+            decisions = self.steer.hold("stale_snapshot")
         else:
-            decisions = self.law.decide(obs)
-            self.last_obs = obs
-        self.window = self.window.next()
+            decisions = self.steer.tick()
         self._record(decisions)
         self._write()
         return decisions
@@ -124,7 +120,7 @@ class Coordinator:
         if self.settings.mode != "enforce" or self.link is None:
             return
         try:
-            self.link.write_targets(self.law.batch_cap, self.law.watermark)
+            self.link.write_targets(*self.law.targets())
             self.writes += 1
         except (OSError, ValueError) as exc:
             log.warning("writing targets failed: %s", exc)
@@ -149,9 +145,11 @@ class Coordinator:
         s = self.settings
         with self.lock:
             recent = list(self.recent)[-limit:]
+        law = self.law
         return {
-            "mode": s.mode, "period_s": s.period_s, "batch_cap": self.law.batch_cap,
-            "watermark": self.law.watermark, "converged": self.law.converged, "stale": self.stale,
+            "mode": s.mode, "period_s": s.period_s, "batch_cap": law.batch_cap, "watermark": law.watermark,
+            "step_token_budget": law.step_token_budget, "memory_max_batch_cap": law.memory_max,
+            "footprint_blocks": law.footprint_blocks, "converged": law.converged, "stale": self.stale,
             "stale_reads": self.stale_reads, "writes": self.writes, "engine_start_id": self.start_id,
             "settings_error": self.watcher.error, "control_error": self.control_error,
             "last_decision": self.last_decision, "snapshot": self.snapshot.as_dict() if self.snapshot else None,
@@ -160,24 +158,33 @@ class Coordinator:
 
     def annotation(self) -> dict:
         """The pod annotation's value (kvloop.io/feedback), without updatedAt."""
-        out = {"batchCap": int(self.law.batch_cap), "watermark": float(self.law.watermark),
-               "mode": self.settings.mode, "converged": self.law.converged}
+        law = self.law
+        out = {"batchCap": int(law.batch_cap), "watermark": float(law.watermark),
+               "stepTokenBudget": int(law.step_token_budget), "mode": self.settings.mode, "converged": law.converged}
+        if law.memory_max is not None:
+            out["memoryMaxBatchCap"] = int(law.memory_max)
         last = self.last_decision
         if last:
-            out["lastDecision"] = {"knob": last["knob"], "reason": last["reason"], "at": last["at"]}
+            out["lastDecision"] = {"knob": last["knob"], "old": last["old"], "new": last["new"],
+                                   "reason": last["reason"], "trigger": last["trigger"], "at": last["at"],
+                                   "inputs": {k: v for k, v in last["inputs"].items() if v is not None}}
         if self.last_obs is not None and self.last_obs.hit_rate is not None:
             out["hitRate"] = round(self.last_obs.hit_rate, 4)  # over the last period
         return out
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_tick: Callable[[], None] | None = None) -> None:
+        """Samples every min(1 s, period/4) (the event path's reaction time); decides once a period. on_tick
+        runs after every new decision, periodic or not (the annotation publisher)."""
         while not stop.is_set():
             try:
+                before = self.last_decision_ts
                 self.sample()
-                if self.clock() - self.period_start >= self.settings.period_s:
+                due = self.clock() - self.period_start >= self.settings.period_s
+                if due:
                     self.tick()
-                    if on_tick:
-                        on_tick()
+                if on_tick and (due or self.last_decision_ts != before):
+                    on_tick()
             except Exception:  # the loop must outlive any one bad read or write
                 log.exception("coordinator iteration failed")
             stop.wait(min(1.0, self.settings.period_s / 4))

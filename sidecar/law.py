@@ -1,25 +1,55 @@
-"""The control law: one period's observation in, new batch cap and retention watermark out.
+"""The control law: observations in, new batch cap, retention watermark and step token budget out.
 
-Pure (no I/O, no clock), so the simulator reuses it unchanged. Per period, for each knob, in order:
+Pure (no I/O, no clock: event times are passed in), so the simulator reuses it unchanged.
 
-Batch cap (KV band [low, high], default 0.85-0.95):
-  1. out-of-memory events, preemptions, or KV use above the band -> cut multiplicatively
-     (cap * cut_factor), at once;
-  2. a TTFT objective is missed while requests queue and KV is below the band -> raise at once
-     (queueing is what the cap can fix);
-  3. requests queue (more than max_queue_depth), the cap binds (running reached cap_binding * cap),
-     KV is below the band, no rejections -> raise by raise_fraction of the cap once the condition
-     has held for hysteresis_periods periods;
-  4. otherwise hold (the reason says which condition failed).
+Batch cap: AIMD under the memory-derived maximum. The memory-derived maximum is the cap the device pool
+holds at the observed footprint of a request: floor(fill x pool blocks / blocks per running request), fill
+the middle of the KV band [kv_band_low, kv_band_high] (default 0.85-0.95), the footprint counting what a
+running request holds plus the rest of its prompt. Until a request has been seen, the cap is the settings'
+initial, else what the pool holds at the engine's max context, else the engine's own cap; the first
+footprint places it at the memory-derived maximum (reason memory_derived_start, on the event path: within
+a second of the first request). Then, each period, in order:
+  1. out-of-memory events, preemptions, KV use above the band -> cut multiplicatively (cap x cut_factor),
+     at once; so does a TTFT objective missed while memory binds (KV use in the band or the cap at the
+     memory-derived maximum) and the cap binds: raising cannot fix that breach (ttft_memory_bound);
+  2. the cap above the memory-derived maximum (the footprint grew) and KV use in the band -> down to it
+     (memory_derived; with room in the pool the estimate errs low: fewer rows share fewer prefixes);
+  3. a TTFT objective missed while requests queue and KV is below the band -> raise (ttft_objective);
+  4. requests queue (more than max_queue_depth), the cap binds (running reached cap_binding x cap), KV is
+     below the band, no rejections -> the memory-derived maximum rose by footprint_shift since the cap was
+     last placed (the traffic changed: re-place, footprint_shift), else raise additively
+     (queued_kv_headroom);
+  5. otherwise hold (the reason says which condition failed).
+Raises add ceil(raise_fraction x memory-derived maximum) (the cap itself before one is known), at most
+max_step, never past the memory-derived maximum, and wait hysteresis_periods periods after a cut
+(reason cooldown). Cuts and placements are not bounded by max_step.
+Event path (between periods, on two consecutive samples, at most one event decision per event_cooldown_s):
+a preemption burst (event_preemptions or more) cuts (preemption_burst); a queue that grew by
+event_queue_growth x cap or more, with the cap binding and KV below the band, raises (queue_surge).
 Watermark:
   1. out-of-memory events or preemptions -> lower (working memory wins);
-  2. heavy load (queued, or the cap binding with KV in the band or above) and a hit rate >= hit_good
-     -> raise after hysteresis_periods (protect hot prefixes);
-  3. light load (nothing queued, KV use below light_kv) -> lower after hysteresis_periods;
-  4. otherwise hold.
-Every change is at most max_step and clamped to [min, max]; a change that the clamp swallows is a
-hold with reason "at_min"/"at_max". A cut resets the opposite streaks (hysteresis between
-directions).
+  2. requests queue below the cap, hardly any row prefills (prefill is not what keeps them), and the
+     running rows' KV use and the watermark reach kv_band_low -> lower at once (the reserve is what holds
+     them back: reserve_holds_queue);
+  3. heavy load (queued, or the cap binding with KV in the band or above) and a hit rate >= hit_good
+     -> raise after hysteresis_periods (protect hot prefixes), while KV use plus the raised watermark
+     stays a step below kv_band_low (else no_room_for_reserve);
+  4. light load (nothing queued, KV use below light_kv) -> lower after hysteresis_periods;
+  5. otherwise hold.
+Step token budget (the prefill chunk size), steered to the TPOT P50 objective (targets.tpot_p50_s; none:
+hold the engine's own budget):
+  1. below the decode floor (the most running rows plus the budget's min: decode rows take their tokens
+     from the same budget, and prefills need room) -> raise (decode_floor);
+  2. nothing prefilling or waiting -> hold (no_prefill_waiting);
+  3. no row decoding -> raise (nothing_decoding);
+  4. TPOT P50 above the objective -> lower by cut_factor, at most max_step, not under the floor
+     (tpot_objective);
+  5. TPOT P50 below tpot_headroom x the objective -> raise by max_step, hysteresis_periods after a cut
+     (tpot_headroom);
+  6. otherwise hold (tpot_in_band, tpot_unknown).
+The budget never goes above the engine's configured budget (its ceiling, from the snapshot).
+Every change is clamped to [min, max]; a change the clamp swallows is a hold with reason "at_min"/"at_max".
+Every decision carries the inputs it was taken on.
 """
 
 from __future__ import annotations
@@ -28,12 +58,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvloop.sidecar.settings import Settings
+from kvloop.sidecar.settings import Bounds, Settings
+
+KNOBS = ("batch_cap", "watermark", "step_token_budget")
 
 
 @dataclass(frozen=True)
 class Observation:
-    """What happened over one period (the coordinator builds it from snapshots)."""
+    """What happened over one period, or between two samples on the event path (the coordinator builds it
+    from snapshots: sidecar.observe)."""
 
     queue_depth: float  # mean waiting requests
     running: float  # mean running requests
@@ -44,7 +77,19 @@ class Observation:
     hit_rate: float | None = None  # prefix-cache token hit rate over the period; None: no queries
     ttft_p99_s: float | None = None
     running_max: float | None = None  # most running at any sample of the period (None: the mean)
-    # reported with the decisions (the law does not steer on them yet)
+    # the memory-derived maximum cap
+    footprint_blocks: float | None = None  # device blocks per running request (held + rest of prompt); None: none ran
+    pool_blocks: int = 0  # device pool size in blocks
+    # the step token budget
+    num_decoding: float = 0.0  # mean rows decoding
+    decoding_max: float | None = None  # most rows decoding at any sample (None: the mean)
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    step_token_budget_max: int = 0  # the engine's configured budget, the knob's ceiling (0: unknown)
+    # the event path
+    queue_growth: float = 0.0  # waiting requests at the end less at the start
+    seconds: float = 0.0  # how long the observation covers
+    # reported with the decisions (the law does not steer on them)
     tier_hit_rates: Mapping[str, float] = field(default_factory=dict)  # each tier's hits / tokens asked of it
     requests_finished: int = 0
     tokens_generated: int = 0
@@ -52,10 +97,12 @@ class Observation:
 
 @dataclass(frozen=True)
 class Decision:
-    knob: str  # "batch_cap" | "watermark"
+    knob: str  # one of KNOBS
     old: float
     new: float
     reason: str
+    inputs: Mapping[str, float | None] = field(default_factory=dict)  # what the decision was taken on
+    trigger: str = "period"  # "period" | "event" | "start" (a new engine start)
 
     @property
     def changed(self) -> bool:
@@ -66,20 +113,48 @@ class Decision:
         return (self.new > self.old) - (self.new < self.old)
 
 
+def memory_cap(pool_blocks: float, footprint_blocks: float, fill: float) -> int:
+    """Requests of this footprint that fill this share of the pool (at least 1)."""
+    return max(1, math.floor(fill * pool_blocks / max(footprint_blocks, 1e-9) + 1e-9))  # 0.9 x 1000 / 15 is 60
+
+
+def _inputs(**values: float | None) -> dict[str, float | None]:
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items()}
+
+
 class ControlLaw:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.reset()
 
-    def reset(self, engine_cap: int | None = None, engine_watermark: float | None = None) -> None:
-        """Back to the initial targets (a new engine start): the settings' initial values, else the
-        engine's own (from its snapshot), else the lower bound; clamped into the bounds."""
+    @property
+    def fill(self) -> float:
+        """The pool share the memory-derived maximum aims at: the middle of the KV band."""
+        p = self.settings.law
+        return (p.kv_band_low + p.kv_band_high) / 2
+
+    def reset(self, engine_cap: int | None = None, engine_watermark: float | None = None,
+              engine_budget: int | None = None, start_cap: int | None = None,
+              budget_ceiling: int | None = None) -> None:
+        """Back to the initial targets (a new engine start), each clamped into its bounds. Batch cap: the
+        settings' initial, else `start_cap` (what the pool holds at the engine's max context), else the
+        engine's own cap, else the lower bound. Watermark and budget: the settings' initial, else the
+        engine's own value. budget_ceiling: the engine's configured budget (the budget never goes above)."""
         s = self.settings
-        cap = s.batch_cap.initial if s.batch_cap.initial is not None else engine_cap
+        cap = next((c for c in (s.batch_cap.initial, start_cap, engine_cap) if c), s.batch_cap.min)
         mark = s.watermark.initial if s.watermark.initial is not None else engine_watermark
-        self.batch_cap = int(s.batch_cap.clamp(cap if cap else s.batch_cap.min))
+        self.budget_ceiling = budget_ceiling or None
+        budget = s.step_token_budget.initial or engine_budget or self.budget_bounds.max
+        self.batch_cap = int(s.batch_cap.clamp(cap))
         self.watermark = float(s.watermark.clamp(mark if mark is not None and mark == mark else s.watermark.min))
-        self._streak = {"cap_up": 0, "w_up": 0, "w_down": 0}
+        self.step_token_budget = int(self.budget_bounds.clamp(budget))
+        self.memory_max: int | None = None  # the memory-derived maximum cap; None until a request is seen
+        self.footprint_blocks: float | None = None
+        self._anchor: int | None = None  # the memory-derived maximum the cap was last placed at (or the lowest since)
+        self._placed = False
+        self._since_cut = self._since_budget_cut = s.law.hysteresis_periods  # periods since the last cut
+        self._streak = {"w_up": 0, "w_down": 0}
+        self._last_event = -math.inf
         self.quiet_periods = 0  # consecutive periods without a change
 
     def update_settings(self, settings: Settings) -> None:
@@ -87,79 +162,226 @@ class ControlLaw:
         self.settings = settings
         self.batch_cap = int(settings.batch_cap.clamp(self.batch_cap))
         self.watermark = float(settings.watermark.clamp(self.watermark))
+        self.step_token_budget = int(self.budget_bounds.clamp(self.step_token_budget))
+
+    def targets(self) -> tuple[int, float, int]:
+        return self.batch_cap, self.watermark, self.step_token_budget
+
+    @property
+    def budget_bounds(self) -> Bounds:
+        """The settings' bounds of the step budget, capped by the engine's configured budget."""
+        b = self.settings.step_token_budget
+        if self.budget_ceiling is None or self.budget_ceiling >= b.max:
+            return b
+        return Bounds(min(b.min, self.budget_ceiling), self.budget_ceiling, b.max_step, b.initial)
 
     @property
     def converged(self) -> bool:
         return self.quiet_periods >= self.settings.law.converged_periods
 
     def decide(self, obs: Observation) -> list[Decision]:
-        decisions = [self._cap(obs), self._watermark(obs)]
-        self.batch_cap = int(decisions[0].new)
-        self.watermark = float(decisions[1].new)
+        """One period: a decision per knob, in KNOBS order."""
+        self._observe(obs)
+        self._since_cut += 1
+        self._since_budget_cut += 1
+        decisions = [self._cap(obs), self._watermark(obs), self._budget(obs)]
+        self._apply(decisions)
         self.quiet_periods = 0 if any(d.changed for d in decisions) else self.quiet_periods + 1
         return decisions
+
+    def event(self, obs: Observation, now: float) -> list[Decision]:
+        """Between periods, on the last two samples: the first footprint places the cap; a preemption burst
+        cuts it; a surging queue raises it. At most one burst or surge decision per event_cooldown_s. Once the
+        cap is placed, the memory-derived maximum moves with the periods only (two samples are too few)."""
+        if not self._placed:
+            self._observe(obs)
+        d = None
+        if not self._placed and self.memory_max is not None:
+            d = self._place("memory_derived_start", self._cap_inputs(obs))
+        elif now - self._last_event >= self.settings.law.event_cooldown_s:
+            d = self._cap_event(obs)
+            if d is not None:
+                self._last_event = now
+        if d is None:
+            return []
+        d = Decision(d.knob, d.old, d.new, d.reason, d.inputs, trigger="event")
+        self._apply([d])
+        if d.changed:
+            self.quiet_periods = 0
+        return [d]
+
+    # ---- the memory-derived maximum -------------------------------------------------------------
+    def _observe(self, o: Observation) -> None:
+        if o.step_token_budget_max:
+            self.budget_ceiling = o.step_token_budget_max
+        if o.footprint_blocks and o.pool_blocks:
+            self.footprint_blocks = o.footprint_blocks
+            self.memory_max = memory_cap(o.pool_blocks, o.footprint_blocks, self.fill)
+            if self._anchor is not None:
+                self._anchor = min(self._anchor, self.memory_max)
+
+    def _ceiling(self) -> int:
+        """The highest cap a raise may reach: the memory-derived maximum within the bounds."""
+        b = self.settings.batch_cap
+        return int(b.clamp(self.memory_max if self.memory_max is not None else b.max))
+
+    def _place(self, reason: str, inputs: dict) -> Decision:
+        """The cap to the memory-derived maximum (a placement, not a step: max_step does not bound it)."""
+        self._placed = True
+        self._anchor = self.memory_max
+        return Decision("batch_cap", self.batch_cap, self._ceiling(), reason, inputs)
+
+    def _cap_inputs(self, o: Observation) -> dict:
+        return _inputs(queue_depth=o.queue_depth, queue_growth=o.queue_growth, running=o.running,
+                       running_max=o.running_max, kv_use=o.kv_use, preemptions=o.preemptions,
+                       oom_events=o.oom_events, rejections=o.rejections, ttft_p99_s=o.ttft_p99_s,
+                       ttft_objective_s=self.settings.ttft_p99_s, footprint_blocks=self.footprint_blocks,
+                       pool_blocks=o.pool_blocks, memory_max=self.memory_max)
 
     # ---- batch cap ------------------------------------------------------------------------------
     def _cap(self, o: Observation) -> Decision:
         s, p, cap = self.settings, self.settings.law, self.batch_cap
-        pressure = ("oom" if o.oom_events else "preemptions" if o.preemptions
-                    else "kv_above_band" if o.kv_use > p.kv_band_high else None)
-        if pressure:
-            self._streak["cap_up"] = 0
-            return self._move("batch_cap", cap, math.floor(cap * p.cut_factor), s.batch_cap, pressure)
-        headroom = o.kv_use < p.kv_band_low
-        queued = o.queue_depth > s.max_queue_depth
-        ttft_missed = s.ttft_p99_s is not None and o.ttft_p99_s is not None and o.ttft_p99_s > s.ttft_p99_s
-        up = cap + max(1, math.ceil(cap * p.raise_fraction))
-        if ttft_missed and o.queue_depth > 0 and headroom and not o.rejections:
-            self._streak["cap_up"] = 0
-            return self._move("batch_cap", cap, up, s.batch_cap, "ttft_objective")
+        inputs = self._cap_inputs(o)
+        ceiling = self._ceiling()
+        if not self._placed and self.memory_max is not None:
+            return self._place("memory_derived_start", inputs)
         binding = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * cap
+        headroom = o.kv_use < p.kv_band_low
+        ttft_missed = s.ttft_p99_s is not None and o.ttft_p99_s is not None and o.ttft_p99_s > s.ttft_p99_s
+        memory_binds = not headroom or (self.memory_max is not None and cap >= ceiling)
+        pressure = ("oom" if o.oom_events else "preemptions" if o.preemptions
+                    else "kv_above_band" if o.kv_use > p.kv_band_high
+                    else "ttft_memory_bound" if ttft_missed and memory_binds and binding and o.queue_depth > 0
+                    else None)
+        if pressure:
+            return self._cut(pressure, inputs)
+        if cap > ceiling and not headroom:  # with room in the pool the estimate errs low (shared prefixes)
+            self._anchor = self.memory_max
+            return Decision("batch_cap", cap, ceiling, "memory_derived", inputs)
+        if ttft_missed and o.queue_depth > 0 and headroom and not o.rejections:
+            return self._raise("ttft_objective", inputs)
+        queued = o.queue_depth > s.max_queue_depth
         if not queued or not headroom or not binding or o.rejections:
-            self._streak["cap_up"] = 0
             why = ("no_queue" if not queued else "kv_in_band" if not headroom
                    else "cap_not_binding" if not binding else "rejections")
-            return Decision("batch_cap", cap, cap, why)
-        self._streak["cap_up"] += 1
-        if self._streak["cap_up"] < p.hysteresis_periods:
-            return Decision("batch_cap", cap, cap, "hysteresis")
-        self._streak["cap_up"] = 0
-        return self._move("batch_cap", cap, up, s.batch_cap, "queued_kv_headroom")
+            return Decision("batch_cap", cap, cap, why, inputs)
+        if (self.memory_max is not None and self._anchor is not None and cap < ceiling
+                and self.memory_max > self._anchor * (1 + p.footprint_shift)):
+            return self._place("footprint_shift", inputs)
+        return self._raise("queued_kv_headroom", inputs)
+
+    def _cap_event(self, o: Observation) -> Decision | None:
+        s, p, cap = self.settings, self.settings.law, self.batch_cap
+        if o.oom_events or o.preemptions >= p.event_preemptions:
+            return self._cut("preemption_burst", self._cap_inputs(o))
+        binding = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * cap
+        surge = o.queue_growth >= max(1.0, p.event_queue_growth * cap) and o.queue_depth > s.max_queue_depth
+        if (surge and binding and o.kv_use < p.kv_band_low and not o.rejections
+                and self._since_cut >= p.hysteresis_periods and cap < self._ceiling()):
+            return self._raise("queue_surge", self._cap_inputs(o))
+        return None
+
+    def _cut(self, reason: str, inputs: dict) -> Decision:
+        """Multiplicative decrease (not bounded by max_step), never above the memory-derived maximum."""
+        cap = self.batch_cap
+        self._since_cut = 0
+        new = int(self.settings.batch_cap.clamp(min(math.floor(cap * self.settings.law.cut_factor), self._ceiling())))
+        return Decision("batch_cap", cap, new, reason if new != cap else "at_min", inputs)
+
+    def _raise(self, reason: str, inputs: dict) -> Decision:
+        """Additive increase: a share of the memory-derived maximum, at most max_step, at most up to it."""
+        s, p, cap = self.settings, self.settings.law, self.batch_cap
+        if self._since_cut < p.hysteresis_periods:
+            return Decision("batch_cap", cap, cap, "cooldown", inputs)
+        ceiling = self._ceiling()
+        step = min(s.batch_cap.max_step, max(1, math.ceil(p.raise_fraction * (self.memory_max or cap))))
+        new = min(cap + step, ceiling)
+        if new <= cap:
+            at_bound = ceiling >= s.batch_cap.max
+            return Decision("batch_cap", cap, cap, "at_max" if at_bound else "at_memory_max", inputs)
+        return Decision("batch_cap", cap, int(new), reason, inputs)
 
     # ---- watermark ------------------------------------------------------------------------------
     def _watermark(self, o: Observation) -> Decision:
         s, p, w = self.settings, self.settings.law, self.watermark
+        inputs = _inputs(queue_depth=o.queue_depth, running=o.running, running_max=o.running_max,
+                         num_decoding=o.num_decoding, kv_use=o.kv_use, hit_rate=o.hit_rate, preemptions=o.preemptions,
+                         oom_events=o.oom_events)
         if o.oom_events or o.preemptions:
             self._streak["w_up"] = self._streak["w_down"] = 0
             return self._move("watermark", w, w - s.watermark.max_step, s.watermark,
-                              "oom" if o.oom_events else "preemptions")
-        heavy = (o.queue_depth > s.max_queue_depth
-                 or (o.running >= p.cap_binding * self.batch_cap and o.kv_use >= p.kv_band_low))
+                              "oom" if o.oom_events else "preemptions", inputs)
+        queued = o.queue_depth > s.max_queue_depth
+        cap_binds = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * self.batch_cap
+        prefilling = o.running - o.num_decoding  # mean rows prefilling: under one, prefill is not the bottleneck
+        if queued and not cap_binds and prefilling < 1 and o.kv_use + w >= p.kv_band_low:
+            # requests wait below the cap, no prefill keeps them, and the running rows and the reserve fill the
+            # pool: the reserve is what holds them back
+            self._streak["w_up"] = self._streak["w_down"] = 0
+            return self._move("watermark", w, w - s.watermark.max_step, s.watermark, "reserve_holds_queue", inputs)
+        heavy = queued or (o.running >= p.cap_binding * self.batch_cap and o.kv_use >= p.kv_band_low)
         light = o.queue_depth == 0 and o.kv_use < p.light_kv
         if heavy and o.hit_rate is not None and o.hit_rate >= p.hit_good:
-            return self._streaked("w_up", "w_down", w + s.watermark.max_step, "heavy_load_good_hits")
+            # a larger reserve must leave the rows room, with a step to spare (hysteresis against rule 2)
+            if o.kv_use + w + 2 * s.watermark.max_step > p.kv_band_low:
+                self._streak["w_up"] = 0
+                return Decision("watermark", w, w, "no_room_for_reserve", inputs)
+            return self._streaked("w_up", "w_down", w + s.watermark.max_step, "heavy_load_good_hits", inputs)
         if light:
-            return self._streaked("w_down", "w_up", w - s.watermark.max_step, "light_load")
+            return self._streaked("w_down", "w_up", w - s.watermark.max_step, "light_load", inputs)
         self._streak["w_up"] = self._streak["w_down"] = 0
-        return Decision("watermark", w, w, "heavy_load_poor_hits" if heavy else "moderate_load")
+        return Decision("watermark", w, w, "heavy_load_poor_hits" if heavy else "moderate_load", inputs)
 
-    def _streaked(self, key: str, other: str, target: float, reason: str) -> Decision:
+    def _streaked(self, key: str, other: str, target: float, reason: str, inputs: dict) -> Decision:
         self._streak[other] = 0
         self._streak[key] += 1
         if self._streak[key] < self.settings.law.hysteresis_periods:
-            return Decision("watermark", self.watermark, self.watermark, "hysteresis")
+            return Decision("watermark", self.watermark, self.watermark, "hysteresis", inputs)
         self._streak[key] = 0
-        return self._move("watermark", self.watermark, target, self.settings.watermark, reason)
+        return self._move("watermark", self.watermark, target, self.settings.watermark, reason, inputs)
+
+    # ---- step token budget ----------------------------------------------------------------------
+    def _budget(self, o: Observation) -> Decision:
+        s, p, b = self.settings, self.settings.law, self.step_token_budget
+        bounds = self.budget_bounds
+        rows = o.running if o.running_max is None else o.running_max
+        floor = int(bounds.clamp(math.ceil(rows) + bounds.min))
+        decoding = o.num_decoding if o.decoding_max is None else o.decoding_max
+        objective = s.tpot_p50_s
+        inputs = _inputs(tpot_p50_s=o.tpot_p50_s, tpot_objective_s=objective, num_decoding=o.num_decoding,
+                         queue_depth=o.queue_depth, running=o.running, decode_floor=floor, ceiling=bounds.max)
+        if objective is None:
+            return Decision("step_token_budget", b, b, "no_tpot_objective", inputs)
+        if b < floor:
+            return self._move("step_token_budget", b, floor, bounds, "decode_floor", inputs)
+        if o.queue_depth <= 0 and o.running <= o.num_decoding:
+            return Decision("step_token_budget", b, b, "no_prefill_waiting", inputs)
+        if decoding <= 0:
+            return self._move("step_token_budget", b, bounds.max, bounds, "nothing_decoding", inputs)
+        if o.tpot_p50_s is None:
+            return Decision("step_token_budget", b, b, "tpot_unknown", inputs)
+        if o.tpot_p50_s > objective:
+            self._since_budget_cut = 0
+            target = max(floor, math.floor(b * p.cut_factor))
+            return self._move("step_token_budget", b, target, bounds, "tpot_objective", inputs)
+        if o.tpot_p50_s < p.tpot_headroom * objective:
+            if self._since_budget_cut < p.hysteresis_periods:
+                return Decision("step_token_budget", b, b, "cooldown", inputs)
+            return self._move("step_token_budget", b, bounds.max, bounds, "tpot_headroom", inputs)
+        return Decision("step_token_budget", b, b, "tpot_in_band", inputs)
+
+    # ---- shared ---------------------------------------------------------------------------------
+    def _apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            setattr(self, d.knob, float(d.new) if d.knob == "watermark" else int(d.new))
 
     @staticmethod
-    def _move(knob: str, old: float, target: float, bounds, reason: str) -> Decision:
+    def _move(knob: str, old: float, target: float, bounds: Bounds, reason: str, inputs: dict) -> Decision:
         step = bounds.max_step
         new = min(old + step, max(old - step, target))  # bounded step
         new = bounds.clamp(new)
-        if knob == "batch_cap":
-            new = int(new)
-        else:
-            new = round(new, 6)
+        new = round(new, 6) if knob == "watermark" else int(new)
         if new == old:
-            return Decision(knob, old, old, "at_max" if target > old else "at_min")
-        return Decision(knob, old, new, reason)
+            up = target > old or (target == old and old >= bounds.max)
+            return Decision(knob, old, old, "at_max" if up else "at_min", inputs)
+        return Decision(knob, old, new, reason, inputs)

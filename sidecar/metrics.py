@@ -17,6 +17,12 @@ class FeedbackCollector(Collector):
         c = self.c
         cap = GaugeMetricFamily("kvloop:feedback_batch_cap", "Batch cap the coordinator targets.")
         mark = GaugeMetricFamily("kvloop:feedback_watermark", "Retention watermark the coordinator targets.")
+        budget = GaugeMetricFamily("kvloop:feedback_step_token_budget",
+                                   "Step token budget (prefill chunk size) the coordinator targets.")
+        memory_max = GaugeMetricFamily("kvloop:feedback_memory_max_batch_cap", "The batch cap the device pool holds "
+                                       "at the observed footprint of a request (absent until a request is seen).")
+        inputs = GaugeMetricFamily("kvloop:feedback_decision_input", "The inputs of the last decision on each "
+                                   "knob (what it was taken on).", labels=["knob", "input"])
         decisions = CounterMetricFamily("kvloop:feedback_decisions", "Coordinator decisions by knob and reason.",
                                         labels=["knob", "reason"])
         stale = CounterMetricFamily("kvloop:feedback_stale_reads", "Snapshot reads that were missing or stale.")
@@ -31,8 +37,17 @@ class FeedbackCollector(Collector):
         if c is not None:
             cap.add_metric([], c.law.batch_cap)
             mark.add_metric([], c.law.watermark)
+            budget.add_metric([], c.law.step_token_budget)
+            if c.law.memory_max is not None:
+                memory_max.add_metric([], c.law.memory_max)
             with c.lock:
                 totals = dict(c.decisions_total)
+                # the latest decision of each knob that was taken on inputs (holds on a stale snapshot were not)
+                last_inputs = {d["knob"]: d["inputs"] for d in c.recent if d["inputs"]}
+            for knob, values in sorted(last_inputs.items()):
+                for name, value in sorted(values.items()):
+                    if isinstance(value, (int, float)):
+                        inputs.add_metric([knob, name], float(value))
             for (knob, reason), n in sorted(totals.items()):
                 decisions.add_metric([knob, reason], n)
             stale.add_metric([], c.stale_reads)
@@ -46,7 +61,7 @@ class FeedbackCollector(Collector):
                 hits.add_metric(["all"], obs.hit_rate)
                 for tier, rate in obs.tier_hit_rates.items():
                     hits.add_metric([tier], rate)
-        yield from (cap, mark, decisions, stale, writes, last, converged, mode, hits)
+        yield from (cap, mark, budget, memory_max, inputs, decisions, stale, writes, last, converged, mode, hits)
 
 
 def build_registry(coordinator=None) -> CollectorRegistry:

@@ -1,17 +1,25 @@
-"""Turns the engine's snapshots over one period into the law's Observation (pure)."""
+"""Turns the engine's snapshots over one period (or between two samples, for the event path) into the law's
+Observation, and a record into the cap the pool holds at the engine's max context (pure)."""
 
 from __future__ import annotations
 
 import math
 
 from kvloop.engine.control.records import ControlRecord
-from kvloop.sidecar.law import Observation
+from kvloop.sidecar.law import Observation, memory_cap
 
 TIERS = ("device", "host", "disk")
 
 
 def _finite(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else x
+
+
+def start_cap(rec: ControlRecord, fill: float) -> int | None:
+    """The cap the pool holds when every request runs to the engine's max context (None: not reported)."""
+    if not (rec.kv_blocks_total and rec.block_size and rec.max_model_len):
+        return None
+    return memory_cap(rec.kv_blocks_total, -(-rec.max_model_len // rec.block_size), fill)
 
 
 class PeriodWindow:
@@ -21,9 +29,12 @@ class PeriodWindow:
         self.first = first  # the baseline for counter deltas (last sample of the previous period)
         self.last: ControlRecord | None = None
         self.n = 0
-        self.waiting_sum = self.running_sum = self.kv_sum = 0.0
+        self.waiting_sum = self.running_sum = self.kv_sum = self.decoding_sum = 0.0
         self.kv_max = 0.0
-        self.running_max = 0.0
+        self.running_max = self.decoding_max = 0.0
+        # the footprint of a request: blocks held by (plus still needed for the prompts of) running requests,
+        # over the running requests, summed over the samples with any
+        self.footprint_blocks_sum = self.footprint_running_sum = 0.0
 
     def add(self, rec: ControlRecord) -> None:
         if self.first is None:
@@ -35,9 +46,14 @@ class PeriodWindow:
         self.kv_sum += rec.kv_use_device
         self.kv_max = max(self.kv_max, rec.kv_use_device)
         self.running_max = max(self.running_max, float(rec.num_running))
+        self.decoding_sum += rec.num_decoding
+        self.decoding_max = max(self.decoding_max, float(rec.num_decoding))
+        if rec.num_running > 0:
+            self.footprint_blocks_sum += max(0, rec.kv_blocks_total - rec.kv_blocks_free) + rec.kv_blocks_pending
+            self.footprint_running_sum += rec.num_running
 
     def next(self) -> PeriodWindow:
-        return PeriodWindow(self.last)
+        return PeriodWindow(self.last or self.first)
 
     def delta(self, name: str) -> int:
         """How much a cumulative counter of the record grew over the period."""
@@ -64,6 +80,7 @@ class PeriodWindow:
     def observation(self) -> Observation | None:
         if not self.n or self.last is None:
             return None
+        first, last = self.first or self.last, self.last
         return Observation(
             queue_depth=self.waiting_sum / self.n,
             running=self.running_sum / self.n,
@@ -76,5 +93,15 @@ class PeriodWindow:
             tier_hit_rates=self.tier_hit_rates(),
             requests_finished=self.delta("requests_finished"),
             tokens_generated=self.delta("tokens_generated"),
-            ttft_p99_s=_finite(self.last.ttft_p99_s),
+            ttft_p99_s=_finite(last.ttft_p99_s),
+            footprint_blocks=(self.footprint_blocks_sum / self.footprint_running_sum
+                              if self.footprint_running_sum else None),
+            pool_blocks=last.kv_blocks_total,
+            num_decoding=self.decoding_sum / self.n,
+            decoding_max=self.decoding_max,
+            tpot_p50_s=_finite(last.tpot_p50_s),
+            tpot_p99_s=_finite(last.tpot_p99_s),
+            step_token_budget_max=last.step_token_budget_max,
+            queue_growth=float(last.num_waiting - first.num_waiting),
+            seconds=max(0.0, (last.time_ns - first.time_ns) / 1e9),
         )

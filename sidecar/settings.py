@@ -6,13 +6,23 @@ Shape (every key optional)::
     period_s: 30
     stale_after_s: 120       # the engine's staleness limit for targets (the sidecar refreshes well before)
     snapshot_stale_s: 60     # a snapshot older than this makes the coordinator hold (default 2 periods, >= 5 s)
-    batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}   # no initial: the engine's own value
-    watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}
-    targets: {ttft_p99_s: 2.0, max_queue_depth: 16}
+    event_path: true         # react between periods (first request, preemption bursts, surging queues)
+    batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}
+    watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}     # no initial: the engine's own value
+    step_token_budget: {min: 64, max: 8192, max_step: 256, initial: 512}   # no initial: the engine's own
+    targets: {ttft_p99_s: 2.0, max_queue_depth: 16, tpot_p50_s: 0.1}
     law: {kv_band_low: 0.85, kv_band_high: 0.95, cut_factor: 0.75, raise_fraction: 0.25,
-          hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3}
+          hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3,
+          footprint_shift: 0.25, tpot_headroom: 0.8, event_preemptions: 3, event_queue_growth: 0.5,
+          event_cooldown_s: 10}
     control: {path: /run/kvloop/control.bin}
     annotation: {enabled: true, key: kvloop.io/feedback, heartbeat_s: 60}
+
+The batch cap's `initial` holds only until the first request is seen: then the cap is placed at the
+memory-derived maximum (sidecar.law). Without one, the cap starts from the pool and the engine's max
+context, else the engine's own cap. `max_step` bounds every raise; cuts are multiplicative and placements
+at the memory-derived maximum (the first request, a shift in the footprint) are not steps.
+The step token budget never goes above the engine's configured budget (the scheduler's ceiling).
 """
 
 from __future__ import annotations
@@ -51,8 +61,13 @@ class LawParams:
     hit_good: float = 0.5  # hit rate that makes protecting cached prefixes worth it
     light_kv: float = 0.5  # below this KV use with nothing queued, load is light
     cap_binding: float = 0.9  # the cap binds when running >= this share of it
-    hysteresis_periods: int = 2  # periods a raise condition must hold (cuts act at once)
+    hysteresis_periods: int = 2  # periods a raise waits after a cut (watermark: a raise condition must hold)
     converged_periods: int = 3  # periods without a change that count as converged
+    footprint_shift: float = 0.25  # the memory-derived maximum moved up this share: the traffic changed, re-place
+    tpot_headroom: float = 0.8  # TPOT P50 below this share of its objective: room to raise the step budget
+    event_preemptions: int = 3  # preemptions between two samples that make a burst (the event path cuts)
+    event_queue_growth: float = 0.5  # queue growth between two samples, as a share of the cap, that is a surge
+    event_cooldown_s: float = 10.0  # at most one event decision this often
 
 
 @dataclass(frozen=True)
@@ -63,9 +78,12 @@ class Settings:
     snapshot_stale_s: float | None = None
     batch_cap: Bounds = Bounds(1, 64, 8, None)
     watermark: Bounds = Bounds(0.0, 0.9, 0.1, None)
+    step_token_budget: Bounds = Bounds(64, 8192, 256, None)
     ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None  # the step budget's objective; None: the budget holds the engine's own
     max_queue_depth: int = 0
     law: LawParams = field(default_factory=LawParams)
+    event_path: bool = True  # decisions between periods (sidecar.law: ControlLaw.event)
     control_path: str | None = None
     annotation_enabled: bool = True
     annotation_key: str = "kvloop.io/feedback"
@@ -76,16 +94,16 @@ class Settings:
         return self.snapshot_stale_s if self.snapshot_stale_s else max(5.0, 2.0 * self.period_s)
 
 
-def _bounds(raw: dict, default: Bounds, integer: bool) -> Bounds:
+def _bounds(raw: dict, default: Bounds, integer: bool, name: str) -> Bounds:
     conv = int if integer else float
     b = Bounds(*(conv(raw.get(k, getattr(default, k))) for k in ("min", "max", "max_step")),
                initial=None if raw.get("initial") is None else conv(raw["initial"]))
     if not b.min <= b.max or b.max_step <= 0:
-        raise SettingsError(f"bad bounds {b}")
+        raise SettingsError(f"bad {name} bounds {b}")
     if integer and b.min < 1:
-        raise SettingsError("batch_cap.min must be >= 1")
+        raise SettingsError(f"{name}.min must be >= 1")
     if not integer and not 0.0 <= b.min <= b.max < 1.0:
-        raise SettingsError("watermark bounds must lie in [0, 1)")
+        raise SettingsError(f"{name} bounds must lie in [0, 1)")
     return b if b.initial is None else replace(b, initial=b.clamp(b.initial))
 
 
@@ -104,18 +122,24 @@ def parse_settings(raw: dict | None) -> Settings:
                        for f in fields(LawParams) if f.name in law_raw})
     if not 0 < law.kv_band_low <= law.kv_band_high <= 1 or not 0 < law.cut_factor < 1:
         raise SettingsError("law: need 0 < kv_band_low <= kv_band_high <= 1 and 0 < cut_factor < 1")
+    if not 0 < law.tpot_headroom <= 1 or law.footprint_shift <= 0 or law.event_cooldown_s < 0:
+        raise SettingsError("law: need 0 < tpot_headroom <= 1, footprint_shift > 0 and event_cooldown_s >= 0")
     period = float(raw.get("period_s", d.period_s))
     if period <= 0:
         raise SettingsError("period_s must be > 0")
-    ttft = targets.get("ttft_p99_s")
+    ttft, tpot = targets.get("ttft_p99_s"), targets.get("tpot_p50_s")
     return Settings(
         mode=mode, period_s=period, stale_after_s=float(raw.get("stale_after_s", d.stale_after_s)),
         snapshot_stale_s=float(raw["snapshot_stale_s"]) if raw.get("snapshot_stale_s") else None,
-        batch_cap=_bounds(raw.get("batch_cap") or {}, d.batch_cap, integer=True),
-        watermark=_bounds(raw.get("watermark") or {}, d.watermark, integer=False),
+        batch_cap=_bounds(raw.get("batch_cap") or {}, d.batch_cap, integer=True, name="batch_cap"),
+        watermark=_bounds(raw.get("watermark") or {}, d.watermark, integer=False, name="watermark"),
+        step_token_budget=_bounds(raw.get("step_token_budget") or {}, d.step_token_budget, integer=True,
+                                  name="step_token_budget"),
         ttft_p99_s=float(ttft) if ttft else None,
+        tpot_p50_s=float(tpot) if tpot else None,
         max_queue_depth=int(targets.get("max_queue_depth") or 0),
         law=law,
+        event_path=bool(raw.get("event_path", d.event_path)),
         control_path=(raw.get("control") or {}).get("path"),
         annotation_enabled=bool(ann.get("enabled", d.annotation_enabled)),
         annotation_key=str(ann.get("key", d.annotation_key)),

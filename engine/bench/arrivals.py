@@ -29,3 +29,19 @@ def zipf_weights(n: int, s: float) -> list[float]:
     w = [1.0 / (k + 1) ** s for k in range(n)]
     total = sum(w)
     return [x / total for x in w]
+
+
+def arrivals_between(start: float, end: float, rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+    """Arrival times in [start, end) at `rate` requests/s (Poisson for burstiness 1.0, gamma otherwise, as
+    arrival_times): a stream that runs for a window (one phase) rather than for a count. rate <= 0: none."""
+    if rate <= 0 or end <= start:
+        return []
+    if burstiness <= 0:
+        raise ValueError("burstiness must be > 0")
+    theta = 1.0 / (rate * burstiness)
+    out, t = [], start
+    while True:
+        t += rng.gammavariate(burstiness, theta)
+        if t >= end:
+            return out
+        out.append(t)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from kvloop.engine.bench.metrics import SLO
+from kvloop.engine.bench.w5_workload import W5_SCALES
 from kvloop.engine.scheduler.policy import policy_names
 
 
@@ -18,7 +19,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--systems", default=",".join(policy_names()),
                    help=f"comma list: {', '.join(policy_names())}, transformers-static, "
                         "llama.cpp-bf16-np8, llama.cpp-bf16-np32, vllm-cpu-bf16, vllm-cpu-f32, http:URL")
-    p.add_argument("--workload", default="w1", help="w1, w2, w1-smoke, azure:CSV, mooncake:JSONL")
+    p.add_argument("--workload", default="w1", help=f"w1, w2, w1-smoke, {', '.join(W5_SCALES)}, azure:CSV, mooncake:JSONL")
+    p.add_argument("--phase-rates", default=None,
+                   help="w5: 'chat,rag' requests/s of each phase kind (--rate/--rates then scale both; 1 = as given)")
     p.add_argument("--scale", type=float, default=1.0, help="length scale (documents, turns, answers, pools)")
     p.add_argument("--count-scale", type=float, default=1.0, help="scale of the number of questions and sessions")
     p.add_argument("--rate", type=float, default=1.0, help="main request rate (req/s) for the headline numbers")
@@ -49,6 +52,14 @@ def workload_factory(args: argparse.Namespace):
     kind = kind.lower()
 
     def make(rate: float):
+        if kind in W5_SCALES:  # phases with their own rates; the swept rate scales both
+            from kvloop.engine.bench.w5_workload import parse_phase_rates, w5
+
+            base = W5_SCALES[kind]
+            chat, rag = parse_phase_rates(args.phase_rates) or (base.chat_rate, base.rag_rate)
+            return w5(kind, (chat * rate / args.rate, rag * rate / args.rate), seed=args.seed,
+                      burstiness=args.burstiness,
+                      **({"think_mean_s": args.think} if args.think is not None else {}))
         if kind == "azure":
             return traces.read_azure_csv(path, args.limit, time_scale=args.rate / rate, length_scale=args.scale,
                                          seed=args.seed)
@@ -101,6 +112,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     probe = make(args.rate)
     smoke = args.workload.lower() in ("w1-smoke", "smoke")
     sizing = Sizing().scaled(1 / 8 if smoke else args.scale)
+    if probe.params.get("kv_cache_tokens"):  # W5 prescribes its device pool
+        sizing = dataclasses.replace(sizing, kv_cache_tokens=probe.params["kv_cache_tokens"])
     if args.kv_cache_tokens:
         sizing = dataclasses.replace(sizing, kv_cache_tokens=args.kv_cache_tokens)
     longest = max([len(r.prompt) + r.max_tokens for r in probe.requests] + [

@@ -15,9 +15,10 @@ import subprocess
 from pathlib import Path
 
 from kvloop.engine.bench.ready import wait_ready
-from kvloop.engine.bench.sizing import ENGINE_MODES, Sizing, mode_configs
+from kvloop.engine.bench.sizing import Sizing, mode_configs
 from kvloop.engine.bench.targets.base import Target
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
+from kvloop.engine.scheduler.policy import policy_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_DIR = Path(os.environ.get("KVLOOP_LLAMA_DIR", ROOT / ".tools" / "llama.cpp"))
@@ -183,7 +184,7 @@ def missing_reason(name: str) -> str | None:
 
 
 def make_target(name: str, sizing: Sizing, threads: int | None = None, hf_dtype: str = "float32") -> Target:
-    if name in ENGINE_MODES:
+    if name in policy_names():  # read now: a policy registered after import is an engine system too
         return engine_target(name, sizing, threads)
     if name == "transformers-static":
         from kvloop.engine.bench.targets.hf import HFGenerateTarget
@@ -205,4 +206,8 @@ def make_target(name: str, sizing: Sizing, threads: int | None = None, hf_dtype:
         from kvloop.engine.bench.targets.http import HTTPTarget
 
         return HTTPTarget(name[5:], name)
+    if "@cap" in name or "+coord" in name:  # W5's variants: codesign@cap64, codesign+coord@10s (w5_variants)
+        from kvloop.engine.bench.w5_engine import variant_target
+
+        return variant_target(name, sizing, threads)[0]
     raise ValueError(f"unknown system {name!r}")

@@ -1,4 +1,5 @@
-"""Reference workloads W1, W1-smoke, W2 and W4 (../shared/WORKLOADS.md), deterministic by seed (pure Python).
+"""Reference workloads W1, W1-smoke, W2 and W4 (../shared/WORKLOADS.md), deterministic by seed (pure Python);
+W5 (phases) is in w5_workload.py, built by name here too.
 
 A workload is open-loop requests (document questions, trace rows) with fixed prompts and arrival times,
 plus closed-loop chat sessions: turn k's prompt is the whole history (system prompt, earlier user turns,
@@ -177,4 +178,9 @@ def by_name(name: str, scale: float = 1.0, **overrides) -> Workload:
         return w1(scale, **overrides)
     if name == "w2":
         return w2(scale, **overrides)
-    raise ValueError(f"unknown workload {name!r} (w1, w2, w1-smoke; W3 via traces, W4 via w4())")
+    from kvloop.engine.bench.w5_workload import W5_SCALES, w5
+
+    if name in W5_SCALES:  # phases with their own rates: overrides chat_rate=, rag_rate= (W5Params)
+        return w5(name, **overrides)
+    raise ValueError(f"unknown workload {name!r} (w1, w2, w1-smoke, {', '.join(W5_SCALES)}; W3 via traces, "
+                     "W4 via w4())")

@@ -20,6 +20,7 @@ def add_control_parser(sub) -> None:
     st.add_argument("--control", default=DEFAULT_PATH, help="control block file")
     st.add_argument("--batch-cap", type=int, default=None)
     st.add_argument("--watermark", type=float, default=None)
+    st.add_argument("--step-token-budget", type=int, default=None, help="tokens one step may schedule")
     st.set_defaults(func=cmd_set)
 
 
@@ -32,7 +33,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     snap, targets = link.read_snapshot(), link.read_targets()
     out = {"snapshot": snap.as_dict() if snap else None,
            "targets": None if targets is None else {
-               "batch_cap": targets.batch_cap, "watermark": targets.watermark, "version": targets.version,
+               "batch_cap": targets.batch_cap, "watermark": targets.watermark,
+               "step_token_budget": targets.step_token_budget, "version": targets.version,
                "age_s": round((link.clock() - targets.time_ns) / 1e9, 3), "writer_id": targets.writer_id}}
     if args.json:
         print(json.dumps(out))
@@ -45,14 +47,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    if args.batch_cap is None and args.watermark is None:
-        print("error: give --batch-cap and/or --watermark")
+    if args.batch_cap is None and args.watermark is None and args.step_token_budget is None:
+        print("error: give --batch-cap, --watermark and/or --step-token-budget")
         return 2
     try:
         link = SidecarLink(args.control)
     except ControlBlockError as exc:
         print(f"error: {exc}")
         return 1
-    t = link.write_targets(args.batch_cap, args.watermark)
-    print(f"wrote targets version {t.version}: batch_cap={t.batch_cap} watermark={t.watermark}")
+    t = link.write_targets(args.batch_cap, args.watermark, args.step_token_budget)
+    print(f"wrote targets version {t.version}: batch_cap={t.batch_cap} watermark={t.watermark} "
+          f"step_token_budget={t.step_token_budget}")
     return 0

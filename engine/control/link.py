@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from kvloop.engine.control import layout as L
 from kvloop.engine.control.block import ControlBlock
 from kvloop.engine.control.records import (
+    UNKNOWN,
     ControlRecord,
     Targets,
     control_record,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from kvloop.engine.snapshot import EngineSnapshot
 
 MAX_BATCH_CAP = 1 << 16
+MAX_STEP_TOKEN_BUDGET = 1 << 24  # a sanity bound; the scheduler clamps to its configured ceiling
 CLOCK_SLACK_NS = 1_000_000_000  # targets stamped this far before the engine started are still taken
 
 
@@ -38,14 +40,14 @@ def new_id() -> int:
 
 
 class ControlLink:
-    """Engine side. `defaults` are the engine's configured batch cap and watermark."""
+    """Engine side. `defaults` are the engine's configured batch cap, watermark and step token budget."""
 
     COUNTERS = ("garbled", "out_of_range", "old_version", "stale", "accepted")
 
     def __init__(self, path: str | os.PathLike, defaults: Targets, stale_after_s: float = 120.0,
                  max_batch_cap: int = MAX_BATCH_CAP, clock: Callable[[], int] = time.time_ns):
         self.block = ControlBlock(path, create=True)
-        self.defaults = Targets(defaults.batch_cap, defaults.watermark, source="default")
+        self.defaults = Targets(defaults.batch_cap, defaults.watermark, defaults.step_token_budget, source="default")
         self.stale_after_ns = int(stale_after_s * 1e9)
         self.max_batch_cap = max_batch_cap
         self.clock = clock
@@ -60,9 +62,11 @@ class ControlLink:
     def close(self) -> None:
         self.block.close()
 
-    def publish(self, snapshot: EngineSnapshot, ttft_p50_s: float = math.nan, ttft_p99_s: float = math.nan) -> None:
+    def publish(self, snapshot: EngineSnapshot, ttft: tuple[float, float] = UNKNOWN,
+                tpot: tuple[float, float] = UNKNOWN) -> None:
+        """ttft, tpot: (P50, P99) in seconds, NaN while unknown."""
         self.steps += 1
-        rec = control_record(snapshot, ttft_p50_s, ttft_p99_s, self.start_id, self.steps, self.clock())
+        rec = control_record(snapshot, ttft, tpot, start_id=self.start_id, step=self.steps, time_ns=self.clock())
         self.block.write(L.SNAPSHOT_OFFSET, pack_record(rec))
 
     def poll_targets(self) -> Targets | None:
@@ -99,9 +103,11 @@ class ControlLink:
             self._accepted, self._stale = t, False
 
     def _in_range(self, t: Targets) -> bool:
-        if t.batch_cap is None and t.watermark is None:
+        if t.values() == (None, None, None):
             return False
         if t.batch_cap is not None and not 1 <= t.batch_cap <= self.max_batch_cap:
+            return False
+        if t.step_token_budget is not None and not 1 <= t.step_token_budget <= MAX_STEP_TOKEN_BUDGET:
             return False
         return t.watermark is None or (not math.isnan(t.watermark) and 0.0 <= t.watermark < 1.0)
 
@@ -138,10 +144,11 @@ class SidecarLink:
         _, payload = self.block.read(L.TARGETS_OFFSET, L.TARGETS_FMT.size)
         return unpack_targets(payload) if payload else None
 
-    def write_targets(self, batch_cap: int | None, watermark: float | None) -> Targets:
+    def write_targets(self, batch_cap: int | None, watermark: float | None,
+                      step_token_budget: int | None = None) -> Targets:
         """Writes targets with the next version after the one in the file."""
         current = self.read_targets()
-        t = Targets(batch_cap, watermark, version=(current.version if current else 0) + 1,
+        t = Targets(batch_cap, watermark, step_token_budget, version=(current.version if current else 0) + 1,
                     time_ns=self.clock(), writer_id=self.writer_id)
         self.block.write(L.TARGETS_OFFSET, pack_targets(t))
         return t

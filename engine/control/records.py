@@ -25,9 +25,15 @@ class ControlRecord:
     time_ns: int
     num_waiting: int
     num_running: int
+    num_decoding: int  # running rows past their prefill
     batch_cap: int
+    step_token_budget: int  # tokens one step may schedule, now
+    step_token_budget_max: int  # the engine's configured budget: the knob's ceiling
     kv_blocks_total: int
     kv_blocks_free: int
+    kv_blocks_pending: int  # blocks the running rows' prompts still need (the rest of their prefill)
+    block_size: int
+    max_model_len: int
     watermark: float
     kv_use_device: float
     kv_use_host: float
@@ -45,6 +51,8 @@ class ControlRecord:
     tokens_generated: int
     ttft_p50_s: float  # NaN until a request has started
     ttft_p99_s: float
+    tpot_p50_s: float  # NaN until a request has finished with two tokens or more
+    tpot_p99_s: float
     age_s: float = 0.0
 
     def as_dict(self) -> dict:
@@ -54,24 +62,30 @@ class ControlRecord:
 
 _PAYLOAD_FIELDS = tuple(f.name for f in fields(ControlRecord) if f.name != "age_s")
 assert _PAYLOAD_FIELDS == tuple(n for n in L.SNAPSHOT_FIELDS if n != "_pad"), "ControlRecord and layout disagree"
-_U32 = {"num_waiting", "num_running", "batch_cap", "kv_blocks_total", "kv_blocks_free", "_pad"}
-_FLOATS = {"watermark", "kv_use_device", "kv_use_host", "kv_use_disk", "ttft_p50_s", "ttft_p99_s"}
+_U32 = {"num_waiting", "num_running", "num_decoding", "batch_cap", "step_token_budget", "step_token_budget_max",
+        "kv_blocks_total", "kv_blocks_free", "kv_blocks_pending", "block_size", "max_model_len", "_pad"}
+_FLOATS = {"watermark", "kv_use_device", "kv_use_host", "kv_use_disk", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
+           "tpot_p99_s"}
+UNKNOWN = (math.nan, math.nan)
 
 
-def control_record(snap: EngineSnapshot, ttft_p50_s: float, ttft_p99_s: float, start_id: int = 0, step: int = 0,
-                   time_ns: int = 0) -> ControlRecord:
-    """The record of an engine snapshot, with the TTFT percentiles the engine's hook keeps."""
+def control_record(snap: EngineSnapshot, ttft: tuple[float, float] = UNKNOWN, tpot: tuple[float, float] = UNKNOWN,
+                   *, start_id: int = 0, step: int = 0, time_ns: int = 0) -> ControlRecord:
+    """The record of an engine snapshot, with the (P50, P99) of TTFT and TPOT the engine's hook keeps."""
     return ControlRecord(
         start_id=start_id, step=step, time_ns=time_ns,
-        num_waiting=snap.num_waiting, num_running=snap.num_running, batch_cap=snap.batch_cap,
-        kv_blocks_total=snap.kv_blocks_total, kv_blocks_free=snap.kv_blocks_free, watermark=snap.watermark,
+        num_waiting=snap.num_waiting, num_running=snap.num_running, num_decoding=snap.num_decoding,
+        batch_cap=snap.batch_cap, step_token_budget=snap.step_token_budget,
+        step_token_budget_max=snap.step_token_budget_max, kv_blocks_total=snap.kv_blocks_total,
+        kv_blocks_free=snap.kv_blocks_free, kv_blocks_pending=snap.kv_blocks_pending, block_size=snap.block_size,
+        max_model_len=snap.max_model_len, watermark=snap.watermark,
         kv_use_device=snap.kv_usage, kv_use_host=snap.kv_use("host") or 0.0, kv_use_disk=snap.kv_use("disk") or 0.0,
         prefix_queries_device=snap.prefix_queries("device"), prefix_queries_host=snap.prefix_queries("host"),
         prefix_queries_disk=snap.prefix_queries("disk"), prefix_hits_device=snap.prefix_hits("device"),
         prefix_hits_host=snap.prefix_hits("host"), prefix_hits_disk=snap.prefix_hits("disk"),
         preemptions=snap.num_preemptions, rejections=snap.num_rejections, oom_events=snap.num_oom_events,
         requests_finished=snap.requests_finished, tokens_generated=snap.tokens_generated,
-        ttft_p50_s=ttft_p50_s, ttft_p99_s=ttft_p99_s,
+        ttft_p50_s=ttft[0], ttft_p99_s=ttft[1], tpot_p50_s=tpot[0], tpot_p99_s=tpot[1],
     )
 
 
@@ -96,28 +110,36 @@ def unpack_record(payload: bytes, age_s: float = 0.0) -> ControlRecord:
 
 @dataclass(frozen=True)
 class Targets:
-    """Batch cap and retention watermark; None means 'no opinion, keep the engine's own value'."""
+    """Batch cap, retention watermark and step token budget; None means 'no opinion, keep the engine's own
+    value'."""
 
     batch_cap: int | None = None
     watermark: float | None = None
+    step_token_budget: int | None = None
     version: int = 0
     time_ns: int = 0
     writer_id: int = 0
     source: str = "sidecar"  # "sidecar" (read from the block) or "default" (the engine's configuration)
 
     def same_values(self, other: Targets | None) -> bool:
-        return other is not None and (self.batch_cap, self.watermark) == (other.batch_cap, other.watermark)
+        return other is not None and self.values() == other.values()
+
+    def values(self) -> tuple:
+        return self.batch_cap, self.watermark, self.step_token_budget
 
 
 def pack_targets(t: Targets) -> bytes:
-    flags = (L.FLAG_BATCH_CAP if t.batch_cap is not None else 0) | (L.FLAG_WATERMARK if t.watermark is not None else 0)
+    flags = ((L.FLAG_BATCH_CAP if t.batch_cap is not None else 0) | (L.FLAG_WATERMARK if t.watermark is not None else 0)
+             | (L.FLAG_STEP_TOKEN_BUDGET if t.step_token_budget is not None else 0))
     return L.TARGETS_FMT.pack(t.version & U64, t.time_ns, t.writer_id & U64, flags,
                               max(0, min(int(t.batch_cap or 0), U32)),
-                              math.nan if t.watermark is None else float(t.watermark))
+                              math.nan if t.watermark is None else float(t.watermark),
+                              max(0, min(int(t.step_token_budget or 0), U32)), 0)
 
 
 def unpack_targets(payload: bytes) -> Targets:
-    version, time_ns, writer_id, flags, cap, mark = L.TARGETS_FMT.unpack(payload)
+    version, time_ns, writer_id, flags, cap, mark, budget, _ = L.TARGETS_FMT.unpack(payload)
     return Targets(batch_cap=cap if flags & L.FLAG_BATCH_CAP else None,
                    watermark=mark if flags & L.FLAG_WATERMARK else None,
+                   step_token_budget=budget if flags & L.FLAG_STEP_TOKEN_BUDGET else None,
                    version=version, time_ns=time_ns, writer_id=writer_id)

@@ -2,26 +2,29 @@
 
 - `continuous`: no prefix cache; released blocks are freed at once.
 - `continuous+lru`: prefix cache with plain LRU eviction; no admission gate, no watermark, no lower tiers.
-- `codesign`: heat-gated admission, GCLOCK eviction, the retention watermark, host and disk tiers."""
+- `codesign`: GCLOCK eviction in two classes (blocks that have not earned their place under the heat gate
+  leave first), the retention watermark, host and disk tiers filled lazily on eviction.
+The cache policies are the registry's (`scheduler.policy.cache_policy_names()`), read when needed, so
+that a policy registered after import is accepted too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kvloop.engine.config_options import option
-from kvloop.engine.scheduler.policy import CachePolicy, cache_policy_names, get_cache_policy
-
-MODES = cache_policy_names()
+from kvloop.engine.scheduler.policy import CachePolicy, get_cache_policy
 
 
 @dataclass
 class KVConfig:
     mode: str = "codesign"
     admit_min_requests: int = option(3, setting="kv_cache.admit_min_requests",
-                                     help="device gate: distinct requests that referenced a block's hash")
-    host_admit_min_requests: int = option(1, setting="kv_cache.host_admit_min_requests",
-                                          help="host tier gate, in the same unit")
-    disk_admit_min_requests: int = 2
+                                     help="device gate: distinct requests that referenced a block's hash before "
+                                          "it keeps its place under pressure (others are evicted first)")
+    host_admit_min_requests: int = option(2, setting="kv_cache.host_admit_min_requests",
+                                          help="host tier gate, in the same unit: a block evicted from the "
+                                               "device is copied to the host only past it")
+    disk_admit_min_requests: int = 2  # the same for the disk tier (device or host evictions)
     min_prefix_tokens: int = option(64, setting="kv_cache.min_prefix_tokens",
                                     help="shorter prefix matches are misses (codesign only)")
     watermark: float = option(0.1, setting="kv_cache.retention_watermark",

@@ -2,7 +2,9 @@
 
 Slots are added when they become evictable (cached, unreferenced) and removed when referenced again.
 `victim(can_evict)` picks and removes one slot for which can_evict holds (the caller passes "is a leaf",
-so a middle block of a cached chain is never evicted before its descendants)."""
+so a middle block of a cached chain is never evicted before its descendants). An order picks within any
+ring it is handed (`pick`) and says when a slot has run out of credit (`age`), so that kv.two_class can
+run it over two classes of slots; `add(slot, earned)` names the class, which a single-class order ignores."""
 
 from __future__ import annotations
 
@@ -24,9 +26,18 @@ class EvictionPolicy(ABC):
     def __iter__(self) -> Iterator[int]:
         return iter(self._ring)
 
-    def add(self, slot: int) -> None:
+    def add(self, slot: int, earned: bool = True) -> None:
         self._ring[slot] = None
         self._ring.move_to_end(slot)
+
+    def cool(self, n: int) -> None:
+        """n blocks are about to join the earned class: age it (a single-class order has nothing to age)."""
+        return
+
+    @property
+    def num_earned(self) -> int:
+        """Evictable slots that have earned their place (a single-class order: all of them)."""
+        return len(self._ring)
 
     def remove(self, slot: int) -> None:
         self._ring.pop(slot, None)
@@ -39,8 +50,16 @@ class EvictionPolicy(ABC):
         """The slot's content is gone (evicted or freed): drop any per-slot history."""
         self.remove(slot)
 
+    def victim(self, can_evict: Callable[[int], bool]) -> int | None:
+        return self.pick(self._ring, can_evict)
+
     @abstractmethod
-    def victim(self, can_evict: Callable[[int], bool]) -> int | None: ...
+    def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:
+        """Removes and returns the first slot of `ring`, in this order, for which can_evict holds."""
+
+    @abstractmethod
+    def age(self, slot: int) -> bool:
+        """One pass of an aging hand over slot: True when it has no credit left (cold), else spends one."""
 
 
 class LRU(EvictionPolicy):
@@ -49,12 +68,15 @@ class LRU(EvictionPolicy):
     def hit(self, slot: int) -> None:
         pass  # recency is refreshed when the slot is released again (add)
 
-    def victim(self, can_evict: Callable[[int], bool]) -> int | None:
-        for slot in self._ring:
+    def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:
+        for slot in ring:
             if can_evict(slot):
-                del self._ring[slot]
+                del ring[slot]
                 return slot
         return None
+
+    def age(self, slot: int) -> bool:
+        return True  # no frequency credit: reaching the front of its ring is enough
 
 
 class GClock(EvictionPolicy):
@@ -73,18 +95,24 @@ class GClock(EvictionPolicy):
         self.remove(slot)
         self.counts.pop(slot, None)
 
-    def victim(self, can_evict: Callable[[int], bool]) -> int | None:
+    def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:
         # Every slot reaches zero within max_count + 1 turns, so this bound is never the reason for None
         # unless no slot can be evicted at all.
-        for _ in range((self.max_count + 2) * len(self._ring)):
-            slot, _ = self._ring.popitem(last=False)
+        for _ in range((self.max_count + 2) * len(ring)):
+            slot, _ = ring.popitem(last=False)
             count = self.counts.get(slot, 0)
             if count == 0 and can_evict(slot):
                 self.counts.pop(slot, None)
                 return slot
             self.counts[slot] = max(0, count - 1)
-            self._ring[slot] = None
+            ring[slot] = None
         return None
+
+    def age(self, slot: int) -> bool:
+        count = self.counts.get(slot, 0)
+        if count:
+            self.counts[slot] = count - 1
+        return count == 0
 
 
 # Eviction orders by the name a cache policy gives (scheduler.policy.CachePolicy.eviction); each factory

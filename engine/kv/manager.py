@@ -2,15 +2,18 @@
 
 The scheduler talks to the KV cache only through this class:
 - `lookup_prefix(seq)`: at admission, attaches the longest cached prefix of seq's tokens (device blocks
-  shared, host/disk blocks promoted by copying), never the last token; a match shorter than
-  `min_prefix_tokens` is a miss. Sets seq.num_computed_tokens, num_cached_tokens, cached_tokens_by_tier.
+  shared, host/disk blocks promoted by copying where that is cheaper than recomputing them: kv.load_or_recompute),
+  never the last token; a match shorter than `min_prefix_tokens` is a miss. Sets seq.num_computed_tokens,
+  num_cached_tokens, cached_tokens_by_tier.
 - `peek_prefix(seq or token ids)`: the same match by tier, changing nothing (the scheduler's prefix view).
 - `allocate(seq, total_tokens) -> bool`: all or nothing; may evict cached blocks, but only down to the
   retention watermark (unless no other sequence holds blocks, so the engine always makes progress).
   A swapped-out sequence is swapped in first.
-- `release(seq)`: full blocks are indexed by chained hash; each released block stays cached on the device
-  only if its hash passed the admission gate, else it is demoted to the lower tiers whose thresholds it
-  passes, or dropped.
+- `release(seq)`: full blocks are indexed by chained hash and stay cached on the device (evictable). Where
+  the cache policy is heat-gated, blocks whose hash fewer than `admit_min_requests` distinct requests used
+  (the ghost table) are on probation and evicted before those that earned their place (kv.two_class). A
+  block evicted from the device is copied to the lower tiers whose thresholds its hash passes (lazily: only
+  then), or dropped.
 - `swap_out(seq) -> bool` / `swap_in(seq) -> bool` (for preemption): swap_out copies seq's blocks to the
   host tier (pinned there), frees its device blocks and keeps num_computed_tokens; False (nothing
   changed) when there is no host tier or no room, in which case the caller recomputes instead.
@@ -18,7 +21,11 @@ The scheduler talks to the KV cache only through this class:
   has no room. `is_swapped(seq)` tells; release(seq) of a swapped sequence frees its host slots.
 - `persist(deadline)` (shutdown): writes the device and host tiers' cached blocks to the disk tier in
   prefix order, waiting for the writes, bounded by the deadline (kv.persist).
-- `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back).
+- `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back): the
+  share of the pool that cached blocks which earned their place keep against allocations.
+- `tier_costs` (kv.load_or_recompute.TierCosts): the prices of loading a block per lower tier and of
+  recomputing a token; the tier mover reports its copies, `observe_compute` takes the engine's prefill
+  throughput, `fix` takes a cost model's prices (the simulator).
 - Counts: num_blocks, num_free_blocks (not referenced: free + cached, as vLLM counts them),
   num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats (queries and hits per tier
   as kv.stats defines them; engine.snapshot reads them all).
@@ -39,12 +46,14 @@ from kvloop.engine.kv.ghost import GhostTable
 from kvloop.engine.kv.hashing import ROOT, chain_hashes
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.integrity import check_manager
+from kvloop.engine.kv.load_or_recompute import TierCosts
 from kvloop.engine.kv.mover_api import Mover, NullMover
 from kvloop.engine.kv.persist import PersistMixin
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.prefix_match import PrefixMatch
 from kvloop.engine.kv.stats import KVStats, RegretWindow
 from kvloop.engine.kv.swap import SwapMixin
+from kvloop.engine.kv.two_class import TwoClass
 from kvloop.engine.scheduler.sequence import Sequence
 
 
@@ -59,7 +68,9 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.index = PrefixIndex()
-        self.policy = make_policy(cfg.eviction, cfg.gclock_max)
+        order = make_policy(cfg.eviction, cfg.gclock_max)
+        # heat-gated: blocks that have not earned their place leave first (plain orders keep one class)
+        self.policy = TwoClass(order) if cfg.cache_policy.heat_gated else order
         self.ghost = GhostTable(cfg.ghost_entries, max(cfg.admit_min_requests, cfg.host_admit_min_requests,
                                                        cfg.disk_admit_min_requests))
         host_slots = cfg.host_cache_tokens // block_size
@@ -71,12 +82,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.stats = KVStats()
         self.regret = RegretWindow(cfg.regret_window)
         self.mover: Mover = NullMover()
+        self.tier_costs = TierCosts()
         self._extra = extra_key.encode()
         self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
         self._last_query: str | None = None
-        self._disk_batch: list[tuple[int, int]] | None = None  # device demotions of one release, see _unref_all
+        self._last_served: dict[str, int] = {}  # hit tokens by tier counted for the last looked-up request
+        self._disk_batch: list[tuple[int, int]] | None = None  # disk writes of one allocation, see _take_blocks
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
@@ -124,10 +137,13 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._watermark = float(w)
 
     def _evictable_budget(self, cached: int, referenced: int, own: int) -> int:
-        """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds."""
+        """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds. The
+        watermark keeps back cached blocks that earned their place (up to its share of the pool); blocks on
+        probation are always evictable, and a protected block that cools goes back to probation."""
         if not self.config.cache_policy.retention_watermark or referenced <= own:
             return cached  # no watermark, or nobody else holds blocks: keeping any back would stall
-        return max(0, cached - int(self._watermark * self.num_blocks))
+        kept = min(int(self._watermark * self.num_blocks), self.policy.num_earned)
+        return max(0, cached - kept)
 
     def _holder_budget(self, seq: Sequence) -> int:
         return self._evictable_budget(len(self.policy), self.num_referenced_blocks, len(set(seq.block_table)))
@@ -151,9 +167,12 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._last_query = seq.request_id
         skipped = self._lookup_skipped(seq)
         hit = 0 if skipped else self._attach_prefix(seq)
+        served = dict(seq.cached_tokens_by_tier) if hit else {}
         if first:  # the queries per tier, as kv.stats defines them
-            self.stats.count_lookup(len(seq.token_ids), seq.cached_tokens_by_tier if hit else {},
-                                    ("device",) if skipped else self._lookup_tiers())
+            self.stats.count_lookup(len(seq.token_ids), served, ("device",) if skipped else self._lookup_tiers())
+        # a request's hit is its last lookup's (a head of queue is looked up again while it waits)
+        self.stats.count_hits(served, {} if first else self._last_served)
+        self._last_served = served
         return hit
 
     def _lookup_tiers(self) -> tuple[str, ...]:
@@ -167,7 +186,9 @@ class KVCacheManager(SwapMixin, PersistMixin):
         hashes = self.keys(seq)
         if self.config.cache_policy.heat_gated:
             self.ghost.record_all(hashes, seq.request_id)
-        found = len(self._leading_tiers(hashes, len(tokens)))
+        matched = self._matched_tiers(hashes, len(tokens))
+        found = self._worth_using(matched)
+        self.stats.lower_tier_recomputed += len(matched) - found
         for h in hashes:
             if self.index.slot_of(h) is None and self.regret.asked(h):
                 self.stats.eviction_regret += 1
@@ -195,8 +216,6 @@ class KVCacheManager(SwapMixin, PersistMixin):
             seq.block_table, seq.block_hashes = [], []
             self.stats.short_prefix_misses += 1
             return 0
-        for tier, n in by_tier.items():
-            setattr(self.stats, f"hit_tokens_{tier}", getattr(self.stats, f"hit_tokens_{tier}") + n)
         seq.num_computed_tokens = seq.num_cached_tokens = hit
         seq.cached_tokens_by_tier = by_tier
         return hit
@@ -234,6 +253,16 @@ class KVCacheManager(SwapMixin, PersistMixin):
         return not self.config.prefix_cache or bool(seq.block_table) or self.is_swapped(seq)
 
     def _leading_tiers(self, hashes: list[int], num_tokens: int) -> list[str]:
+        """Tiers of the leading blocks a lookup would attach: those the cache holds, as far as attaching them
+        is cheaper than recomputing them."""
+        tiers = self._matched_tiers(hashes, num_tokens)
+        return tiers[: self._worth_using(tiers)]
+
+    def _worth_using(self, tiers: list[str]) -> int:
+        """Leading blocks of a match to attach: lower-tier ones only while loading beats recomputing."""
+        return self.tier_costs.blocks_to_use(tiers, self.block_size)
+
+    def _matched_tiers(self, hashes: list[int], num_tokens: int) -> list[str]:
         """Tiers of the leading blocks the cache holds, never the block of the last token: at least that
         token is computed, so that one is sampled."""
         tiers: list[str] = []
@@ -306,9 +335,29 @@ class KVCacheManager(SwapMixin, PersistMixin):
         # the eviction budget walks the policy and seq's table: only worth it when free blocks fall short
         if needed > self.pool.num_free and needed > self.pool.num_free + self._holder_budget(seq):
             return False
-        for _ in range(needed):
-            seq.block_table.append(self._take_block(seq))
+        self._take_blocks(seq, needed)
         return True
+
+    def _take_blocks(self, seq: Sequence, n: int) -> None:
+        """Appends n blocks to seq's table. Evictions go leaves first; the disk writes they bring wait until
+        the end (the taken blocks still hold their old K/V: nothing computes before the writes copy it)
+        and then go parents first (_write_evicted)."""
+        if n > self.pool.num_free:
+            self._disk_batch = []
+        for _ in range(n):
+            seq.block_table.append(self._take_block(seq))
+        batch, self._disk_batch = self._disk_batch, None
+        if batch:
+            self._write_evicted(batch[::-1])
+
+    def _write_evicted(self, blocks: list[tuple[int, int]]) -> None:
+        """Disk writes of evicted device blocks (hash, block), given parents before children: queued in that
+        order, so that a full write queue drops a tail, never the head that makes the rest usable; recorded
+        tails first and then touched heads last, so that a full disk also lets tails go first."""
+        queued = [h for h, block in blocks if self._disk_queue(h, "device", block)]
+        for h in reversed(queued):
+            self._disk_added(h)
+        self.disk.touch_chain([h for h, _ in blocks])
 
     def _take_block(self, seq: Sequence) -> int:
         """A block for seq, free first, else by evicting a cached leaf (callers checked the budget)."""
@@ -359,35 +408,28 @@ class KVCacheManager(SwapMixin, PersistMixin):
         seq.block_hashes = []
 
     def _unref_all(self, blocks: list[int]) -> None:
-        # Leaves first, so tails are evicted before their parents; but their disk writes go in prefix order
-        # afterwards, so that a full write queue drops a tail, never the head that makes the rest usable.
-        # The freed blocks still hold their K/V here: nothing allocates before the writes copy it.
-        self._disk_batch = []
+        """Drops one reference to each block; every full block no one holds any more stays cached, in its
+        class, leaves first (a chain's tail becomes evictable before its head)."""
+        cached: list[tuple[int, bool]] = []
         for block in reversed(blocks):
-            self._unref(block)
-        batch, self._disk_batch = self._disk_batch, None
-        for h, block in reversed(batch):
-            self._disk_write(h, "device", block)
-        if batch:
-            self.disk.touch_chain([h for h, _ in reversed(batch)])
+            if not self.pool.decref(block):
+                continue
+            h = self.index.hash_of(block)
+            if h is None:
+                self.pool.put_free(block)
+            else:
+                cached.append((block, self._earned(h)))
+        self.policy.cool(sum(earned for _, earned in cached))  # protected traffic ages the protected class
+        for block, earned in cached:
+            self.policy.add(block, earned)
 
     def _unref(self, block: int) -> None:
-        if not self.pool.decref(block):
-            return
-        h = self.index.hash_of(block)
-        if h is None:
-            self.pool.put_free(block)
-            return
+        self._unref_all([block])
+
+    def _earned(self, h: int) -> bool:
+        """Whether a cached block keeps its place before others under pressure (the heat gate's rule)."""
         cfg = self.config
-        if (not cfg.cache_policy.heat_gated or self.index.num_children(h) or
-                self.ghost.count(h) >= cfg.admit_min_requests):
-            self.policy.add(block)  # cached
-            return
-        self.stats.admissions_refused += 1
-        self._demote(block, h, self.index.parent_of(block))
-        self.index.remove(block)
-        self.policy.forget(block)
-        self.pool.put_free(block)
+        return not cfg.cache_policy.heat_gated or self.ghost.count(h) >= cfg.admit_min_requests
 
     def _evict(self, block: int) -> None:
         parent = self.index.parent_of(block)
@@ -395,11 +437,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.policy.forget(block)
         self.stats.evictions += 1
         self.regret.evicted(h)
+        if not self._earned(h):
+            self.stats.admissions_refused += 1  # evicted before it earned its place
         if self.config.cache_policy.lower_tiers:
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
-        """Copies a device block leaving the pool to each lower tier whose threshold its hash passes."""
+        """Copies a block evicted from the device to each lower tier whose threshold its hash passes (the
+        only copy down: lazy, so blocks reused on the device never cost a copy)."""
         count = self.ghost.count(h)
         if self.host is not None and count >= self.config.host_admit_min_requests and not self.host.has(h):
             slot = self.host.acquire(self._host_evicted)
@@ -419,14 +464,20 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self._disk_write(h, "host", slot)
 
     def _disk_write(self, h: int, tier: str, index: int) -> None:
+        if self._disk_queue(h, tier, index):
+            self._disk_added(h)
+        else:
+            self.disk.touch(h)  # already there (or dropped: then touching does nothing)
+
+    def _disk_queue(self, h: int, tier: str, index: int) -> bool:
+        """Queues a write of h unless the disk has it; False when it has, or the queue is full (counted)."""
         if self.disk.has(h):
-            self.disk.touch(h)
-            return
+            return False
         if not self.mover.disk_write(h, tier, index):
             self.stats.disk_writes_dropped += 1
-            return
+            return False
         self.stats.demotions_disk += 1
-        self._disk_added(h)
+        return True
 
     def _disk_added(self, h: int) -> None:
         self.stats.disk_writes += 1

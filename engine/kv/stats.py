@@ -5,8 +5,13 @@ not serve: the device for every token of the prompt, the host (where it caches p
 device did not serve, the disk (where there is one) for those neither served. "Served" means the hit
 lookup_prefix accepted and attached (a match shorter than min_prefix_tokens, or one whose promotion fell
 short, serves nothing). So hits_T <= queries_T, hits_T / queries_T is tier T's own hit rate, and the
-sum of the hits over query_tokens_device is the overall one. A request is counted once, at its first
-lookup (a head of queue waiting for memory is looked up again every step)."""
+sum of the hits over query_tokens_device is the overall one. A request is counted once: its queries at its
+first lookup, its hits as its last lookup found them (a head of queue waiting for memory is looked up again
+every step, and what it finds may change while it waits).
+
+Movements. Blocks enter the device cache at once; under the heat gate those that have not earned their
+place (fewer than admit_min_requests distinct requests) are evicted first, and a block is copied to the
+host or disk tier only when it is evicted from the device and its hash passes that tier's threshold."""
 
 from __future__ import annotations
 
@@ -26,7 +31,10 @@ class KVStats:
     hit_tokens_host: int = 0
     hit_tokens_disk: int = 0
     short_prefix_misses: int = 0  # matches shorter than min_prefix_tokens, treated as misses
-    admissions_refused: int = 0  # released blocks that failed the device gate
+    # device blocks evicted before they earned their place (the heat gate's probation class; the name is
+    # the metric's, kvloop:cache_admissions_refused, from when the gate refused blocks at release)
+    admissions_refused: int = 0
+    lower_tier_recomputed: int = 0  # host/disk blocks matched but recomputed: cheaper than loading them
     evictions: int = 0  # device
     host_evictions: int = 0
     disk_evictions: int = 0
@@ -56,6 +64,12 @@ class KVStats:
         for tier in tiers:
             setattr(self, f"query_tokens_{tier}", self.queries(tier) + left)
             left -= served.get(tier, 0)
+
+    def count_hits(self, served: Mapping[str, int], replacing: Mapping[str, int]) -> None:
+        """Hit tokens per tier of one lookup, replacing what an earlier lookup of the same request counted."""
+        for tier in set(served) | set(replacing):
+            name = f"hit_tokens_{tier}"
+            setattr(self, name, getattr(self, name) + served.get(tier, 0) - replacing.get(tier, 0))
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

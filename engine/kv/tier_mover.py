@@ -1,7 +1,9 @@
 """The only code that moves K/V tensors between tiers: device pool <-> host tier copies, and the disk
 tier's files, written behind by a background thread through a bounded queue (a full queue drops the
 write, the caller counts it; the step never waits on disk). Reads verify the file header and checksum;
-a bad file is deleted and reported as a miss."""
+a bad file is deleted and reported as a miss. Loads into the device (host copies, disk reads) are timed
+and reported to the KV manager's TierCosts, which decides whether a lower-tier prefix is loaded or
+recomputed (kv.load_or_recompute)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,18 @@ from pathlib import Path
 import torch
 
 from kvloop.engine.kv import disk_format as fmt
+from kvloop.engine.kv.load_or_recompute import TierCosts
 
 
 class TierMover:
     def __init__(self, kv_cache: torch.Tensor, host_slots: int = 0, disk_dir: str | None = None,
-                 fingerprint: str = "", queue_size: int = 64):
+                 fingerprint: str = "", queue_size: int = 64, costs: TierCosts | None = None):
         self.kv = kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
         layers, two, _, bs, heads, dim = kv_cache.shape
         self.block_shape = [layers, two, bs, heads, dim]
+        self.costs = costs  # where measured loads go (None: not measured)
+        if costs is not None:
+            costs.set_load_prior(layers * two * bs * heads * dim * kv_cache.element_size())
         self.dtype_name = str(kv_cache.dtype).removeprefix("torch.")
         self.fingerprint = fingerprint
         self.host = None
@@ -43,14 +49,20 @@ class TierMover:
     def for_manager(cls, kv, kv_cache: torch.Tensor, fingerprint: str) -> TierMover:
         cfg = kv.config
         return cls(kv_cache, kv.host.num_slots if kv.host is not None else 0, cfg.disk_dir if kv.disk is not None else None,
-                   fingerprint, cfg.disk_queue_size)
+                   fingerprint, cfg.disk_queue_size, kv.tier_costs)
 
     # ---- device <-> host ------------------------------------------------------------------------
     def device_to_host(self, block: int, slot: int) -> None:
         self.host[:, :, slot].copy_(self.kv[:, :, block])
 
     def host_to_device(self, slot: int, block: int) -> None:
-        self.kv[:, :, block].copy_(self.host[:, :, slot])
+        start = time.perf_counter()
+        self.kv[:, :, block].copy_(self.host[:, :, slot])  # synchronous: the time is the copy's
+        self._loaded("host", start)
+
+    def _loaded(self, tier: str, start: float) -> None:
+        if self.costs is not None:
+            self.costs.observe_load(tier, 1, time.perf_counter() - start)
 
     # ---- disk -----------------------------------------------------------------------------------
     def disk_write(self, h: int, tier: str, index: int, timeout: float = 0.0) -> bool:
@@ -72,9 +84,10 @@ class TierMover:
     def disk_read(self, h: int, block: int) -> bool:
         with self._lock:
             data = self._pending.get(h)
-        if data is not None:
+        if data is not None:  # not written yet: a memory copy, not what a disk load costs
             self.kv[:, :, block].copy_(data)
             return True
+        start = time.perf_counter()
         path = self.dir / fmt.file_name(h)
         try:
             with open(path, "rb") as f:
@@ -83,6 +96,7 @@ class TierMover:
             payload = fmt.decode(memoryview(buf), h, self.fingerprint, self.dtype_name, self.block_shape)
             tensor = torch.frombuffer(payload, dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
             self.kv[:, :, block].copy_(tensor)
+            self._loaded("disk", start)
             return True
         except (OSError, fmt.BadBlockFile, RuntimeError):
             path.unlink(missing_ok=True)

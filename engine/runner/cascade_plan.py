@@ -59,11 +59,9 @@ def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], blo
         rows, depth, covered = stack.pop()
         end = depth
         if len(rows) > 1:  # extend the node while every row holds the same full block
-            first = rows[0]
-            while all(end < full[r] for r in rows) and all(tables[r][end] == tables[first][end] for r in rows):
-                end += 1
+            end += _shared_run(tables, rows, depth, min(map(full.__getitem__, rows)))
         if end > covered and len(rows) > 1 and worth(len(rows), (end - covered) * block_size):
-            ids = tuple(int(b) for b in tables[rows[0]][covered:end])
+            ids = tuple(map(int, tables[rows[0]][covered:end]))
             groups.append(CascadeGroup(tuple(sorted(rows)), ids, covered * block_size, len(ids) * block_size))
             covered = end
             for r in rows:
@@ -81,6 +79,34 @@ def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], blo
         return None
     groups.sort(key=lambda g: (g.start_token, g.rows))
     return CascadePlan(tuple(groups), tuple(suffix), block_size)
+
+
+def _shared_run(tables: Sequence[Sequence[int]], rows: list[int], depth: int, limit: int) -> int:
+    """How many blocks from `depth` (short of `limit`) every row's table holds alike. The rows share their
+    first `depth` blocks, so the least and the greatest of their tables (compared as lists, in C) bound all
+    the others: the run they share is everyone's."""
+    if limit <= depth:
+        return 0
+    picked = [tables[r] for r in rows]
+    lo, hi = min(picked), max(picked)
+    return common_run(lo, depth, hi, depth, limit - depth)
+
+
+def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, n: int) -> int:
+    """How many of a[i:i+n] and b[j:j+n] agree from the first on: slices compared in C, halving the span
+    that holds the first difference."""
+    if a[i : i + n] == b[j : j + n]:
+        return n
+    lo, hi = 0, n  # they agree on [0, lo); the first difference lies in [lo, hi)
+    while hi - lo > 8:
+        mid = (lo + hi) // 2
+        if a[i + lo : i + mid] == b[j + lo : j + mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[i + lo] == b[j + lo]:
+        lo += 1
+    return lo
 
 
 class CascadePlanner:

@@ -26,7 +26,6 @@ from collections.abc import Callable, Collection
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
-from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.scheduler.admission import AdmissionGate
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.scheduler.bookkeeping import Sampled, advance
@@ -36,6 +35,7 @@ from kvloop.engine.scheduler.policy import resolve_policy
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
+from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.step_cost import StepCost
 
@@ -54,7 +54,7 @@ class Scheduler:
         self.mode = self.policy.name  # the user-facing name (metrics label, snapshot)
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
-        self._planner: CascadePlanner | None = None  # prices past the cap (the runner keeps its own)
+        self._planner: ShapePlanner | None = None  # prices past the cap (the runner keeps its own)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.view = PrefixView(kv)
@@ -67,6 +67,7 @@ class Scheduler:
         self._enqueued: dict[Sequence, float] = {}
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
+        self.step_token_budget_max = config.max_num_batched_tokens  # the configured budget: the live knob's ceiling
 
     # ---- knobs and counters ---------------------------------------------------------------------
     @property
@@ -78,6 +79,16 @@ class Scheduler:
         if int(n) < 1:
             raise ValueError("batch cap must be >= 1")
         self.config.max_num_seqs = int(n)
+
+    @property
+    def step_token_budget(self) -> int:
+        return self.config.max_num_batched_tokens
+
+    def set_step_token_budget(self, n: int) -> None:
+        """Live token budget of one step (the prefill chunk size; the feedback loop's third knob), clamped to
+        [the block size, at least 16; the configured budget]."""
+        floor = min(self.step_token_budget_max, max(16, self.kv.block_size))
+        self.config.max_num_batched_tokens = max(floor, min(int(n), self.step_token_budget_max))
 
     @property
     def row_ceiling(self) -> int:
@@ -150,12 +161,17 @@ class Scheduler:
         if self.static is not None:
             self.static.form(self, now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        self.admit(batch, budget, now)
+        return batch
+
+    def admit(self, batch: ScheduledBatch, budget: int, now: float) -> None:
+        """schedule()'s second half: waiting requests join the batch within what the running rows left of the
+        token budget (the simulator's fast step places the running rows itself, then calls this)."""
         if self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling:
             if self.policy.groups_prefixes:
                 self._admit_grouped(batch, budget, now)
             else:
                 self._admit_fcfs(batch, budget, now)
-        return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         i = 0
@@ -226,7 +242,8 @@ class Scheduler:
         sc = self.step_cost
         if self._planner is None:
             self._planner = sc.planner()
-        plan = self._planner.plan(key, [s.block_table for s in rows], ctx)
+        # a row's committed (indexed) blocks stay while it runs: the planner compares only the others
+        plan = self._planner.plan(key, [s.block_table for s in rows], ctx, [len(s.block_hashes) for s in rows])
         return [sc.decode_us(ctx, sc.group_shapes(plan)), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
 
     def _added_price(self, seq: Sequence) -> float:

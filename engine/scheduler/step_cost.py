@@ -18,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost
-from kvloop.engine.runner.cascade_plan import CascadePlan, CascadePlanner, build_plan
+from kvloop.engine.runner.cascade_plan import CascadePlan, build_plan
+from kvloop.engine.scheduler.shape_planner import ShapePlanner
 
 GROUP_SCOPES = ("nested", "common")
 
@@ -42,14 +43,17 @@ class StepCost:
         """The runner's plan for decode rows with these tables and contexts (the new token included)."""
         return build_plan(tables, context_lens, self.block_size, self.attention.worth, self.nested)
 
-    def planner(self) -> CascadePlanner:
-        """A planner that reuses its plan while the decode set is unchanged (as the runner's)."""
-        return CascadePlanner(self.block_size, self.attention.worth, self.nested)
+    def planner(self) -> ShapePlanner:
+        """A planner of the runner's plan that reuses it while the decode set is unchanged (as the runner's)
+        and, where that changes, updates it for the rows that changed: its plans are group shapes."""
+        return ShapePlanner(self.block_size, self.attention.worth, self.nested)
 
     @staticmethod
-    def group_shapes(plan: CascadePlan | None) -> list[tuple[int, int]]:
-        """(members, shared tokens) of each cascaded group."""
-        return [] if plan is None else [(len(g.rows), g.num_tokens) for g in plan.groups]
+    def group_shapes(plan: CascadePlan | list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        """(members, shared tokens) of each cascaded group (a ShapePlanner's plan is these already)."""
+        if plan is None or isinstance(plan, list):
+            return plan or []
+        return [(len(g.rows), g.num_tokens) for g in plan.groups]
 
     def decode_us(self, context_lens: Iterable[int], groups: Iterable[tuple[int, int]] = ()) -> float:
         """All layers' decode attention of rows with these contexts, with these (members, shared tokens)

@@ -84,6 +84,8 @@ class SnapshotCollector(Collector):
         yield self._counter("kvloop:step_failures", "Engine steps whose model forward raised (their requests "
                             "failed, the engine went on).", s.step_failures)
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
+        yield self._gauge("kvloop:step_token_budget", "Live token budget of one step (the prefill chunk size).",
+                          s.step_token_budget)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
                           s.watermark)
         yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.",
@@ -92,8 +94,12 @@ class SnapshotCollector(Collector):
                           {"host": st.demotions_host, "disk": st.demotions_disk}, "tier")
         yield self._split("kvloop:cache_promotions", "Blocks promoted, per source tier.",
                           {"host": st.promotions_host, "disk": st.promotions_disk}, "tier")
-        yield self._counter("kvloop:cache_admissions_refused", "Released blocks refused by the device admission gate.",
-                            st.admissions_refused)
+        yield self._counter("kvloop:cache_admissions_refused",
+                            "Device blocks evicted before earning their place (used by fewer distinct requests "
+                            "than the gate asks).", st.admissions_refused)
+        yield self._counter("kvloop:cache_lower_tier_recomputed",
+                            "Host/disk blocks matched but recomputed (measured cheaper than loading them).",
+                            st.lower_tier_recomputed)
         yield self._counter("kvloop:eviction_regret", "Evicted blocks asked for again within the regret window.",
                             st.eviction_regret)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")

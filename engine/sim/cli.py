@@ -9,9 +9,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from kvloop.engine.bench.w5_workload import W5_SCALES
 from kvloop.engine.scheduler.policy import get_policy, policy_names
 
-WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", "azure", "mooncake")
+WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", *W5_SCALES, "azure", "mooncake")
 
 
 def add_simulate_parser(sub) -> None:
@@ -22,9 +23,14 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--trace", default=None, help="CSV (azure) or JSONL (mooncake) trace file")
     p.add_argument("--profile", default="cpu", choices=PROFILES)
     p.add_argument("--calibration", default=None, help="CPU calibration JSON (default bench/results/sim_calibration.json)")
-    p.add_argument("--modes", default=",".join(policy_names()), help="comma-separated")
+    p.add_argument("--modes", default=",".join(policy_names()),
+                   help="comma-separated modes, or W5 variants: codesign@cap64 (fixed cap, coordinator off), "
+                        "codesign+coord[@10s][+events] (the coordinator; --feedback's settings or the defaults)")
     p.add_argument("--rate", type=float, default=None, help="requests/s (w1-gpu: all requests; else the open stream)")
-    p.add_argument("--duration", type=float, default=3600.0, help="w1-gpu: seconds of arrivals")
+    p.add_argument("--phase-rates", default=None, help="w5, w5-gpu: 'chat,rag' requests/s of each phase kind")
+    p.add_argument("--duration", type=float, default=None,
+                   help="w1-gpu: seconds of arrivals (default 3600); w5: of phases (default: its scale's)")
+    p.add_argument("--phase", type=float, default=None, help="w5: phase length in s (default: its scale's)")
     p.add_argument("--scale", type=float, default=1.0, help="length scale (w1/w2/w4 lengths, trace lengths)")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace inter-arrival scale")
     p.add_argument("--limit", type=int, default=None, help="trace rows at most")
@@ -49,6 +55,16 @@ def build_workload(args):
     from kvloop.engine.sim import scenarios
 
     kw = {"seed": args.seed}
+    if args.workload in W5_SCALES:
+        from kvloop.engine.bench.w5_workload import parse_phase_rates, w5
+
+        if args.rate is not None:
+            raise SystemExit(f"{args.workload}: give the rate of each phase kind with --phase-rates chat,rag")
+        if args.duration:
+            kw["duration_s"] = args.duration
+        if args.phase:
+            kw["phase_s"] = args.phase
+        return w5(args.workload, parse_phase_rates(args.phase_rates), **kw)
     if args.rate is not None and args.workload != "w1-gpu":
         kw["rate"] = args.rate
     if args.workload == "w1":
@@ -60,7 +76,7 @@ def build_workload(args):
     if args.workload == "w4":
         return bw.w4(args.kv_cache_tokens or 24576, args.w4_ratio, args.w4_oneoff, args.scale, **kw)
     if args.workload == "w1-gpu":
-        return scenarios.gpu_w1(args.rate or 20.0, args.duration, args.seed)
+        return scenarios.gpu_w1(args.rate or 20.0, args.duration or 3600.0, args.seed)
     if not args.trace:
         raise SystemExit(f"--trace is required for {args.workload}")
     reader = traces.read_azure_csv if args.workload == "azure" else traces.read_mooncake_jsonl
@@ -70,7 +86,8 @@ def build_workload(args):
 def build_sizing(args, profile):
     from kvloop.engine.sim import scenarios
 
-    sizing = scenarios.cpu_sizing() if profile.name == "cpu" else scenarios.gpu_sizing(profile)
+    w5 = W5_SCALES.get(args.workload)
+    sizing = scenarios.sizing_for(profile, w5.kv_cache_tokens if w5 else None)
     over = {"kv_cache_tokens": args.kv_cache_tokens, "host_cache_tokens": args.host_cache_tokens,
             "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
             "static_batch": args.static_batch}
@@ -87,6 +104,8 @@ def feedback_settings(args):
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from kvloop.engine.bench.w5_variants import coordinator_settings, parse_variant, sized
+    from kvloop.engine.bench.w5_workload import phases_of
     from kvloop.engine.sim.profiles import get_profile
     from kvloop.engine.sim.simulator import SimConfig, Simulator
     from kvloop.engine.sim.workload import BenchWorkload
@@ -96,12 +115,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     fb = feedback_settings(args)
     runs = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        v = parse_variant(mode)
         wl = build_workload(args)  # fresh per mode: chat sessions consume their replies
         t = time.perf_counter()
-        feedback = fb if get_policy(mode).feedback_loop else None  # the coordinator steers only these
-        res = Simulator(profile, BenchWorkload(wl), SimConfig(mode=mode, sizing=sizing, until_s=args.until,
-                                                              feedback=feedback)).run()
+        if v.coordinator:
+            feedback = coordinator_settings(v, fb)[0]
+        else:  # a fixed cap runs without the coordinator; plain modes as --feedback says, where it steers them
+            feedback = fb if get_policy(v.mode).feedback_loop and not v.cap else None
+        sim = Simulator(profile, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing),
+                                                              until_s=args.until, feedback=feedback))
+        res = sim.run()
         res["sim"]["wall_s"] = time.perf_counter() - t
+        res.update(sim.rec.phase_report(phases_of(wl)))
         runs.append({"system": mode, "workload": wl.name, "rate": args.rate, **res})
         c = res["client"]
         print(f"{mode:15s} {c['output_throughput_tok_s']:10.1f} tok/s  TTFT p50 {c['ttft_p50_s']:.3f} s "

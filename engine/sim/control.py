@@ -1,82 +1,81 @@
-"""The sidecar's coordinator in virtual time: the same PeriodWindow and ControlLaw as the real one
-(sidecar.observe, sidecar.law, unchanged), fed with the engine snapshot mapped through the control
-block's own record mapping, sampled at the real coordinator's rate (min(1 s, period/4)), deciding
-once a period, and applied as the engine hook applies targets."""
+"""The sidecar's coordinator in virtual time: the same Steering (period window, event path, ControlLaw;
+sidecar.steering, unchanged) as the real one, fed with the engine snapshot mapped through the control
+block's own record mapping, with TTFT and TPOT percentiles kept as the engine hook keeps them, sampled at the
+real coordinator's rate (min(1 s, period/4)), deciding once a period and on events between, and applied as
+the engine hook applies targets (batch cap, watermark, step token budget)."""
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from dataclasses import asdict
 from types import SimpleNamespace
 
-from kvloop.engine.control.hook import TTFT_WINDOW, apply_targets
+from kvloop.engine.control.hook import apply_targets, request_tpot
+from kvloop.engine.control.percentiles import RecentPercentiles
 from kvloop.engine.control.records import Targets, control_record, pack_record, unpack_record
 from kvloop.engine.snapshot import EngineSnapshot
-from kvloop.sidecar.law import ControlLaw
-from kvloop.sidecar.observe import PeriodWindow
+from kvloop.sidecar.law import ControlLaw, Decision
 from kvloop.sidecar.settings import Settings
+from kvloop.sidecar.steering import Steering
 
 
 class VirtualCoordinator:
     def __init__(self, settings: Settings, start: float = 0.0):
         self.settings = settings
-        self.law = ControlLaw(settings)
-        self.window = PeriodWindow()
+        self.steer = Steering(settings)
         self.sample_every = min(1.0, settings.period_s / 4)
         self.next_sample = start
         self.next_tick = start + settings.period_s
-        self.ttfts: deque[float] = deque(maxlen=TTFT_WINDOW)  # what the engine hook summarises
+        self.ttft = RecentPercentiles()  # what the engine hook summarises
+        self.tpot = RecentPercentiles()
         self.decisions: list[dict] = []
         self.ticks: list[float] = []
         self._started = False
+
+    @property
+    def law(self) -> ControlLaw:
+        return self.steer.law
 
     def next_event(self) -> float:
         return min(self.next_sample, self.next_tick)
 
     def record_ttft(self, ttft: float) -> None:
-        self.ttfts.append(ttft)
+        self.ttft.add(ttft)
 
-    def _ttft_pcts(self) -> tuple[float, float]:
-        if not self.ttfts:
-            return math.nan, math.nan
-        xs = sorted(self.ttfts)
-        n = len(xs)
-        return xs[(n - 1) // 2], xs[min(n - 1, math.ceil(0.99 * n) - 1)]
+    def record_finish(self, seq, now: float) -> None:
+        """A finished request's TPOT, as the engine hook takes it from the request's output."""
+        tpot = request_tpot(seq.first_token_time, now, seq.num_output_tokens)
+        if tpot is not None:
+            self.tpot.add(tpot)
 
     def advance(self, now: float, engine_snapshot, scheduler, kv) -> None:
         """Runs every sample and tick due by `now` (the engine calls this between steps)."""
         while now >= self.next_event():
             if self.next_sample <= self.next_tick:
-                self._sample(engine_snapshot(), scheduler, kv)
+                self._sample(self.next_sample, engine_snapshot(), scheduler, kv)
                 self.next_sample += self.sample_every
             else:
                 self._tick(self.next_tick, scheduler, kv)
                 self.next_tick += self.settings.period_s
 
-    def _sample(self, snap: EngineSnapshot, scheduler, kv) -> None:
+    def _sample(self, t: float, snap: EngineSnapshot, scheduler, kv) -> None:
         # Through the control block's record and its bytes, so the law sees exactly the fields it would.
-        rec = unpack_record(pack_record(control_record(snap, *self._ttft_pcts(), start_id=1)))
-        if not self._started:  # the coordinator's engine_start: initial targets from the engine's own
+        rec = unpack_record(pack_record(control_record(snap, self.ttft.p50_p99(), self.tpot.p50_p99(), start_id=1)))
+        if not self._started:  # the coordinator's engine_start: the initial targets
             self._started = True
-            self.law.reset(rec.batch_cap, rec.watermark)
-            self._apply(scheduler, kv)
-        self.window.add(rec)
+            self._decided(t, self.steer.start(rec, first=True), scheduler, kv)
+        events = self.settings.mode != "off" and self.settings.event_path
+        self._decided(t, self.steer.sample(rec, t, events=events), scheduler, kv)
 
     def _tick(self, t: float, scheduler, kv) -> None:
         self.ticks.append(t)
         if self.settings.mode == "off":
-            self.window = self.window.next()
+            self.steer.skip()
             return
-        obs = self.window.observation()
-        self.window = self.window.next()
-        if obs is None:
-            return
-        for d in self.law.decide(obs):
-            self.decisions.append({"t": round(t, 3), **asdict(d)})
-        if self.settings.mode == "enforce":
-            self._apply(scheduler, kv)
+        self._decided(t, self.steer.tick(), scheduler, kv)
 
-    def _apply(self, scheduler, kv) -> None:
-        """The engine hook's own apply_targets (duck-typed on .scheduler and .kv)."""
-        apply_targets(SimpleNamespace(scheduler=scheduler, kv=kv), Targets(self.law.batch_cap, self.law.watermark))
+    def _decided(self, t: float, decisions: list[Decision], scheduler, kv) -> None:
+        for d in decisions:
+            self.decisions.append({"t": round(t, 3), **asdict(d)})
+        if decisions and self.settings.mode == "enforce":
+            # The engine hook's own apply_targets (duck-typed on .scheduler and .kv).
+            apply_targets(SimpleNamespace(scheduler=scheduler, kv=kv), Targets(*self.law.targets()))

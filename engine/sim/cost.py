@@ -9,10 +9,11 @@ Prefill chunks' context reads and attention stay in the roofline terms below."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost
+from kvloop.engine.kv.load_or_recompute import Prices
 from kvloop.engine.scheduler import step_cost as shared
 
 
@@ -28,8 +29,9 @@ class ModelShape:
     head_dim: int
     ffn: int
     vocab: int
-    dtype_bytes: int = 2  # weights and KV
+    dtype_bytes: int = 2  # weights (and KV unless kv_dtype_bytes says otherwise)
     tied_embeddings: bool = False
+    kv_dtype_bytes: int | None = None  # KV cache element size; None: dtype_bytes (FP8 weights, bf16 KV: 2)
 
     @property
     def layer_params(self) -> int:
@@ -55,7 +57,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.layers * self.kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,34 @@ class CostModel:
         b = self._kv_tok * block_size
         return host_blocks * b / self.hw.link_bw + disk_blocks * b / self.hw.disk_bw
 
+    def tier_prices(self, block_size: int) -> Prices:
+        """The KV manager's load-or-recompute prices from this model (kv.load_or_recompute): a block load as
+        transfer_seconds charges it; a recomputed token at its marginal compute cost in a prefill (matmuls,
+        per-token overhead, its K/V write where KV traffic runs apart), each attended position at the
+        attention FLOPs' rate."""
+        e, hw = self.eff, self.hw
+        token_s = self._flop_tok / self._peak + e.token_overhead_s
+        if e.kv_bw > 0:
+            token_s += self._kv_tok / (hw.mem_bw * e.kv_bw)
+        pair_peak = hw.peak_flops * e.attn_flops if e.attn_flops > 0 else self._peak
+        return Prices({"host": self.transfer_seconds(1, 0, block_size), "disk": self.transfer_seconds(0, 1, block_size)},
+                      token_s, self._flop_attn / pair_peak)
+
     def step_for(self, items: list[tuple[int, int, bool]], groups: Iterable[tuple[int, int]] = ()) -> StepCost:
         """items: (start, num_tokens, samples) per scheduled sequence; groups: the decode rows' cascaded
         (members, shared tokens), from the step-cost function's plan (none: plain decode)."""
-        shape = step_shape(items)
-        return self.step(*shape, decode_us=self.decode.decode_us(decode_contexts(items), groups))
+        return self.step_of((), items, groups)
+
+    def step_of(self, decode_starts: Sequence[int], items: list[tuple[int, int, bool]],
+                groups: Iterable[tuple[int, int]] = ()) -> StepCost:
+        """step_for of decode rows at `decode_starts` (one sampled token each) followed by `items`, without
+        building an item per decode row (the simulator prices every step): the same sums in the same order."""
+        tokens, seqs, samples, ctx, pairs, chunks = step_shape(items)
+        n = len(decode_starts)
+        contexts = [start + 1 for start in decode_starts]
+        contexts += decode_contexts(items)
+        return self.step(tokens + n, seqs + n, samples + n, ctx, pairs, chunks,
+                         decode_us=self.decode.decode_us(contexts, groups))
 
 
 def decode_contexts(items) -> list[int]:

@@ -18,9 +18,8 @@ results match step-by-step runs."""
 
 from __future__ import annotations
 
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.scheduler.batch import ScheduledSeq
 from kvloop.engine.scheduler.sequence import Sequence
-from kvloop.engine.sim.workload import output_token, output_tokens
 
 
 def admits_nobody(sched) -> bool:
@@ -128,17 +127,17 @@ class Window:
 
     def _last_step(self, running: list[Sequence], base: list[int], j: int, now: float) -> None:
         """Applies the window's last step (j) as the step loop would: each sequence is brought to that
-        step's start, then the scheduler's bookkeeping advances it, appends its token, stamps the time and
-        finishes those that reached max_tokens (only possible when j is the window's planned last)."""
-        sim, vocab = self.sim, self.sim.runner.vocab
-        batch, tokens = ScheduledBatch(), {}
+        step's start, then the step's bookkeeping (FastStep.apply: update_from_output for the rows that
+        finish) advances it, appends its token, stamps the time and finishes those that reached max_tokens
+        (only possible when j is the window's planned last)."""
+        sim = self.sim
+        decodes = []
         for i, seq in enumerate(running):
             start = base[i] + j
             del seq.token_ids[start + 1 :]  # allocations for a step that then failed ran one token ahead
             self._advance(seq, start)
-            batch.decodes.append(ScheduledSeq(seq, start, 1))
-            tokens[seq.request_id] = output_token(seq.request_id, start + 1, vocab)
-        for sampled in sim.scheduler.update_from_output(batch, StepResult(tokens), now):
+            decodes.append(ScheduledSeq(seq, start, 1))
+        for sampled in sim.fast_step.apply(decodes, [], now):
             if sampled.finish_reason is not None:
                 sim.finished(sampled.seq)
 
@@ -146,5 +145,6 @@ class Window:
         """Brings seq to `computed` tokens computed, with the token sampled at the last step appended."""
         toks = seq.token_ids
         if len(toks) <= computed:
-            toks += output_tokens(seq.request_id, len(toks), computed + 1, self.sim.runner.vocab)
+            token, rid = self.sim.runner.token, seq.request_id
+            toks += [token(rid, p) for p in range(len(toks), computed + 1)]
         seq.num_computed_tokens = computed

@@ -16,6 +16,10 @@ SMOLLM2_135M = ModelShape("SmolLM2-135M", layers=30, hidden=576, heads=9, kv_hea
                           vocab=49152, dtype_bytes=2, tied_embeddings=True)
 LLAMA3_8B = ModelShape("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                        vocab=128256, dtype_bytes=2)
+# W5's GPU scale: FP8 weights (1 byte per parameter, ~70 GB with the embedding and head) and bf16 KV
+# (2 * 80 layers * 8 KV heads * 128 * 2 bytes = 320 KiB per token).
+LLAMA31_70B_FP8 = ModelShape("Llama-3.1-70B-FP8", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+                             ffn=28672, vocab=128256, dtype_bytes=1, kv_dtype_bytes=2)
 
 # Nominal figures; the efficiencies carry what is actually reached.
 THIS_CPU = Hardware("this CPU (2 threads)", mem_bw=30e9, peak_flops=200e9, mem_bytes=8e9, link_bw=10e9,
@@ -23,6 +27,9 @@ THIS_CPU = Hardware("this CPU (2 threads)", mem_bw=30e9, peak_flops=200e9, mem_b
 # PCIe Gen5 x16 moves about 50 GB/s each way in practice; a datacenter NVMe about 5 GB/s.
 H100 = Hardware("H100 SXM", mem_bw=3.35e12, peak_flops=989e12, mem_bytes=80e9, link_bw=50e9, disk_bw=5e9)
 H200 = Hardware("H200", mem_bw=4.8e12, peak_flops=989e12, mem_bytes=141e9, link_bw=50e9, disk_bw=5e9)
+# An FP8 checkpoint runs its GEMMs on the FP8 tensor cores (W8A8, as vLLM serves FP8 models on Hopper): the
+# dense FP8 peak, twice the bf16 one. Attention stays bf16 but is bandwidth-bound in decode.
+H200_FP8 = replace(H200, name="H200 (FP8 GEMMs)", peak_flops=1979e12)
 
 # GPU assumptions: ~80% of bandwidth on weight/KV streaming and ~60% MFU on prefill GEMMs (what
 # vLLM-class engines reach with CUDA graphs and FlashAttention), 1 ms of launch/schedule/sample per
@@ -43,6 +50,8 @@ class Profile:
     kv_pool_tokens: int  # device KV pool the engine would get
     block_size: int = 16
     attention: AttentionCost | None = None  # measured decode attention per layer; None: from the roofline
+    host_bytes: float | None = None  # host tier for GPU sizing (None: scenarios.gpu_sizing's 128 GiB)
+    disk_bytes: float | None = None  # disk tier for GPU sizing (None: no disk tier)
 
     def cost_model(self) -> CostModel:
         return CostModel(self.model, self.hw, self.eff, self.attention, self.block_size)
@@ -77,9 +86,12 @@ def get_profile(name: str, calibration: str | Path | None = None, kv_pool_tokens
         prof = Profile("h100", LLAMA3_8B, H100, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H100))
     elif name == "h200":
         prof = Profile("h200", LLAMA3_8B, H200, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H200))
+    elif name == "h200-70b-fp8":  # W5's GPU scale: ~166k tokens of pool, host 256 GiB, disk 2 TB
+        prof = Profile(name, LLAMA31_70B_FP8, H200_FP8, GPU_EFF, gpu_pool_tokens(LLAMA31_70B_FP8, H200_FP8),
+                       host_bytes=256 * 2**30, disk_bytes=2e12)
     else:
-        raise ValueError(f"unknown profile {name!r} (cpu, h100, h200)")
+        raise ValueError(f"unknown profile {name!r} ({', '.join(PROFILES)})")
     return replace(prof, kv_pool_tokens=kv_pool_tokens) if kv_pool_tokens else prof
 
 
-PROFILES = ("cpu", "h100", "h200")
+PROFILES = ("cpu", "h100", "h200", "h200-70b-fp8")

@@ -69,6 +69,13 @@ class Recorder:
     def sample(self, t: float, snap: EngineSnapshot) -> None:
         self.samples.append(Sample(t, snap))
 
+    def phase_report(self, phases, timeline_every_s: float = 5.0) -> dict:
+        """Per-phase split, phases pooled by kind, and the knobs over time (engine.bench.phases, which
+        serves the real engine's runs too); {} for a workload without phases."""
+        from kvloop.engine.bench.phases import report
+
+        return report(self.records.values(), self.samples, phases, timeline_every_s=timeline_every_s)
+
     def summary(self, end: float) -> dict:
         recs = list(self.records.values())
         for r in recs:

@@ -5,11 +5,15 @@ build from their block tables, under the mode's scope (the scheduler's step-cost
 
 from __future__ import annotations
 
-from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
+from operator import attrgetter
+
+from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.scheduler.step_cost import StepCost as DecodeCost
 from kvloop.engine.sim.cost import CostModel, StepCost
-from kvloop.engine.sim.workload import output_token
+from kvloop.engine.sim.workload import OutputTokens
+
+ROW_KEY = attrgetter("request_id", "num_preemptions")
 
 
 class SimRunner:
@@ -19,31 +23,43 @@ class SimRunner:
         self.decode = decode or cost.decode  # the scheduler's, so both use one scope and one model
         self.planner = self.decode.planner()  # reused while the decode set is unchanged, as the runner's
         self.vocab = cost.model.vocab
+        self.token = OutputTokens(self.vocab)  # the 'sampled' token of a request at a position
+        self._key: tuple | None = None
+        self._shapes: list[tuple[int, int]] = []
         self.last: StepCost | None = None
         self.busy_s = 0.0
         self.steps = 0
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         tokens: dict[str, int] = {}
-        vocab = self.vocab
+        token = self.token
         for item in (*batch.decodes, *batch.prefills):
-            if item.samples:
-                seq = item.seq
-                tokens[seq.request_id] = output_token(seq.request_id, seq.num_tokens, vocab)
-        # Decodes that do not sample (a preempted sequence's last recomputed token) are rare; pricing
-        # every decode as sampling only prices one head row too many (and matches fast-forward windows).
-        items = [(it.start, 1, True) for it in batch.decodes]
-        items += [(it.start, it.num_tokens, it.samples) for it in batch.prefills]
-        self.last = self.cost.step_for(items, self.groups([it.seq for it in batch.decodes],
-                                                          [it.start for it in batch.decodes]))
+            seq = item.seq
+            if item.start + item.num_tokens == len(seq.token_ids):  # it samples
+                tokens[seq.request_id] = token(seq.request_id, item.start + item.num_tokens)
+        self.price(batch.decodes, batch.prefills)
+        return StepResult(tokens)
+
+    def price(self, decodes: list[ScheduledSeq], prefills: list[ScheduledSeq]) -> StepCost:
+        """Prices a step of these rows (the batch's) and counts it. Decodes that do not sample (a preempted
+        sequence's last recomputed token) are rare; pricing every decode as sampling only prices one head row
+        too many (and matches fast-forward windows)."""
+        starts = [it.start for it in decodes]
+        items = [(it.start, it.num_tokens, it.samples) for it in prefills]
+        self.last = self.cost.step_of(starts, items, self.groups([it.seq for it in decodes], starts))
         self.busy_s += self.last.seconds
         self.steps += 1
-        return StepResult(tokens)
+        return self.last
 
     def groups(self, seqs: list[Sequence], starts: list[int]) -> list[tuple[int, int]]:
         """(members, shared tokens) of the cascaded groups of decode rows `seqs` at positions `starts`."""
         if len(seqs) < 2:
             return []
-        key = tuple((s.request_id, s.num_preemptions) for s in seqs)
-        plan = self.planner.plan(key, [s.block_table for s in seqs], [c + 1 for c in starts])
-        return self.decode.group_shapes(plan)
+        key = tuple(map(ROW_KEY, seqs))  # the runner's key: (request id, preemptions) per row
+        if key != self._key:  # the plan (and its shapes) hold while the decode set does
+            self._key = key
+            # a decode row's full blocks are committed (indexed): they stay while it runs
+            plan = self.planner.plan(key, [s.block_table for s in seqs], [c + 1 for c in starts],
+                                     [len(s.block_hashes) for s in seqs])
+            self._shapes = self.decode.group_shapes(plan)
+        return self._shapes

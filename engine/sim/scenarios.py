@@ -1,13 +1,14 @@
 """Named workloads for the simulator, built with the benchmark's own generators (engine.bench):
-W1, W1-smoke, W2, W4 at CPU scale, W1 at GPU scale (WORKLOADS.md 'GPU scale'), W3 traces, and a
-load that changes every few minutes (for the coordinator-period sweep)."""
+W1, W1-smoke, W2, W4 at CPU scale, W1 at GPU scale (WORKLOADS.md 'GPU scale'), W3 traces, a
+load that changes every few minutes (for the coordinator-period sweep), and the sizing each profile
+(and W5, engine.bench.w5_workload) implies."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from kvloop.engine.bench import workloads as bw
-from kvloop.engine.sim.modes import Sizing
+from kvloop.engine.sim.modes import SIM_DISK_DIR, Sizing
 from kvloop.engine.sim.profiles import Profile
 
 LLAMA3_VOCAB = 128256
@@ -53,7 +54,18 @@ def cpu_sizing() -> Sizing:
 
 def gpu_sizing(profile: Profile) -> Sizing:
     """vLLM-like limits for an 8B model on one GPU: 256 running sequences, 2,048-token chunked-prefill
-    budget, the profile's KV pool, a 128 GiB host tier; static batches as large as the batch cap."""
-    host = int(128 * 2**30 // profile.model.kv_bytes_per_token) // 16 * 16
-    return Sizing(kv_cache_tokens=profile.kv_pool_tokens, host_cache_tokens=host, disk_cache_tokens=4 * host,
-                  static_batch=256, fill_timeout_s=0.5, max_num_seqs=256, max_num_batched_tokens=2048)
+    budget, the profile's KV pool, its host tier (default 128 GiB) and its disk tier (default none: sized
+    4x the host tier but off); static batches as large as the batch cap."""
+    kv = profile.model.kv_bytes_per_token
+    host = int((profile.host_bytes or 128 * 2**30) // kv) // 16 * 16
+    disk = int(profile.disk_bytes // kv) // 16 * 16 if profile.disk_bytes else 4 * host
+    return Sizing(kv_cache_tokens=profile.kv_pool_tokens, host_cache_tokens=host, disk_cache_tokens=disk,
+                  static_batch=256, fill_timeout_s=0.5, max_num_seqs=256, max_num_batched_tokens=2048,
+                  disk_dir=SIM_DISK_DIR if profile.disk_bytes else None)
+
+
+def sizing_for(profile: Profile, kv_cache_tokens: int | None = None) -> Sizing:
+    """The profile's sizing (cpu_sizing or gpu_sizing), with the device pool a workload prescribes where
+    it names one (W5 at CPU scale: 12,288 tokens)."""
+    sizing = cpu_sizing() if profile.name == "cpu" else gpu_sizing(profile)
+    return replace(sizing, kv_cache_tokens=kv_cache_tokens) if kv_cache_tokens else sizing

@@ -58,9 +58,27 @@ def output_tokens(request_id: str, start: int, stop: int, vocab: int) -> list[in
     """The simulator's 'sampled' tokens at positions start..stop-1: deterministic in (request, position),
     independent of the batch, so a chat's history is the same in every mode and every run. Avoids ids
     below 100 (SmolLM2's special tokens), as the bench generators do."""
-    base, span = zlib.crc32(request_id.encode()), vocab - 100
-    return [100 + (base + 2654435761 * p) % span for p in range(start, stop)]
+    token = OutputTokens(vocab)
+    return [token(request_id, p) for p in range(start, stop)]
 
 
 def output_token(request_id: str, position: int, vocab: int) -> int:
-    return output_tokens(request_id, position, position + 1, vocab)[0]
+    return OutputTokens(vocab)(request_id, position)
+
+
+class OutputTokens:
+    """output_tokens for the requests of one run, each request's hash taken once (the simulator samples
+    every token of every request; `forget` a finished one)."""
+
+    def __init__(self, vocab: int):
+        self.span = vocab - 100
+        self._bases: dict[str, int] = {}
+
+    def __call__(self, request_id: str, position: int) -> int:
+        base = self._bases.get(request_id)
+        if base is None:
+            base = self._bases[request_id] = zlib.crc32(request_id.encode())
+        return 100 + (base + 2654435761 * position) % self.span
+
+    def forget(self, request_id: str) -> None:
+        self._bases.pop(request_id, None)

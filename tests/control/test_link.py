@@ -37,10 +37,12 @@ def pair(tmp_path):
 def test_publish_and_read_snapshot(pair):
     engine, sidecar, clock = pair
     assert sidecar.read_snapshot() is None
-    engine.publish(EngineSnapshot(num_waiting=5, kv_usage=0.25), ttft_p50_s=0.1, ttft_p99_s=0.5)
+    engine.publish(EngineSnapshot(num_waiting=5, kv_usage=0.25, step_token_budget=256), ttft=(0.1, 0.5),
+                   tpot=(0.02, 0.07))
     clock.advance(2)
     snap = sidecar.read_snapshot()
     assert snap.num_waiting == 5 and snap.kv_use_device == 0.25 and snap.ttft_p99_s == 0.5
+    assert (snap.tpot_p50_s, snap.tpot_p99_s, snap.step_token_budget) == (0.02, 0.07, 256)
     assert snap.start_id == engine.start_id and snap.step == 1 and snap.age_s == pytest.approx(2)
 
 

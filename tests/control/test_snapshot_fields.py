@@ -85,9 +85,10 @@ class Run:
 @pytest.fixture()
 def make(checkpoint, fp32_model, tokenizer, tmp_path):
     def build(path, mode: str = "codesign", kv_cache_tokens: int = 256, sched: dict | None = None,
-              **kv) -> EngineCore:
+              block_size: int = 16, **kv) -> EngineCore:
         cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=kv_cache_tokens, control_file=str(path),
-                           scheduler=SchedulerConfig(max_num_batched_tokens=256, **(sched or {})),
+                           block_size=block_size,
+                           scheduler=SchedulerConfig(**{"max_num_batched_tokens": 256, **(sched or {})}),
                            kv=KVConfig(**{"disk_dir": str(tmp_path / "disk"), **kv}), mode=mode)
         return EngineCore(cfg, model=fp32_model, tokenizer=tokenizer, fingerprint=checkpoint.fingerprint,
                           model_name=checkpoint.name)
@@ -121,16 +122,19 @@ def test_every_field_the_sidecar_reads_moves(make, tmp_path, monkeypatch):
     hits = engine.snapshot()
     assert hits.prefix_hits("device") and hits.prefix_hits("host") and hits.num_preemptions
 
-    restarted = run.start(sched=dict(max_num_seqs=3), **{**codesign, "watermark": 0.1})  # same disk directory
+    restarted = run.start(sched=dict(max_num_seqs=3, max_num_batched_tokens=128, max_model_len=4096),
+                          **{**codesign, "watermark": 0.1})  # same disk directory; another budget and max context
     run.add(DOC + tokens(14, 8))  # the document from the disk tier
     run.drain()
     after = restarted.snapshot()  # one lookup of 72 tokens: the device and the host (empty) served none of them
     assert [after.prefix_queries(t) for t in ("device", "host", "disk")] == [len(DOC) + 8] * 3
     assert [after.prefix_hits(t) for t in ("device", "host", "disk")] == [0, 0, len(DOC)]
+    run.add(tokens(15, 200))  # longer than the step budget (128): its prompt's rest is pending after a step
+    run.drain()
 
-    static = run.start(mode="static", kv_cache_tokens=128,
+    static = run.start(mode="static", kv_cache_tokens=128, block_size=32,
                        sched=dict(static_batch_size=3, static_fill_timeout_s=0.0), host_cache_tokens=0)
-    for i in range(3):  # three reservations of four blocks in a pool of eight: one does not fit
+    for i in range(3):  # three reservations of two blocks in a pool of four: one does not fit
         run.add(tokens(30 + i, 50), max_tokens=8)
     run.drain()
     assert static.snapshot().num_oom_events == 1

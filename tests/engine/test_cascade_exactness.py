@@ -88,12 +88,13 @@ def test_preempted_and_resumed_rows(make_engine, kind_host):
 
 @pytest.mark.parametrize("tier", ["host", "disk"])
 def test_shared_prefix_from_a_lower_tier(make_engine, tmp_path, tier):
-    kv = (KVConfig(min_prefix_tokens=16, host_cache_tokens=1024) if tier == "host" else
+    kv = (KVConfig(min_prefix_tokens=16, host_cache_tokens=1024, host_admit_min_requests=1) if tier == "host" else
           KVConfig(min_prefix_tokens=16, host_cache_tokens=0, disk_dir=str(tmp_path), disk_admit_min_requests=1))
     rows = [(f"q{i}", SYSTEM + DOC_A + toks(500 + i, 5), 4) for i in range(3)]
     for cascade in ("off", "always"):
-        engine = make_engine(cascade=cascade, kv=kv, kv_cache_tokens=1024)
+        engine = make_engine(cascade=cascade, kv=kv, kv_cache_tokens=256)
         run_schedule(engine, {0: [("warm", SYSTEM + DOC_A + toks(499, 5), 1)]})
+        run_schedule(engine, {0: [("filler", toks(498, 250), 1)]})  # takes the 16-block pool: the prefix goes down
         if tier == "disk":
             engine.kv.flush()
         seqs = [engine.add_request(rid, p, greedy(n)) for rid, p, n in rows]

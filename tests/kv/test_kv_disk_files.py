@@ -147,15 +147,17 @@ class RecordingMover(NullMover):
         return True
 
 
-def test_a_full_queue_drops_the_tail_of_a_released_prefix_not_its_head():
+def test_a_full_queue_drops_the_tail_of_an_evicted_prefix_not_its_head():
     cfg = KVConfig(mode="codesign", host_cache_tokens=0, disk_dir="unused", disk_admit_min_requests=1,
                    min_prefix_tokens=BS)
     kv = KVCacheManager(8, BS, cfg)
     mover = RecordingMover(room=3)
     kv.mover = mover
     ids = list(range(100, 100 + 6 * BS + 1))
-    seq = serve_once(kv, ids, "a")  # fails the device gate: every block is demoted to disk at release
-    assert mover.written == kv.keys(seq)[:3]  # the head: a restart can use it
+    seq = serve_once(kv, ids, "a")  # cached on the device: nothing written yet
+    assert mover.written == []
+    serve_once(kv, list(range(900, 900 + 8 * BS)), "filler")  # evicts all six, leaves first
+    assert mover.written == kv.keys(seq)[:6][:3]  # written parents first: the head, which a restart can use
     assert kv.stats.disk_writes_dropped == 3
 
 
@@ -211,12 +213,16 @@ def test_a_flush_past_its_deadline_writes_nothing(kv_cache, tmp_path):
 
 
 def test_flush_plan_orders_host_blocks_by_their_chain(kv_cache, tmp_path):
-    cfg = KVConfig(mode="codesign", host_cache_tokens=8 * BS, disk_dir=str(tmp_path), min_prefix_tokens=BS)
+    cfg = KVConfig(mode="codesign", host_cache_tokens=8 * BS, disk_dir=str(tmp_path), min_prefix_tokens=BS,
+                   disk_admit_min_requests=3)  # evictions reach the host only: the flush has them to write
     kv = KVCacheManager(kv_cache.shape[2], BS, cfg, extra_key="fp")
     kv.attach_mover(TierMover.for_manager(kv, kv_cache, "fp"))
-    seq = serve_once(kv, list(range(500, 500 + 5 * BS)), "a")  # under the device gate: demoted to the host
-    assert len(kv.index) == 0
-    assert kv.persist_plan() == [(h, "host", kv.host.slot_of(h)) for h in kv.keys(seq)]
+    seq = serve_once(kv, list(range(500, 500 + 5 * BS)), "a")
+    serve_once(kv, list(range(500, 500 + 5 * BS)), "b")  # offered twice: copied to the host when evicted
+    serve_once(kv, list(range(800, 800 + 6 * BS)), "filler")  # evicts them (its own blocks: once, not copied)
+    assert not any(kv.index.slot_of(h) is not None for h in kv.keys(seq)) and kv.host.num_used == 5
+    plan = kv.persist_plan()
+    assert [p for p in plan if p[1] == "host"] == [(h, "host", kv.host.slot_of(h)) for h in kv.keys(seq)]
     kv.mover.close()
 
 
@@ -244,8 +250,9 @@ def test_a_full_disk_evicts_tails_before_the_heads_they_need():
                    min_prefix_tokens=BS, disk_cache_tokens=4 * BS)
     kv = KVCacheManager(8, BS, cfg)
     kv.mover = RecordingMover(room=100)
-    first = serve_once(kv, list(range(600, 600 + 3 * BS + 1)), "a")  # three blocks written, in prefix order
-    serve_once(kv, list(range(700, 700 + 3 * BS + 1)), "b")  # three more: two must go
+    first = serve_once(kv, list(range(600, 600 + 3 * BS + 1)), "a")
+    serve_once(kv, list(range(700, 700 + 3 * BS + 1)), "b")
+    serve_once(kv, list(range(800, 800 + 8 * BS)), "c")  # evicts both prefixes: six writes, two must go
     head = kv.keys(first)[0]
     assert kv.disk.has(head) and not any(kv.disk.has(h) for h in kv.keys(first)[1:3])
     assert kv.stats.disk_evictions == 2

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kv_helpers import FakeMover, manager_state
 
-from kvloop.engine.kv.config import MODES, KVConfig
+from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.scheduler.policy import cache_policy_names
 from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 4
@@ -26,7 +27,7 @@ STATS: Counter = Counter()  # what the long runs exercised (printed by the cover
 
 
 class KVMachine(RuleBasedStateMachine):
-    @initialize(mode=st.sampled_from(MODES), pool=st.integers(5, 14), host=st.sampled_from([0, 3, 12]),
+    @initialize(mode=st.sampled_from(cache_policy_names()), pool=st.integers(5, 14), host=st.sampled_from([0, 3, 12]),
                 disk=st.booleans(), admit=st.integers(1, 3), min_prefix=st.sampled_from([0, 8]),
                 watermark=st.sampled_from([0.0, 0.25, 0.6]))
     def setup(self, mode, pool, host, disk, admit, min_prefix, watermark):
@@ -181,7 +182,7 @@ TestKVMachine = KVMachine.TestCase
 
 
 @settings(max_examples=100, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(MODES))
+@given(seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(cache_policy_names()))
 def test_long_random_runs(seed, mode):
     """Long seeded runs of the same rules (hypothesis' state machine prefers short programs): pressure
     builds up, so evictions, demotions, promotions, swaps and disk damage all happen."""

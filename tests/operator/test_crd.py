@@ -43,7 +43,7 @@ def test_crd_shape():
     assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     cols = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert cols == ["Ready", "Replicas", "Hit rate", "Batch cap", "URL", "Age"]
+    assert cols == ["Ready", "Replicas", "Hit rate", "Batch cap", "Step budget", "URL", "Age"]
     status = openapi_schema(crd)["properties"]["status"]
     assert status["x-kubernetes-preserve-unknown-fields"] is True
 
@@ -69,7 +69,9 @@ def test_schema_defaults_match_operator_defaults():
         return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()}
     for path in [("replicas",), ("engine", "blockSize"), ("engine", "kvCache", "admitMinRequests"),
                  ("feedback", "intervalSeconds"), ("feedback", "watermark", "max"), ("service", "port"),
-                 ("engine", "scheduler", "mode"), ("feedback", "batchCap", "max")]:
+                 ("engine", "scheduler", "mode"), ("feedback", "batchCap", "max"),
+                 ("feedback", "stepTokenBudget", "maxStep"), ("feedback", "eventPath", "enabled"),
+                 ("feedback", "targets", "tpotP50Seconds")]:
         a, b = defaulted, DEFAULTS
         for key in path:
             a, b = a[key], b[key]
@@ -118,6 +120,13 @@ INVALID = {
                                          "retentionWatermark must lie within"),
     "initial batch cap outside bounds": (with_spec(engine={"scheduler": {"maxNumSeqs": 200}}),
                                          "maxNumSeqs (the initial batch cap)"),
+    "step token budget min above max": (with_spec(feedback={"stepTokenBudget": {"min": 1024, "max": 512}}),
+                                        "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
+    "step token budget min below 16": (with_spec(feedback={"stepTokenBudget": {"min": 8}}), "stepTokenBudget.min"),
+    "step token budget step of 0": (with_spec(feedback={"stepTokenBudget": {"maxStep": 0}}), "maxStep"),
+    "step token budget above the engine's": (with_spec(feedback={"stepTokenBudget": {"max": 4096}}),
+                                             "must not exceed engine.scheduler.maxNumBatchedTokens"),
+    "tpot objective of 0": (with_spec(feedback={"targets": {"tpotP50Seconds": 0}}), "tpotP50Seconds"),
     "gpu requests differ from limits": (with_spec(resources={"requests": {"nvidia.com/gpu": 1},
                                                              "limits": {"nvidia.com/gpu": 2}}), "nvidia.com/gpu"),
     "bad memory quantity": (with_spec(resources={"limits": {"memory": "lots"}}), "memory"),
@@ -202,6 +211,17 @@ ADMISSION = {
                             "images.fetcher must be an image"),
     "image with a short digest": ({"images": {"engine": "kvloop@" + DIGEST}}, {"images": {"engine": "kvloop@sha256:abc"}},
                                   "images.engine must be an image"),
+    "step token budget min above max": ({"feedback": {"stepTokenBudget": {"min": 512, "max": 1024}}},
+                                        {"feedback": {"stepTokenBudget": {"min": 1024, "max": 512}}},
+                                        "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
+    "step token budget above the engine's budget": (
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 8192}}, "feedback": {"stepTokenBudget": {"max": 8192}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 4096}}, "feedback": {"stepTokenBudget": {"max": 8192}}},
+        "feedback.stepTokenBudget bounds must not exceed engine.scheduler.maxNumBatchedTokens"),
+    "step token budget min above the engine's budget": (
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 512}}, "feedback": {"stepTokenBudget": {"min": 512}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 256}}, "feedback": {"stepTokenBudget": {"min": 512}}},
+        "feedback.stepTokenBudget bounds must not exceed engine.scheduler.maxNumBatchedTokens"),
 }
 
 
@@ -288,3 +308,41 @@ def test_every_generated_resource_rule_has_its_operator_twin(case):
     assert any(message in e for e in validate(with_spec(**invalid)))
     assert not any(message in p for p in problems(with_defaults(valid)))
     assert any(message in p for p in problems(with_defaults(invalid)))
+
+
+# --- the step token budget: derived bounds keep every stored object valid; chunking off pins it ---
+
+@pytest.mark.parametrize("tokens", [16, 48, 2048, 16384, 1048576])
+def test_step_budget_bounds_derive_from_the_engine_budget(tokens: int):
+    """An object written before the knob existed, whatever its maxNumBatchedTokens, stays valid; the
+    rendered bounds contain the engine's budget and never exceed it."""
+    from kvloop.operator.spec import problems, with_defaults
+    from kvloop.operator.step_budget import DEFAULT_MIN, resolved
+
+    spec = {"engine": {"scheduler": {"maxNumBatchedTokens": tokens}}}
+    assert validate(with_spec(**spec)) == []
+    full = with_defaults(spec)
+    assert problems(full) == []
+    b = resolved(full)
+    assert b["min"] == min(DEFAULT_MIN, tokens) and b["max"] == b["initial"] == tokens
+
+
+def test_step_budget_without_chunked_prefill_is_pinned():
+    from kvloop.operator.spec import problems, with_defaults
+    from kvloop.operator.step_budget import resolved
+
+    spec = {"engine": {"maxModelLen": 4096, "scheduler": {"chunkedPrefill": False, "maxNumBatchedTokens": 1024}},
+            "feedback": {"stepTokenBudget": {"min": 2048, "max": 8192}}}
+    assert validate(with_spec(**spec)) == []  # the bounds do not apply: nothing to refuse
+    full = with_defaults(spec)
+    assert problems(full) == []
+    assert resolved(full) == {"min": 4096, "max": 4096, "max_step": 256, "initial": 4096}
+
+
+def test_step_budget_explicit_max_below_engine_budget_starts_there():
+    from kvloop.operator.spec import with_defaults
+    from kvloop.operator.step_budget import resolved
+
+    full = with_defaults({"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
+                          "feedback": {"stepTokenBudget": {"max": 40, "maxStep": 8}}})
+    assert resolved(full) == {"min": 40, "max": 40, "max_step": 8, "initial": 40}

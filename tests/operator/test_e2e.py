@@ -8,6 +8,7 @@ import json
 
 import kmock
 import pytest
+import yaml
 from conftest import OperatorRunner, eventually
 
 from kvloop.operator import constants as C
@@ -194,9 +195,10 @@ def pod(name: str, feedback: dict | None, phase: str = "Running") -> dict:
             "spec": {}, "status": {"phase": phase}}
 
 
-def feedback(cap: int, mark: float, at: dt.datetime, converged: bool, knob: str = "batchCap") -> dict:
+def feedback(cap: int, mark: float, at: dt.datetime, converged: bool, knob: str = "batchCap",
+             budget: int = 2048) -> dict:
     ts = at.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"batchCap": cap, "watermark": mark, "mode": "enforce", "converged": converged,
+    return {"batchCap": cap, "watermark": mark, "stepTokenBudget": budget, "mode": "enforce", "converged": converged,
             "lastDecision": {"knob": knob, "reason": "queue depth above target", "at": ts}, "updatedAt": ts}
 
 
@@ -206,7 +208,7 @@ async def test_feedback_annotations_aggregated_into_status(kube, operator):
     now = dt.datetime.now(dt.UTC)
     kube.objects["v1/pods", NS, "chat-a"] = pod("chat-a", feedback(24, 0.4, now - dt.timedelta(seconds=20), True))
     kube.objects["v1/pods", NS, "chat-b"] = pod("chat-b", feedback(32, 0.5, now - dt.timedelta(seconds=5), False,
-                                                                    knob="watermark"))
+                                                                    knob="watermark", budget=512))
     kube.objects["v1/pods", NS, "chat-old"] = pod("chat-old", None, phase="Succeeded")  # not counted
     kube.objects["v1/pods", NS, "other"] = {**pod("other", feedback(1, 0.1, now, True)),
                                            "metadata": {"name": "other", "namespace": NS, "labels": {"app": "x"}}}
@@ -214,6 +216,7 @@ async def test_feedback_annotations_aggregated_into_status(kube, operator):
                           and status_of(kube)["feedback"])
     assert fb["convergedPods"] == 1
     assert fb["batchCap"] == {"min": 24, "max": 32} and fb["watermark"] == {"min": 0.4, "max": 0.5}
+    assert fb["stepTokenBudget"] == {"min": 512, "max": 2048}
     assert fb["lastDecision"]["pod"] == "chat-b" and fb["lastDecision"]["knob"] == "watermark"
     assert [p["pod"] for p in fb["pods"]] == ["chat-a", "chat-b"]
     assert cond(status_of(kube), "FeedbackHealthy")["status"] == "True"
@@ -240,6 +243,23 @@ async def test_unrealisable_spec_is_degraded_not_crashing(kube, operator):
     await eventually(lambda: raw(kube, "apps/v1/deployments"))
     await eventually(lambda: cond(status_of(kube), "Degraded")["status"] == "False")
     assert operator.task is not None and not operator.task.done()
+
+
+async def test_invalid_step_budget_is_degraded_with_a_clear_message(kube, operator):
+    """Stored without the CRD's rules (kmock validates nothing): the operator refuses to render a sidecar
+    file the coordinator could not load, says why, and recovers once the bounds are fixed."""
+    await create(kube, cr_body(feedback={"stepTokenBudget": {"min": 1024, "max": 256}}))
+    st = await eventually(lambda: status_of(kube).get("observedGeneration") == 1 and status_of(kube))
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "SpecNotRealisable")
+    assert "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max (min 1024, max 256)" in degraded["message"]
+    assert obj(kube, "v1/configmaps", f"{NAME}-config") is None and obj(kube, "apps/v1/deployments") is None
+    await patch(kube, f"{BASE}/{NAME}", {"spec": {"feedback": {"stepTokenBudget": {"min": 128, "max": 1024},
+                                                               "targets": {"tpotP50Seconds": 0.05}}}})
+    await eventually(lambda: cond(status_of(kube), "Degraded")["status"] == "False")
+    sidecar = yaml.safe_load(raw(kube, "v1/configmaps", f"{NAME}-config")["data"]["sidecar.yaml"])
+    assert sidecar["step_token_budget"] == {"min": 128, "max": 1024, "max_step": 256, "initial": 1024}
+    assert sidecar["targets"]["tpot_p50_s"] == 0.05 and sidecar["event_path"] == {"enabled": True}
 
 
 async def test_operator_never_writes_spec(kube, operator):

@@ -23,10 +23,10 @@ ENGINE_METRICS = {
                 "vllm:generation_tokens", "vllm:request_success", "kvloop:prefix_cache_queries",
                 "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
                 "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-                "kvloop:cache_admissions_refused", "kvloop:eviction_regret"],
+                "kvloop:cache_admissions_refused", "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret"],
     "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
               "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
-              "kvloop:batch_cap", "kvloop:retention_watermark"],
+              "kvloop:batch_cap", "kvloop:retention_watermark", "kvloop:step_token_budget"],
     "histogram": ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
                   "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                   "kvloop:time_to_first_token_seconds", "kvloop:inter_token_latency_seconds",
@@ -34,8 +34,8 @@ ENGINE_METRICS = {
 }
 SIDECAR_METRICS = {
     "counter": ["kvloop:feedback_decisions", "kvloop:feedback_stale_reads"],
-    "gauge": ["kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_last_decision_timestamp_seconds",
-              "kvloop:feedback_mode"],
+    "gauge": ["kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_step_token_budget",
+              "kvloop:feedback_last_decision_timestamp_seconds", "kvloop:feedback_mode"],
     "histogram": [],
 }
 REGISTRY_MODULES = ["kvloop.engine.server.metrics", "kvloop.sidecar.metrics"]
@@ -75,7 +75,8 @@ def test_dashboard_loads_and_covers_the_required_panels():
     assert dash["uid"] and dash["panels"] and dash["schemaVersion"] >= 30
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
     for needed in ("throughput", "time to first token", "inter-token", "end-to-end", "running vs waiting",
-                   "kv cache use per tier", "hit rate per tier", "batch cap", "watermark", "preemptions", "rejections"):
+                   "kv cache use per tier", "hit rate per tier", "batch cap", "watermark", "step token budget",
+                   "tpot", "preemptions", "rejections"):
         assert needed in titles, needed
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -88,6 +89,34 @@ def test_dashboard_loads_and_covers_the_required_panels():
     assert any("feedback_decisions" in a.get("expr", "") for a in dash["annotations"]["list"])
 
 
+def test_step_budget_panels_show_engine_target_and_objective():
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    budget = [t["expr"] for t in panels["Step token budget over time"]["targets"]]
+    assert [NAME.findall(e) for e in budget] == [["kvloop:step_token_budget"], ["kvloop:feedback_step_token_budget"]]
+    tpot = panels["TPOT against the objective"]["targets"]
+    assert [t["legendFormat"] for t in tpot] == ["P50", "P99", "P50 objective"]
+    assert tpot[2]["expr"] == "vector($tpot_objective)"
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    # The objective line starts at the CRD's default objective.
+    from kvloop.operator.spec import DEFAULTS
+
+    assert float(variables["tpot_objective"]["query"]) == DEFAULTS["feedback"]["targets"]["tpotP50Seconds"]
+    grid = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in dashboard()["panels"]]
+    assert len(grid) == len(set(grid)), "two panels share a place"
+
+
+def test_step_budget_alert_fires_only_when_every_budget_decision_is_at_min():
+    rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    rule = next(r for g in rules["spec"]["groups"] for r in g["rules"] if r["alert"] == "KvloopStepBudgetAtMinimum")
+    expr = " ".join(rule["expr"].split())
+    assert 'knob="step_token_budget", reason="at_min"' in expr
+    assert 'unless on (namespace, pod) (sum by (namespace, pod) (increase(kvloop:feedback_decisions_total{knob="step_token_budget", reason!="at_min"}' in expr
+    assert rule["for"] == "30m" and rule["labels"]["severity"] == "warning"
+    assert "tpotP50Seconds" in rule["annotations"]["description"]
+    law = pytest.importorskip("kvloop.sidecar.law")
+    assert "step_token_budget" in getattr(law, "KNOBS", ("step_token_budget",))
+
+
 def test_promql_is_balanced():
     for expr in promql_exprs():
         for open_, close in ("()", "{}", "[]"):
@@ -98,7 +127,7 @@ def test_alerts_cover_the_required_signals():
     rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"]}
     for name in ("KvloopHighErrorRate", "KvloopP99TTFTHigh", "KvloopKVCacheNearlyFull", "KvloopQueueDepthHigh",
-                 "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale"):
+                 "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale", "KvloopStepBudgetAtMinimum"):
         assert name in alerts, name
         assert alerts[name]["annotations"]["summary"]
     assert alerts["KvloopKVCacheNearlyFull"]["for"] == "10m"

@@ -84,6 +84,60 @@ def test_feedback_invalid_and_missing_annotations():
     fb, health = aggregate_feedback([{"metadata": {"name": "c", "annotations": {C.FEEDBACK_ANNOTATION: json.dumps(good)}},
                                       "status": {"phase": "Running"}}], spec, now)
     assert health[0] is True and fb["hitRate"] == 0.5 and fb["convergedPods"] == 1
+    assert "stepTokenBudget" not in fb  # a sidecar from before the knob reports none
+
+
+def test_feedback_step_budget_aggregated_next_to_the_batch_cap():
+    spec = with_defaults({})
+    now = dt.datetime.now(dt.UTC)
+    ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def running(name, **extra):
+        value = {"batchCap": 8, "watermark": 0.2, "mode": "enforce", "updatedAt": ts, **extra}
+        return {"metadata": {"name": name, "annotations": {C.FEEDBACK_ANNOTATION: json.dumps(value)}},
+                "status": {"phase": "Running"}}
+
+    pods = [running("a", stepTokenBudget=512), running("b", stepTokenBudget=2048), running("old")]
+    fb, health = aggregate_feedback(pods, spec, now)
+    assert health[0] is True
+    assert fb["stepTokenBudget"] == {"min": 512, "max": 2048} and fb["batchCap"] == {"min": 8, "max": 8}
+    assert [p.get("stepTokenBudget") for p in fb["pods"]] == [512, 2048, None]
+    _, health = aggregate_feedback([running("bad", stepTokenBudget="lots")], spec, now)
+    assert health[:2] == (False, "InvalidAnnotation")
+
+
+def sidecar_yaml(spec) -> dict:
+    import yaml
+
+    cm = next(c for c in render_children("m", "ns", "u", spec) if c["kind"] == "ConfigMap")
+    return yaml.safe_load(cm["data"]["sidecar.yaml"])
+
+
+def test_sidecar_settings_carry_the_step_budget_tpot_objective_and_event_path():
+    default = sidecar_yaml({})
+    assert default["step_token_budget"] == {"min": 64, "max": 2048, "max_step": 256, "initial": 2048}
+    assert default["targets"] == {"ttft_p99_s": 2.0, "tpot_p50_s": 0.2, "max_queue_depth": 16}
+    assert default["event_path"] == {"enabled": True}
+    tuned = sidecar_yaml({"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
+                          "feedback": {"stepTokenBudget": {"min": 256, "max": 4096, "maxStep": 512},
+                                       "eventPath": {"enabled": False}, "targets": {"tpotP50Seconds": 0.05}}})
+    assert tuned["step_token_budget"] == {"min": 256, "max": 4096, "max_step": 512, "initial": 4096}
+    assert tuned["targets"]["tpot_p50_s"] == 0.05 and tuned["event_path"] == {"enabled": False}
+    # No chunked prefill: a prompt must fit one step, so the budget stays the engine's (>= maxModelLen).
+    whole = sidecar_yaml({"engine": {"maxModelLen": 4096, "scheduler": {"chunkedPrefill": False}}})
+    assert whole["step_token_budget"] == {"min": 4096, "max": 4096, "max_step": 256, "initial": 4096}
+
+
+@pytest.mark.parametrize("budget,message", [
+    ({"min": 4096, "max": 1024}, "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max (min 4096, max 1024)"),
+    ({"min": 8}, "feedback.stepTokenBudget.min must be at least 16 tokens (it is 8)"),
+    ({"maxStep": 0}, "feedback.stepTokenBudget.maxStep must be at least 1 (it is 0)"),
+    ({"max": 4096}, "must not exceed engine.scheduler.maxNumBatchedTokens, the engine's configured budget and the "
+                    "ceiling of the live one (max 4096; maxNumBatchedTokens 2048)"),
+])
+def test_invalid_step_budget_is_a_problem_that_names_the_values(budget, message):
+    found = problems(with_defaults({"feedback": {"stepTokenBudget": budget}}))
+    assert any(message in p for p in found), found
 
 
 def test_condition_transition_time_kept_when_status_unchanged():
@@ -158,7 +212,10 @@ async def test_entry_point_runs_operator_with_liveness(kube, tmp_path):
 
 
 @pytest.mark.parametrize("spec", [{}, {"feedback": {"mode": "observe", "intervalSeconds": 10,
-                                                    "batchCap": {"min": 4, "max": 128, "maxStep": 16}}}])
+                                                    "batchCap": {"min": 4, "max": 128, "maxStep": 16}}},
+                                  {"engine": {"scheduler": {"maxNumBatchedTokens": 4096}},
+                                   "feedback": {"stepTokenBudget": {"min": 128, "maxStep": 64},
+                                                "targets": {"tpotP50Seconds": 0.08}}}])
 def test_rendered_sidecar_config_parses_with_the_sidecar(spec):
     settings_mod = pytest.importorskip("kvloop.sidecar.settings", reason="sidecar settings not written yet")
     import yaml
@@ -170,6 +227,14 @@ def test_rendered_sidecar_config_parses_with_the_sidecar(spec):
     assert parsed.period_s == full["feedback"]["intervalSeconds"]
     assert parsed.batch_cap.max == full["feedback"]["batchCap"]["max"]
     assert parsed.annotation_key == C.FEEDBACK_ANNOTATION
+    if hasattr(parsed, "step_token_budget"):  # a sidecar that knows the knob
+        from kvloop.operator.step_budget import resolved
+
+        budget, want = parsed.step_token_budget, resolved(full)
+        assert (budget.min, budget.max, budget.max_step, budget.initial) == (
+            want["min"], want["max"], want["max_step"], want["initial"])
+        assert budget.max == full["engine"]["scheduler"]["maxNumBatchedTokens"]
+        assert parsed.tpot_p50_s == full["feedback"]["targets"]["tpotP50Seconds"]
 
 
 def test_owned_kinds_cover_every_rendered_kind():

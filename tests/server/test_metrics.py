@@ -17,7 +17,8 @@ KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:
           "kvloop:inter_token_latency_seconds", "kvloop:e2e_request_latency_seconds",
           "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
           "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-          "kvloop:cache_admissions_refused", "kvloop:eviction_regret", "kvloop:cache_config_info"]
+          "kvloop:cache_admissions_refused", "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret",
+          "kvloop:cache_config_info"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds"]
 

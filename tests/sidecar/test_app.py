@@ -12,7 +12,8 @@ from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.metrics import build_registry
 from kvloop.sidecar.settings import SettingsWatcher
 
-NAMES = {"kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_decisions",
+NAMES = {"kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_step_token_budget",
+         "kvloop:feedback_memory_max_batch_cap", "kvloop:feedback_decision_input", "kvloop:feedback_decisions",
          "kvloop:feedback_stale_reads", "kvloop:feedback_last_decision_timestamp_seconds"}
 
 
@@ -23,7 +24,8 @@ def test_registry_lists_names_without_a_coordinator():
 def test_endpoints(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
     coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
-    engine.publish(EngineSnapshot(num_waiting=0, num_running=1, kv_usage=0.1, batch_cap=8, watermark=0.25))
+    engine.publish(EngineSnapshot(num_waiting=0, num_running=1, kv_usage=0.1, batch_cap=8, watermark=0.25,
+                                  step_token_budget=512, step_token_budget_max=512))
     coord.sample()
     coord.tick()
     client = TestClient(build_app(coord))
@@ -35,9 +37,13 @@ def test_endpoints(tmp_path):
     assert 'kvloop:feedback_decisions_total{knob="watermark",reason="hysteresis"} 1.0' in text
     assert "kvloop:feedback_stale_reads_total 0.0" in text
     assert "kvloop:feedback_last_decision_timestamp_seconds" in text
-    status = client.get("/status", params={"limit": 5}).json()
-    assert status["mode"] == "enforce" and len(status["decisions"]) == 4
-    assert [d["reason"] for d in status["decisions"]][:2] == ["engine_start"] * 2
+    assert "kvloop:feedback_step_token_budget 512.0" in text
+    assert 'kvloop:feedback_decision_input{input="queue_depth",knob="batch_cap"} 0.0' in text
+    assert 'kvloop:feedback_decisions_total{knob="step_token_budget",reason="no_tpot_objective"} 1.0' in text
+    status = client.get("/status", params={"limit": 10}).json()
+    assert status["mode"] == "enforce" and len(status["decisions"]) == 6
+    assert [d["reason"] for d in status["decisions"]][:3] == ["engine_start"] * 3
+    assert status["step_token_budget"] == 512 and status["decisions"][3]["inputs"]["kv_use"] == 0.1
     assert status["snapshot"]["num_running"] == 1 and status["snapshot"]["ttft_p99_s"] is None
     dead = TestClient(build_app(coord, alive=lambda: False))
     assert dead.get("/healthz").status_code == 503

@@ -1,10 +1,11 @@
 """End to end: a real `kvloop serve` process and a real `kvloop sidecar` process share the control
-block under a load step from a client. With a 1 s period the batch cap moves within two periods and
-the engine applies it; the decisions show in /status and /metrics; killing the sidecar leaves the
+block under a load step from a client. The first request places the batch cap at the memory-derived
+maximum within a second or two (the event path) and the engine applies it; the decisions show in /status and /metrics; killing the sidecar leaves the
 engine serving on the last targets, then on its defaults after the staleness limit."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -95,7 +96,8 @@ def test_engine_and_sidecar_processes(tmp_path):
             body = {"model": model, "prompt": f"{prefix} Question {i}:", "max_tokens": 24, "temperature": 0}
             return httpx.post(f"{api}/v1/completions", json=body, timeout=120).status_code
 
-        assert ask(-1) == 200  # warm the prefill path up: a first slow step would hide the queue
+        sent = time.time()
+        assert ask(-1) == 200  # the first request: the cap is placed while it runs
         t0 = time.monotonic()
         with ThreadPoolExecutor(12) as pool:
             futures = [pool.submit(ask, i) for i in range(12)]
@@ -105,12 +107,14 @@ def test_engine_and_sidecar_processes(tmp_path):
             wait_for(lambda: control_show(control)["snapshot"]["batch_cap"] == raised["batch_cap"], 5)
             assert all(f.result() == 200 for f in futures)
         assert moved_after < 2 * 1 + 1.5  # two periods, plus the client's ramp (about 1 s here)
-        reasons = {d["reason"] for d in raised["decisions"] if d["knob"] == "batch_cap"}
-        assert "queued_kv_headroom" in reasons or "ttft_objective" in reasons
+        placed = [d for d in raised["decisions"] if d["knob"] == "batch_cap" and d["reason"] == "memory_derived_start"]
+        assert placed and placed[-1]["trigger"] == "event" and placed[-1]["inputs"]["footprint_blocks"] > 0
+        at = datetime.datetime.strptime(placed[-1]["at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+        assert at.timestamp() - sent < 2.5  # a sample (0.25 s here) after the first request runs, not a period
         # after the load, light load lowers the watermark within a few periods
         wait_for(lambda: httpx.get(f"{side}/status").json()["watermark"] < 0.3, 10)
         metrics = httpx.get(f"{side}/metrics").text
-        assert 'kvloop:feedback_decisions_total{knob="batch_cap",reason="queued_kv_headroom"}' in metrics
+        assert 'kvloop:feedback_decisions_total{knob="batch_cap",reason="memory_derived_start"} 1.0' in metrics
         assert 'reason="light_load"' in metrics
 
         # kill the sidecar: the engine keeps serving on the last targets, then its defaults

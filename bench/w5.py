@@ -1,0 +1,366 @@
+"""W5 (memory pressure with shifting phases, ../shared/WORKLOADS.md): the co-design against continuous+lru,
+the coordinator (its defaults, and a period sweep with the event path on) against a sweep of fixed batch caps
+through the same phases. Writes <name>.json (with a top-level `goals` list: issue 16's W5 goals computed from
+the numbers in the file), <name>.md and <name>.png (+ <name>_caps.png).
+
+Subcommands:
+- sim:      the simulator. --scale gpu (default): Llama-3.1-70B-FP8 on an H200 (profile h200-70b-fp8), one
+            simulated hour -> bench/results/w5_h200.*; --scale cpu: the CPU profile -> w5_sim_cpu.*
+- cpu:      the real engine (embedded SmolLM2-135M), CPU scale, one system at a time -> bench/results/w5_cpu.*
+- capacity: continuous+lru's capacity in each phase kind alone (the highest rate whose run keeps TTFT P99, or
+            with --ttft-pct 50 the median TTFT, <= --ttft-bound), by doubling then bisecting the rate; W5's
+            rates are 0.9x that. Writes bench/results/w5_capacity_<scale>_<engine>[_p50].json, which
+            `--phase-rates auto` (the P99 file) or `--phase-rates FILE` reads. The GPU defaults in
+            engine/bench/w5_workload.py come from the P50 (near-saturation) measurement: under the P99 SLO
+            the pool never binds and every system ties.
+- report:   re-renders <name>.md/.png from a <name>.json.
+
+    .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
+    .venv/bin/python bench/w5.py sim --phase-rates bench/results/w5_capacity_gpu_sim_p50.json --jobs 2
+    .venv/bin/python bench/w5.py capacity --scale cpu --engine real --ttft-pct 50   # quiet machine, ~1 h
+    .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
+    .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import shlex
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from kvloop.engine.bench import phases as ph
+from kvloop.engine.bench import w5_report
+from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
+from kvloop.engine.bench.w5_variants import (
+    FIXED_CAPS,
+    PERIODS,
+    coordinator_settings,
+    parse_variant,
+    sized,
+    w5_systems,
+)
+from kvloop.engine.bench.w5_workload import CHAT, RAG, W5_SCALES, parse_phase_rates, phases_of, w5
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORKLOAD = {"gpu": "w5-gpu", "cpu": "w5"}
+PROFILE = {"gpu": "h200-70b-fp8", "cpu": "cpu"}
+STEM = {("sim", "gpu"): "w5_h200", ("sim", "cpu"): "w5_sim_cpu", ("cpu", "cpu"): "w5_cpu"}
+HEADROOM = 0.9  # W5's rates: this share of continuous+lru's capacity in each phase alone
+
+
+def capacity_file(scale: str, engine: str) -> Path:
+    return RESULTS / f"w5_capacity_{scale}_{engine}.json"
+
+
+def resolve_rates(text: str | None, scale: str, engine: str) -> tuple[tuple[float, float], str]:
+    """(chat, rag) requests/s and how they were chosen."""
+    if text == "auto" or (text or "").endswith(".json"):
+        f = capacity_file(scale, engine) if text == "auto" else Path(text)
+        if not f.exists():
+            raise SystemExit(f"--phase-rates auto: {f} is missing (run `bench/w5.py capacity --scale {scale} "
+                             f"--engine {engine}` first)")
+        d = json.loads(f.read_text())
+        r = d["chosen_rates"]
+        return (r[CHAT], r[RAG]), (f"{HEADROOM:g} x continuous+lru's capacity in each phase alone, from {f.name}: "
+                                   f"{d['how']}")
+    rates = parse_phase_rates(text)
+    if rates:
+        return rates, "given on the command line (--phase-rates)"
+    p = W5_SCALES[WORKLOAD[scale]]
+    return (p.chat_rate, p.rag_rate), "the scale's defaults in engine/bench/w5_workload.py"
+
+
+def workload_kw(args) -> dict:
+    kw = {"seed": args.seed}
+    if args.duration:
+        kw["duration_s"] = args.duration
+    if args.phase:
+        kw["phase_s"] = args.phase
+    return kw
+
+
+# ---- the simulator -------------------------------------------------------------------------------------
+def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile_name: str,
+            calibration: str | None = None, sample_every_s: float = 1.0) -> dict:
+    """One system through W5 in the simulator -> its summary (runs in a worker process)."""
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.scenarios import sizing_for
+    from kvloop.engine.sim.simulator import SimConfig, Simulator
+    from kvloop.engine.sim.workload import BenchWorkload
+
+    t, cpu = time.perf_counter(), time.process_time()
+    wl = w5(WORKLOAD[scale], rates, **kw)
+    gc.collect()  # what earlier runs left in cycles, before the freeze keeps it
+    gc.freeze()  # the prompts live all run: keep the cyclic GC from walking them again and again
+    prof = get_profile(profile_name, calibration)
+    v = parse_variant(name)
+    sizing = sized(v, sizing_for(prof, wl.params.get("kv_cache_tokens")))
+    fb, events = coordinator_settings(v, None, max(FIXED_CAPS[scale]))
+    sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sizing, feedback=fb,
+                                                       sample_every_s=sample_every_s))
+    res = sim.run()
+    facts = {k: x for k, x in res["sim"].items() if k not in ("sizing", "cost")}
+    out = w5_report.run_summary(name, res["client"], res["server"], sim.rec.phase_report(phases_of(wl)),
+                                feedback=res.get("feedback"), event_path=events if fb is not None else None,
+                                sizing=asdict(sizing), sim=facts)
+    out["sim"].update(wall_s=time.perf_counter() - t, cpu_s=time.process_time() - cpu)
+    return out
+
+
+def run_sim(args, systems: list[str], rates, kw) -> dict[str, dict]:
+    jobs = [(n, args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration) for n in systems]
+    runs: dict[str, dict] = {}
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            for n, res in zip(systems, pool.map(sim_one, *zip(*jobs, strict=True)), strict=True):
+                runs[n] = res
+                log_run(res)
+    else:
+        for job in jobs:
+            runs[job[0]] = sim_one(*job)
+            log_run(runs[job[0]])
+    return runs
+
+
+def log_run(r: dict) -> None:
+    w = r["whole"]
+    kinds = " ".join(f"{k} {d['throughput_tok_s']:.0f} tok/s" for k, d in (r.get("by_kind") or {}).items())
+    extra = r.get("sim") or {}
+    print(f"{r['system']:28s} {w['output_throughput_tok_s']:9.1f} tok/s  TTFT p99 {w['ttft_p99_s']:7.2f} s  "
+          f"preempt {w['preemptions']:.0f}  [{kinds}]  "
+          f"({extra.get('cpu_s', r.get('wall_s', 0)):.0f} s)", file=sys.stderr, flush=True)
+
+
+# ---- the real engine -----------------------------------------------------------------------------------
+def engine_one(name: str, wl, sizing, args, slo: SLO) -> dict:
+    from kvloop.engine.bench.driver import run_workload
+    from kvloop.engine.bench.guard import NoiseGuard
+    from kvloop.engine.bench.w5_engine import variant_target
+
+    target, events = variant_target(name, sizing, args.threads, None, max(FIXED_CAPS["cpu"]))
+    try:
+        res = run_workload(wl, target, progress=not args.no_progress, timeout_s=args.timeout,
+                           guard=NoiseGuard(max_other_cores=args.max_other_cores))
+    finally:
+        target.close()
+    info = dict(res.info)
+    feedback = info.pop("feedback", None)
+    return w5_report.run_summary(name, client_metrics(res.records, slo), server_metrics(res.samples),
+                                 ph.report(res.records, res.samples, phases_of(wl), slo, timeline_every_s=1.0),
+                                 feedback=feedback,
+                                 event_path=events if feedback is not None else None, info=info,
+                                 noise={k: v for k, v in (res.noise.as_dict() if res.noise else {}).items()
+                                        if k != "series"}, wall_s=res.wall_s)
+
+
+def engine_sizing(wl):
+    from kvloop.engine.bench.sizing import Sizing
+
+    longest = max([len(r.prompt) + r.max_tokens for r in wl.requests] + [
+        len(s.system) + s.num_turns * (len(s.user_turns[0]) + s.reply_tokens) for s in wl.sessions] + [1])
+    return Sizing(kv_cache_tokens=wl.params["kv_cache_tokens"], max_context=(longest // 256 + 1) * 256)
+
+
+def run_engine(args, systems: list[str], rates, kw) -> dict[str, dict]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    slo = SLO(args.slo_ttft, args.slo_tpot)
+    runs = {}
+    for name in systems:
+        wl = w5(WORKLOAD["cpu"], rates, **kw)
+        runs[name] = engine_one(name, wl, engine_sizing(wl), args, slo)
+        log_run(runs[name])
+    return runs
+
+
+# ---- capacity ------------------------------------------------------------------------------------------
+def probe(kind: str, rate: float, args) -> dict:
+    """continuous+lru on W5 with every phase of `kind`, at `rate` requests/s."""
+    kw = {**workload_kw(args), "kinds": (kind,)}
+    kw["duration_s"] = args.probe_duration or 2 * (args.phase or W5_SCALES[WORKLOAD[args.scale]].phase_s)
+    rates = (rate, rate)
+    if args.engine == "sim":
+        r = sim_one("continuous+lru", args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration)
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        wl = w5(WORKLOAD["cpu"], rates, **kw)
+        r = engine_one("continuous+lru", wl, engine_sizing(wl), args, SLO(args.ttft_bound, args.tpot_bound or 1e9))
+    w = r["whole"]
+    meets = (not w["failed"] and _le(w[f"ttft_p{args.ttft_pct}_s"], args.ttft_bound)
+             and (args.tpot_bound is None or _le(w["tpot_p99_s"], args.tpot_bound)))
+    out = {"rate": rate, "meets": meets, **{k: w[k] for k in ("output_throughput_tok_s", "request_throughput_req_s",
+                                                              "ttft_p50_s", "ttft_p99_s", "tpot_p99_s", "failed",
+                                                              "preemptions", "kv_use_mean")}}
+    print(f"capacity probe {kind} {rate:.3f} req/s: TTFT p50 {w['ttft_p50_s']:.2f} s, p99 {w['ttft_p99_s']:.2f} s, "
+          f"{'meets' if meets else 'misses'}", file=sys.stderr, flush=True)
+    return out
+
+
+def _le(x, bound: float) -> bool:
+    return isinstance(x, int | float) and not math.isnan(x) and x <= bound
+
+
+def capacity_search(kind: str, start: float, iters: int, args) -> dict:
+    """The highest rate that meets the bound: double (or halve) from `start` until it is bracketed, then
+    bisect geometrically `iters` times."""
+    probes: dict[float, dict] = {}
+
+    def ok(rate: float) -> bool:
+        rate = round(rate, 4)
+        if rate not in probes:
+            probes[rate] = probe(kind, rate, args)
+        return probes[rate]["meets"]
+
+    lo = hi = None
+    rate = start
+    for _ in range(12):
+        if ok(rate):
+            lo = rate
+            if hi is not None:
+                break
+            rate *= 2
+        else:
+            hi = rate
+            if lo is not None:
+                break
+            rate /= 2
+    for _ in range(iters if lo and hi else 0):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return {"capacity_req_s": lo, "first_miss_req_s": hi,
+            "probes": [probes[r] for r in sorted(probes)]}
+
+
+def cmd_capacity(args) -> int:
+    starts = W5_SCALES[WORKLOAD[args.scale]]
+    found = {kind: capacity_search(kind, args.start or starts.rate(kind), args.iters, args) for kind in (CHAT, RAG)}
+    chosen = {k: round(HEADROOM * d["capacity_req_s"], 3) if d["capacity_req_s"] else None for k, d in found.items()}
+    dur = args.probe_duration or 2 * (args.phase or starts.phase_s)
+    how = (f"continuous+lru on each phase kind alone ({dur:g} s of arrivals, then the drain; "
+           f"{args.engine}), capacity = the highest rate with TTFT P{args.ttft_pct} <= {args.ttft_bound:g} s"
+           + (f" and TPOT P99 <= {args.tpot_bound:g} s" if args.tpot_bound else "")
+           + f" and no failures ({args.iters} bisections after bracketing); rates = {HEADROOM:g} x capacity")
+    out = {"scale": args.scale, "engine": args.engine, "how": how, "capacity": found, "chosen_rates": chosen,
+           "command": "bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+    path = Path(args.out) / capacity_file(args.scale, args.engine).name
+    if args.ttft_pct != 99:
+        path = path.with_name(f"{path.stem}_p{args.ttft_pct}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({"chosen_rates": chosen, "capacity": {k: d["capacity_req_s"] for k, d in found.items()}}))
+    print(f"use: --phase-rates {chosen[CHAT]},{chosen[RAG]}   ({path})")
+    return 0
+
+
+# ---- the comparison ------------------------------------------------------------------------------------
+def cmd_run(args) -> int:
+    engine = "sim" if args.cmd == "sim" else "real"
+    scale = args.scale if args.cmd == "sim" else "cpu"
+    args.scale = scale
+    rates, how = resolve_rates(args.phase_rates, scale, engine)
+    kw = workload_kw(args)
+    # the real engine's default leaves the period sweep out (issue 16 asks it of the simulator; 15 min each)
+    default = PERIODS if engine == "sim" else ()
+    periods = tuple(float(p) for p in args.periods.split(",") if p) if args.periods is not None else default
+    caps = tuple(int(c) for c in args.caps.split(",")) if args.caps else None
+    systems = args.systems.split(",") if args.systems else w5_systems(scale, periods, caps)
+    for s in systems:
+        parse_variant(s)  # fail before hours of running
+    probe_wl = w5(WORKLOAD[scale], rates, **kw)
+    t0 = time.time()
+    runs = run_sim(args, systems, rates, kw) if engine == "sim" else run_engine(args, systems, rates, kw)
+    p = probe_wl.params
+    meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale ({'simulator, ' if engine == 'sim' else ''}"
+                     f"{args.profile or PROFILE[scale] if engine == 'sim' else 'real engine, embedded SmolLM2-135M'})",
+            "workload": probe_wl.name, "engine": engine, "profile": (args.profile or PROFILE[scale]) if engine == "sim"
+            else "embedded SmolLM2-135M", "phase_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how,
+            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "requests": len(probe_wl.requests),
+            "sessions": len(probe_wl.sessions), "num_requests": probe_wl.num_requests,
+            "phases": p["phases"], "workload_params": {k: v for k, v in p.items() if k != "phases"},
+            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
+            "notes": args.note + [
+                "throughput: output tokens / makespan (first send to last finish); per phase: output tokens of the "
+                "requests that finished in the phase's window / the window (the last runs to the last finish)",
+                "latencies per phase: of the requests sent in it; server counters: deltas over the window",
+                "best fixed cap: the highest output throughput (ties: lower TTFT P99) among the codesign@capN runs"]}
+    if engine == "real":
+        from kvloop.engine.bench.machine import machine_info
+
+        meta["machine"] = machine_info()
+    report = w5_report.build(runs, meta, scale)
+    w5_report.write(report, Path(args.out), args.name or STEM[(args.cmd, scale)])
+    for g in report["goals"]:
+        print(json.dumps(g, default=str))
+    return 0
+
+
+def cmd_report(args) -> int:
+    path = Path(args.json)
+    report = json.loads(path.read_text())
+    report.update(w5_report.build(report["systems"], report["meta"], report["scale"]))
+    w5_report.write(report, path.parent, path.stem)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--phase-rates", default=None,
+                        help="'chat,rag' requests/s, 'auto' (bench/results/w5_capacity_<scale>_<engine>.json) or a "
+                             "capacity JSON written by `capacity`")
+    common.add_argument("--duration", type=float, default=None, help="seconds of phases (default: the scale's)")
+    common.add_argument("--phase", type=float, default=None, help="phase length s (default: 300 GPU, 120 CPU)")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--profile", default=None, help="simulator profile (default h200-70b-fp8 / cpu)")
+    common.add_argument("--calibration", default=None, help="CPU profile calibration JSON")
+    common.add_argument("--threads", type=int, default=2, help="real engine: torch threads")
+    common.add_argument("--timeout", type=float, default=None, help="real engine: per-run limit (s)")
+    common.add_argument("--max-other-cores", type=float, default=0.3)
+    common.add_argument("--no-progress", action="store_true")
+    common.add_argument("--slo-ttft", type=float, default=2.0)
+    common.add_argument("--slo-tpot", type=float, default=0.25)
+    common.add_argument("--out", default=str(RESULTS))
+    for name, helptext in (("sim", "the simulator"), ("cpu", "the real engine at CPU scale")):
+        p = sub.add_parser(name, parents=[common], help=helptext)
+        if name == "sim":
+            p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+            p.add_argument("--jobs", type=int, default=1, help="systems simulated in parallel processes")
+        p.add_argument("--systems", default=None, help="comma list of W5 system names (default: the whole set)")
+        p.add_argument("--periods", default=None, help="coordinator periods of the sweep with the event path on "
+                       "(default: sim 1,5,10,30,60; cpu none, '' none)")
+        p.add_argument("--caps", default=None, help="fixed caps (default GPU 16..512, CPU 4..64)")
+        p.add_argument("--name", default=None, help="file stem (default w5_h200 / w5_sim_cpu / w5_cpu)")
+        p.add_argument("--note", action="append", default=[])
+        p.set_defaults(func=cmd_run)
+    p = sub.add_parser("capacity", parents=[common], help="continuous+lru's capacity per phase kind")
+    p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument("--engine", choices=("sim", "real"), default="sim")
+    p.add_argument("--start", type=float, default=None, help="first rate tried (default: the scale's rate)")
+    p.add_argument("--iters", type=int, default=4, help="bisections after bracketing")
+    p.add_argument("--probe-duration", type=float, default=None, help="s of arrivals per probe (default 2 phases)")
+    p.add_argument("--ttft-bound", type=float, default=2.0)
+    p.add_argument("--ttft-pct", type=int, choices=(50, 99), default=99,
+                   help="99: WORKLOADS.md's capacity SLO; 50: near saturation (the median request barely queues)")
+    p.add_argument("--tpot-bound", type=float, default=None)
+    p.set_defaults(func=cmd_capacity)
+    p = sub.add_parser("report", help="re-render the markdown and plots of a W5 JSON")
+    p.add_argument("json")
+    p.set_defaults(func=cmd_report)
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

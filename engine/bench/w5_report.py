@@ -1,0 +1,300 @@
+"""W5's report (pure Python; matplotlib only for the plots): one summary per system (the simulator's and
+the real engine's runs alike), the best fixed cap over the whole run and per phase kind, issue 16's W5
+goals computed from the numbers in the file, a markdown page and PNG plots with the phases shaded."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from kvloop.engine.bench.goals import goal
+from kvloop.engine.bench.w5_variants import PERIODS, parse_variant
+
+CLIENT = ("output_throughput_tok_s", "request_throughput_req_s", "goodput_req_s", "ttft_p50_s", "ttft_p99_s",
+          "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "completed", "failed", "rejections", "duration_s",
+          "total_output_tokens", "cached_prompt_share")
+SERVER = ("preemptions", "oom_events", "server_rejections", "hit_rate_device", "hit_rate_host", "hit_rate_disk",
+          "hit_rate_total", "kv_use_mean", "kv_use_max", "kv_use_mean_while_waiting")
+BASELINE, CODESIGN, COORD = "continuous+lru", "codesign", "codesign+coord"
+# Issue 16's W5 goals per scale: (name, metric, system, against, op, bound). `against` is a system, or
+# "best fixed cap" (whole run) / "best fixed cap in <kind> phases"; metrics as in `_value`.
+GOALS = {
+    "gpu": (("codesign output throughput / continuous+lru", "throughput", CODESIGN, BASELINE, ">=", 1.3),
+            ("codesign TTFT P99 / continuous+lru", "ttft_p99", CODESIGN, BASELINE, "<=", 0.5),
+            ("codesign+coord output throughput / best fixed cap (whole run)", "throughput", COORD, "best", ">=", 1.15),
+            ("codesign+coord chat-phase throughput / best fixed cap in chat phases", "chat_throughput", COORD,
+             "best:chat", ">=", 0.9),
+            ("codesign+coord RAG-phase throughput / best fixed cap in RAG phases", "rag_throughput", COORD,
+             "best:rag", ">=", 0.9)),
+    "cpu": (("codesign output throughput / continuous+lru", "throughput", CODESIGN, BASELINE, ">=", 1.2),
+            ("codesign TTFT P99 / continuous+lru", "ttft_p99", CODESIGN, BASELINE, "<=", 0.6),
+            ("codesign+coord chat-phase throughput / best fixed cap in chat phases", "chat_throughput", COORD,
+             "best:chat", ">=", 0.9),
+            ("codesign+coord RAG-phase throughput / best fixed cap in RAG phases", "rag_throughput", COORD,
+             "best:rag", ">=", 0.9)),
+}
+
+
+def run_summary(system: str, client: dict, server: dict, phase_report: dict, **extra) -> dict:
+    """One system's run in the file's shape: whole-run numbers, phases, phases by kind, timeline, extras."""
+    whole = {k: client.get(k) for k in CLIENT}
+    whole.update({k: server.get(k) for k in SERVER})
+    return {"system": system, "whole": whole, **phase_report, **extra}
+
+
+def _value(run: dict | None, metric: str) -> float | None:
+    if run is None:
+        return None
+    w = run["whole"]
+    if metric == "throughput":
+        return w["output_throughput_tok_s"]
+    if metric == "ttft_p99":
+        return w["ttft_p99_s"]
+    kind = metric.removesuffix("_throughput")
+    return (run.get("by_kind") or {}).get(kind, {}).get("throughput_tok_s")
+
+
+def _ok(x) -> bool:
+    return isinstance(x, int | float) and not math.isnan(x)
+
+
+def fixed_cap_runs(runs: dict[str, dict]) -> dict[str, dict]:
+    return {n: r for n, r in runs.items() if parse_variant(n).cap}
+
+
+TIE = 0.005  # throughputs this close (relative) tie; the lower TTFT P99 then wins
+
+
+def _pick(scored: list[tuple[float, float | None, str]]) -> tuple[float, str]:
+    """(throughput, system) of the best of (throughput, TTFT P99, system): highest throughput, within TIE the
+    lowest TTFT P99."""
+    top = max(x[0] for x in scored)
+    tied = [x for x in scored if x[0] >= top * (1 - TIE)]
+    v, _, name = min(tied, key=lambda x: (x[1] if _ok(x[1]) else math.inf, -x[0]))
+    return v, name
+
+
+def best_fixed(runs: dict[str, dict]) -> dict:
+    """The fixed cap with the highest output throughput over the whole run and in each phase kind (by the
+    phases' window throughput); near-ties (TIE) go to the lower P99 TTFT."""
+    fixed = fixed_cap_runs(runs)
+    kinds = list(dict.fromkeys(k for r in fixed.values() for k in (r.get("by_kind") or {})))
+    out: dict = {}
+    for key in ["whole", *kinds]:
+        metric = "throughput" if key == "whole" else f"{key}_throughput"
+        scored = []
+        for name, r in fixed.items():
+            v = _value(r, metric)
+            ttft = r["whole"]["ttft_p99_s"] if key == "whole" else r["by_kind"][key].get("ttft_p99_s")
+            if _ok(v):
+                scored.append((v, ttft, name))
+        if scored:
+            v, name = _pick(scored)
+            out[key] = {"system": name, "cap": parse_variant(name).cap, "throughput_tok_s": v}
+    return out
+
+
+def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
+    """Phase by phase: the fixed cap with the highest window throughput (ties: lower TTFT P99)."""
+    fixed = {n: r for n, r in fixed_cap_runs(runs).items() if r.get("phases")}
+    if not fixed:
+        return []
+    out = []
+    for i, ph in enumerate(next(iter(fixed.values()))["phases"]):
+        scored = [(p["throughput_tok_s"], p["ttft_p99_s"], n)
+                  for n, r in fixed.items() if i < len(r["phases"]) and _ok((p := r["phases"][i])["throughput_tok_s"])]
+        if scored:
+            v, name = _pick(scored)
+            out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": parse_variant(name).cap,
+                        "throughput_tok_s": v})
+    return out
+
+
+def goals(runs: dict[str, dict], scale: str) -> list[dict]:
+    best = best_fixed(runs)
+    out = []
+    for name, metric, system, against, op, bound in GOALS[scale]:
+        if against.startswith("best"):
+            key = against.partition(":")[2] or "whole"
+            ref = runs.get(best[key]["system"]) if key in best else None
+            ref_name = best[key]["system"] if key in best else "no fixed-cap run"
+        else:
+            ref, ref_name = runs.get(against), against
+        a, b = _value(runs.get(system), metric), _value(ref, metric)
+        if not (_ok(a) and _ok(b) and b):
+            out.append(goal(name, None, op, bound, status="not run", systems=[system, ref_name]))
+            continue
+        out.append(goal(name, a / b, op, bound, systems=[system, ref_name], values=[a, b]))
+    if scale == "gpu":
+        oom = [x for r in runs.values() if _ok(x := r["whole"].get("oom_events"))]
+        out.append(goal("OOM events, every run", sum(oom) if oom else None, "<=", 0))
+        swept = sorted({v.period_s for n in runs if (v := parse_variant(n)).coordinator and v.period_s
+                        and runs[n].get("event_path")})
+        out.append(goal("coordinator periods swept with the event path on (1, 5, 10, 30, 60 s)",
+                        len([p for p in swept if p in PERIODS]), ">=", len(PERIODS), periods=swept))
+    return out
+
+
+def build(runs: dict[str, dict], meta: dict, scale: str) -> dict:
+    return {"meta": meta, "scale": scale, "systems": runs, "best_fixed_cap": best_fixed(runs),
+            "best_fixed_cap_per_phase": best_fixed_per_phase(runs), "goals": goals(runs, scale)}
+
+
+# ---- markdown -----------------------------------------------------------------------------------------
+def _f(x, digits: int = 2, scale: float = 1.0) -> str:
+    return f"{x * scale:.{digits}f}" if _ok(x) else "—"
+
+
+def _hits(d: dict) -> str:
+    return "/".join(_f(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
+
+
+def markdown(report: dict, plots: list[str]) -> str:
+    m, runs = report["meta"], report["systems"]
+    lines = [f"# {m.get('title', 'W5')}", ""] + ([m["summary"], ""] if m.get("summary") else []) + [
+        "| | |", "|---|---|"]
+    for k in ("workload", "profile", "phase_rates", "phase_s", "duration_s", "requests", "sessions", "sizing",
+              "rates_how"):
+        if k in m:
+            lines.append(f"| {k} | {json.dumps(m[k], default=str) if isinstance(m[k], dict | list) else m[k]} |")
+    lines += ["", "## Whole run", "",
+              "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | preempt | OOM | "
+              "hit dev/host/disk | KV use mean | failed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        w = r["whole"]
+        lines.append(f"| {name} | {_f(w['output_throughput_tok_s'], 1)} | {_f(w['request_throughput_req_s'], 3)} | "
+                     f"{_f(w['ttft_p50_s'])} | {_f(w['ttft_p99_s'])} | {_f(w['tpot_p50_s'], 0, 1000)} | "
+                     f"{_f(w['tpot_p99_s'], 0, 1000)} | {_f(w['preemptions'], 0)} | {_f(w['oom_events'], 0)} | "
+                     f"{_hits(w)} | {_f(w['kv_use_mean'])} | {_f(w['failed'], 0)} |")
+    lines += ["", "## Per phase kind (all phases of a kind pooled)", "",
+              "| system | phase | out tok/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | preempt | "
+              "hit dev/host/disk | KV use mean |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        for kind, d in (r.get("by_kind") or {}).items():
+            lines.append(f"| {name} | {kind} | {_f(d['throughput_tok_s'], 1)} | {_f(d['ttft_p50_s'])} | "
+                         f"{_f(d['ttft_p99_s'])} | {_f(d['tpot_p50_s'], 0, 1000)} | {_f(d['tpot_p99_s'], 0, 1000)} | "
+                         f"{_f(d['preemptions'], 0)} | {_hits(d)} | {_f(d['kv_use_mean'])} |")
+    best = report["best_fixed_cap"]
+    fixed = fixed_cap_runs(runs)
+    if fixed:
+        kinds = [k for k in best if k != "whole"]
+        lines += ["", "## Fixed caps through the same phases (coordinator off)", "",
+                  "| system | whole out tok/s | " + " | ".join(f"{k} tok/s" for k in kinds) + " | TTFT p99 s | preempt |",
+                  "|---|---|" + "---|" * len(kinds) + "---|---|"]
+        for name, r in [*fixed.items(), *((n, runs[n]) for n in runs if parse_variant(n).coordinator)]:
+            cells = [_f(_value(r, "throughput"), 1) + (" **best**" if best.get("whole", {}).get("system") == name
+                                                       else "")]
+            cells += [_f(_value(r, f"{k}_throughput"), 1) + (" **best**" if best[k]["system"] == name else "")
+                      for k in kinds]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f(r['whole']['ttft_p99_s'])} | "
+                         f"{_f(r['whole']['preemptions'], 0)} |")
+        lines += ["", "Best fixed cap: " + ", ".join(f"{k}: cap {v['cap']} ({_f(v['throughput_tok_s'], 1)} tok/s)"
+                                                    for k, v in best.items())]
+        per = report.get("best_fixed_cap_per_phase") or []
+        if per:
+            lines += ["", "Best fixed cap phase by phase: " + ", ".join(f"{p['index']} {p['kind']}: {p['cap']}"
+                                                                      for p in per)]
+    coord = {n: r for n, r in runs.items() if parse_variant(n).coordinator}
+    if coord:
+        lines += ["", "## Coordinator runs", "",
+                  "| system | period s | event path | decisions changed | final cap | final watermark |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in coord.items():
+            fb = r.get("feedback") or {}
+            lines.append(f"| {name} | {fb.get('period_s', '—')} | {r.get('event_path')} | "
+                         f"{len(fb.get('changes') or [])} | {fb.get('final_batch_cap', '—')} | "
+                         f"{fb.get('final_watermark', '—')} |")
+    main = [n for n in (BASELINE, CODESIGN, COORD) if n in runs]
+    if main and runs[main[0]].get("phases"):
+        lines += ["", "## Phase by phase (out tok/s in the window; TTFT p99 s of the requests sent in it)", "",
+                  "| phase | " + " | ".join(main) + " |", "|---|" + "---|" * len(main)]
+        for i, ph in enumerate(runs[main[0]]["phases"]):
+            cells = []
+            for n in main:
+                p = runs[n]["phases"][i] if i < len(runs[n].get("phases") or []) else {}
+                cells.append(f"{_f(p.get('throughput_tok_s'), 1)} / {_f(p.get('ttft_p99_s'))}")
+            lines.append(f"| {ph['index']} {ph['kind']} ({ph['start_s']:.0f}-{ph['end_s']:.0f} s) | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "## Goals", ""] + ["- " + json.dumps(g, default=str) for g in report["goals"]]
+    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    for section in ("notes", "commands"):
+        if m.get(section):
+            lines += ["", f"## {section.capitalize()}", ""]
+            lines += [f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]]
+    return "\n".join(lines) + "\n"
+
+
+# ---- plots --------------------------------------------------------------------------------------------
+def _shade(ax, phases: list[dict]) -> None:
+    for p in phases:
+        if p["kind"] != "chat":
+            ax.axvspan(p["start_s"], p["end_s"], color="0.9", lw=0)
+
+
+def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: writing the report without plots", file=sys.stderr)
+        return []
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs, plan = report["systems"], report["meta"].get("phases") or []
+    files = []
+    shown = [n for n in runs if not parse_variant(n).cap]  # fixed caps are flat lines: in the second plot
+    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+    panels = (("batch_cap", "batch cap"), ("watermark", "retention watermark"),
+              ("step_token_budget", "step token budget"), ("kv_use", "device KV use"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        _shade(ax, plan)
+        for n in shown:
+            tl = runs[n].get("timeline") or {}
+            ys = tl.get(key) or []
+            pts = [(t, y) for t, y in zip(tl.get("t") or [], ys, strict=False) if y is not None]
+            if pts:
+                thin = parse_variant(n).period_s is not None
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.7 if thin else 1.4, label=n,
+                        alpha=0.6 if thin else 1.0)
+        ax.set_ylabel(label)
+        if key == "step_token_budget" and not ax.lines:
+            ax.text(0.5, 0.5, "not in the engine snapshot in this run", transform=ax.transAxes, ha="center")
+    axes[0].legend(fontsize=7, ncol=3, loc="upper right")
+    axes[-1].set_xlabel("seconds (shaded: RAG phases)")
+    fig.suptitle(report["meta"].get("title", "W5"))
+    fig.tight_layout()
+    p = out_dir / f"{stem}.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    files.append(str(p))
+    fixed = fixed_cap_runs(runs)
+    if fixed:
+        kinds = [k for k in report["best_fixed_cap"] if k != "whole"]
+        caps = [parse_variant(n).cap for n in fixed]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for key in ["whole", *kinds]:
+            metric = "throughput" if key == "whole" else f"{key}_throughput"
+            line = ax.plot(caps, [_value(r, metric) for r in fixed.values()], marker="o", label=f"fixed cap: {key}")
+            if COORD in runs:
+                ax.axhline(_value(runs[COORD], metric), color=line[0].get_color(), ls="--", lw=1,
+                           label=f"{COORD}: {key}")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="fixed batch cap", ylabel="output tokens/s", title="Fixed caps through W5's phases")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out_dir / f"{stem}_caps.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        files.append(str(p))
+    return files
+
+
+def write(report: dict, out_dir: Path, stem: str) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = plots(report, out_dir, stem)
+    report["plots"] = [Path(p).name for p in pngs]
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out_dir / f"{stem}.md").write_text(markdown(report, pngs))
+    return report

@@ -1,0 +1,186 @@
+"""The shapes of a decode step's cascade plan, kept up to date across steps (pure Python).
+
+The scheduler (pricing past the cap) and the simulator (pricing every step) need only each cascaded
+group's (members, shared tokens), in the plan's order, and near saturation the decode set changes every
+step, so the runner's CascadePlanner would build a plan from scratch every step: a walk over every row's
+block table. `ShapePlanner` gives exactly `group_shapes(build_plan(...))` instead from a radix tree over the
+rows' full blocks that it updates for the rows that changed since the last plan (joined, left, or grew a
+block; a row's blocks are compared with what the tree holds, in C, except those the caller says cannot have
+changed: committed ones), then reads the groups off its nodes with two or more rows. The `common` scope
+(only the prefix every row shares) needs no tree: build_plan looks at each row once.
+
+Why the tree gives build_plan's plan: build_plan extends a node of rows R at depth d to the longest run of
+full blocks all of R hold alike, stopping where a row's full blocks end, and splits the rows that go on by
+their next block; the tree keeps exactly those nodes (an edge ends where its rows part or one of them ends,
+and a node that neither parts nor ends any row is merged with its only child). Groups are then the same
+nodes under the same cost gate; they are ordered as build_plan orders them, by first token and then by
+their first row (groups starting at the same token never share a row). Like CascadePlanner, a plan is
+reused while the key (the decode set) is unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from itertools import repeat
+
+from kvloop.engine.runner.cascade_plan import Worth, build_plan, common_run
+
+
+class _Node:
+    __slots__ = ("start", "end", "edge", "rows", "ends", "children")
+
+    def __init__(self, start: int, edge: list[int], rows: set, ends: set, children: dict | None = None):
+        self.start, self.end, self.edge = start, start + len(edge), edge  # blocks [start, end), their ids
+        self.rows = rows  # every row whose full blocks pass through start (its subtree's rows)
+        self.ends = ends  # the rows whose full blocks end at `end`
+        self.children: dict[int, _Node] = children if children is not None else {}  # by the block at `end`
+
+
+class ShapePlanner:
+    """plan(key, tables, context_lens) -> [(members, shared tokens)], as CascadePlanner.plan then
+    StepCost.group_shapes; key: one hashable identity per row (a row whose blocks changed in place is
+    compared anew)."""
+
+    def __init__(self, block_size: int, worth: Worth, nested: bool = True):
+        self.block_size = block_size
+        self.worth = worth
+        self.nested = nested
+        self._key: tuple | None = None
+        self._shapes: list[tuple[int, int]] = []
+        self._full: dict[Hashable, list[int]] = {}  # each row's full blocks, as the tree holds them
+        self._sealed: set[Hashable] = set()  # rows whose held blocks cannot change (see plan's `fixed`)
+        self._end: dict[Hashable, _Node] = {}  # the node each row's blocks end at
+        self._root = _Node(0, [], set(), set())
+        self.builds = 0
+
+    def plan(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
+             fixed: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """fixed: per row, how many of its first blocks stay as they are while it keeps its identity (the KV
+        manager's committed blocks); those are not compared again. None: every held block is compared."""
+        if key == self._key:
+            return self._shapes
+        self._key = key
+        self.builds += 1
+        position = dict(zip(key, range(len(key)), strict=True))
+        if not self.nested or len(position) != len(key):
+            # the prefix common to every row alone (one look at each row), or two rows with one identity
+            self._full, self._sealed, self._end = {}, set(), {}
+            self._root = _Node(0, [], set(), set())
+            plan = build_plan(tables, context_lens, self.block_size, self.worth, self.nested)
+            self._shapes = [] if plan is None else [(len(g.rows), g.num_tokens) for g in plan.groups]
+            return self._shapes
+        self._update(key, tables, context_lens, fixed)
+        self._shapes = self._groups(position)
+        return self._shapes
+
+    # ---- the tree ---------------------------------------------------------------------------------
+    def _update(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
+                fixed: Sequence[int] | None) -> None:
+        bs, held, sealed = self.block_size, self._full, self._sealed
+        for row in held.keys() - key:  # rows that left
+            self._remove(row, held.pop(row))
+            sealed.discard(row)
+        for row, table, n, fix in zip(key, tables, context_lens, fixed or repeat(0, len(key)), strict=True):
+            full = (n - 1) // bs if n > 0 else 0  # blocks filled before the step (build_plan's)
+            old = held.get(row)
+            if old is None:
+                held[row] = blocks = list(table[:full])
+                self._insert(row, blocks)
+            else:
+                have = len(old)
+                if full != have or (row not in sealed and table[:have] != old):
+                    if have < full and (row in sealed or table[:have] == old) and self._grow(row, table, full):
+                        pass  # its own leaf grew
+                    else:
+                        self._remove(row, old)
+                        held[row] = blocks = list(table[:full])
+                        self._insert(row, blocks)
+            if fix >= full:
+                sealed.add(row)
+            else:
+                sealed.discard(row)
+
+    def _grow(self, row: Hashable, table: Sequence[int], full: int) -> bool:
+        """Extends a row that ends alone at a leaf of its own (its blocks so far unchanged): the leaf's edge
+        takes its new blocks. False: it ends elsewhere (the caller removes and inserts it)."""
+        leaf = self._end[row]
+        if len(leaf.rows) > 1 or leaf.children:
+            return False
+        blocks = self._full[row]
+        new = table[len(blocks) : full]
+        blocks += new
+        leaf.edge += new
+        leaf.end = full
+        return True
+
+    def _insert(self, row: Hashable, blocks: list[int]) -> None:
+        node = self._root
+        if not node.rows:
+            self._root = self._end[row] = _Node(0, blocks[:], {row}, {row})
+            return
+        while True:
+            stop = min(node.end, len(blocks))
+            matched = node.start + common_run(node.edge, 0, blocks, node.start, stop - node.start)
+            if matched < node.end:
+                self._split(node, matched)
+            node.rows.add(row)
+            if len(blocks) == node.end:
+                node.ends.add(row)
+                self._end[row] = node
+                return
+            child = node.children.get(blocks[node.end])
+            if child is None:
+                leaf = node.children[blocks[node.end]] = _Node(node.end, blocks[node.end :], {row}, {row})
+                self._end[row] = leaf
+                return
+            node = child
+
+    def _split(self, node: _Node, at: int) -> None:
+        """Cuts node's edge at `at`: the rest, with node's children and ending rows, becomes its only child."""
+        cut = at - node.start
+        tail = _Node(at, node.edge[cut:], set(node.rows), node.ends, node.children)
+        node.edge, node.end, node.ends, node.children = node.edge[:cut], at, set(), {tail.edge[0]: tail}
+        for row in tail.ends:
+            self._end[row] = tail
+
+    def _remove(self, row: Hashable, blocks: list[int]) -> None:
+        del self._end[row]
+        path = []
+        node = self._root
+        while True:
+            path.append(node)
+            node.rows.discard(row)
+            if len(blocks) == node.end:
+                node.ends.discard(row)
+                break
+            node = node.children[blocks[node.end]]
+        for i in range(len(path) - 1, -1, -1):
+            node = path[i]
+            if not node.rows:
+                if i:
+                    del path[i - 1].children[node.edge[0]]
+                else:
+                    self._root = _Node(0, [], set(), set())
+            elif not node.ends and len(node.children) == 1:  # nobody parts or ends here: one node with its child
+                (child,) = node.children.values()
+                node.edge, node.end = node.edge + child.edge, child.end
+                node.ends, node.children = child.ends, child.children
+                for moved in node.ends:
+                    self._end[moved] = node
+
+    # ---- the plan ---------------------------------------------------------------------------------
+    def _groups(self, position: dict) -> list[tuple[int, int]]:
+        bs, worth = self.block_size, self.worth
+        found: list[tuple[int, int, int, int]] = []  # (first token, first row, members, tokens)
+        stack = [(self._root, 0)]
+        while stack:
+            node, covered = stack.pop()
+            members = len(node.rows)
+            if members < 2:
+                continue
+            if node.end > covered and worth(members, (node.end - covered) * bs):
+                found.append((covered * bs, min(map(position.__getitem__, node.rows)), members,
+                              (node.end - covered) * bs))
+                covered = node.end
+            stack.extend((child, covered) for child in node.children.values() if len(child.rows) > 1)
+        found.sort()
+        return [(members, tokens) for _, _, members, tokens in found]

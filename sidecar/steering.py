@@ -1,0 +1,69 @@
+"""Snapshots in, decisions out: the period window, the event window (the last two samples) and the law.
+
+No I/O and no clock of its own (sample times are passed in), so the sidecar's coordinator and the
+simulator's virtual one steer the same way; they differ only in where records come from and where the
+targets go."""
+
+from __future__ import annotations
+
+from kvloop.engine.control.records import ControlRecord
+from kvloop.sidecar.law import KNOBS, ControlLaw, Decision, Observation
+from kvloop.sidecar.observe import PeriodWindow, start_cap
+from kvloop.sidecar.settings import Settings
+
+
+class Steering:
+    def __init__(self, settings: Settings):
+        self.law = ControlLaw(settings)
+        self.window = PeriodWindow()
+        self.last: ControlRecord | None = None  # the previous sample (the event window's start)
+        self.last_obs: Observation | None = None  # the last period's observation
+
+    def start(self, rec: ControlRecord, first: bool) -> list[Decision]:
+        """A new engine start: back to the initial targets, the period and event windows started over."""
+        old = self.law.targets()
+        law = self.law
+        cap0 = start_cap(rec, law.fill)
+        law.reset(engine_cap=rec.batch_cap, engine_watermark=rec.watermark, engine_budget=rec.step_token_budget,
+                  start_cap=cap0, budget_ceiling=rec.step_token_budget_max)
+        self.window, self.last = PeriodWindow(), None
+        inputs = {"engine_batch_cap": rec.batch_cap, "start_cap": cap0, "pool_blocks": rec.kv_blocks_total,
+                  "max_model_len": rec.max_model_len, "engine_watermark": round(rec.watermark, 4),
+                  "engine_step_token_budget": rec.step_token_budget,
+                  "step_token_budget_max": rec.step_token_budget_max}
+        reason = "engine_start" if first else "engine_restart"
+        return [Decision(k, o, n, reason, inputs, trigger="start")
+                for k, o, n in zip(KNOBS, old, law.targets(), strict=True)]
+
+    def sample(self, rec: ControlRecord, now: float, events: bool = True) -> list[Decision]:
+        """Adds a sample to the period; with `events`, the event path looks at it and the one before. A change
+        there starts the period window over at this sample, so the next periodic decision judges what followed
+        (a preemption burst is not punished twice)."""
+        prev, self.last = self.last, rec
+        self.window.add(rec)
+        if not events:
+            return []
+        short = PeriodWindow(prev or rec)  # the first sample of a start: no counter deltas, but its footprint
+        short.add(rec)
+        decisions = self.law.event(short.observation(), now)
+        if any(d.changed for d in decisions):  # counters from this sample on; its gauges count
+            self.window = PeriodWindow(rec)
+            self.window.add(rec)
+        return decisions
+
+    def tick(self) -> list[Decision]:
+        """Ends a period: a decision per knob (holds when the period had no sample)."""
+        obs = self.window.observation()
+        self.window = self.window.next()
+        if obs is None:
+            return self.hold("no_samples")
+        self.last_obs = obs
+        return self.law.decide(obs)
+
+    def skip(self) -> None:
+        """Ends a period without deciding (mode off)."""
+        self.window = self.window.next()
+
+    def hold(self, reason: str) -> list[Decision]:
+        """A decision per knob that keeps its value (e.g. the snapshot is stale)."""
+        return [Decision(k, v, v, reason) for k, v in zip(KNOBS, self.law.targets(), strict=True)]

@@ -1,0 +1,133 @@
+"""The heat gate under pressure (DESIGN §2, issue 16): every full block is cached on the device at once;
+blocks that have not earned their place are evicted first (two classes over GCLOCK, leaves first); the
+copy to host is lazy (on eviction, for blocks offered twice); protected prefixes cool with protected
+traffic only; the retention watermark keeps back earned blocks only; hits count once per request."""
+
+from __future__ import annotations
+
+from kv_helpers import ONE_TOKEN, fake_manager, serve
+
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.kv.eviction import LRU, GClock
+from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.kv.two_class import TwoClass
+from kvloop.engine.scheduler.sequence import Sequence
+
+BS = 16
+HOT = list(range(1000, 1000 + 8 * BS))
+OTHER = list(range(3000, 3000 + 8 * BS))
+
+
+def make(blocks: int = 32, **kw) -> KVCacheManager:
+    kw.setdefault("host_cache_tokens", 0)
+    kw.setdefault("watermark", 0.0)
+    return fake_manager(blocks, BS, KVConfig(mode="codesign", **kw), "fp")
+
+
+def one_off(i: int, n: int = 8 * BS) -> list[int]:
+    return [50000 + i * 1000 + j for j in range(n)]
+
+
+def make_hot(kv: KVCacheManager, prefix: list[int], tag: str) -> None:
+    for i in range(3):  # three distinct requests: the prefix earns its place
+        serve(kv, f"{tag}{i}", prefix + [7, i])
+
+
+def test_two_class_order_evicts_probation_first_leaves_first_and_keeps_plain_orders_single_class():
+    two = TwoClass(GClock(3))
+    for slot in range(4):
+        two.add(slot, earned=True)
+    for slot in (4, 5):
+        two.add(slot, earned=False)
+    assert len(two) == 6 and two.num_earned == 4 and 5 in two
+    assert two.victim(lambda s: s != 4) == 5  # probation first; 4 is not a leaf (has children)
+    assert two.victim(lambda s: s != 4) == 0  # no evictable probation block left: the protected order's pick
+    assert two.victim(lambda s: True) == 4
+    two.add(1, earned=False)  # reclassified when it becomes evictable again
+    assert two.num_earned == 2 and two.victim(lambda s: True) == 1
+    lru = LRU()
+    lru.add(0, earned=False)
+    assert lru.num_earned == 1  # a single-class order ignores the class
+
+
+def test_protected_blocks_cool_with_protected_traffic_only():
+    two = TwoClass(GClock(3))
+    for slot in range(4):
+        two.add(slot)
+    for _ in range(3):
+        two.hit(2)  # three hits of credit
+    two.cool(100)  # at most once round: everything without credit goes back to probation
+    assert two.num_earned == 1 and two.cooled == 3 and two.is_earned(2)
+    two.cool(2)  # at most once round again: one credit
+    two.cool(1)  # slot 2 has spent its credit (one went in each round)
+    assert two.is_earned(2)
+    two.cool(1)
+    assert two.num_earned == 0 and two.cooled == 4
+
+
+def test_blocks_below_the_gate_are_cached_while_there_is_room():
+    kv = make(admit_min_requests=3)
+    serve(kv, "a", HOT + [1])
+    assert kv.num_cached_blocks == 8 and kv.policy.num_earned == 0  # cached, on probation
+    assert serve(kv, "b", HOT + [2]) == len(HOT)  # the second request hits on the device
+    serve(kv, "c", HOT + [3])
+    assert kv.policy.num_earned == 8 and kv.stats.evictions == kv.stats.admissions_refused == 0
+
+
+def test_one_offs_cannot_cool_a_hot_prefix_but_other_protected_traffic_does():
+    kv = make(blocks=40)
+    make_hot(kv, HOT, "hot")
+    for i in range(30):  # a flood of one-offs: probation churns, the hot prefix keeps its credit
+        serve(kv, f"oneoff{i}", one_off(i))
+    assert all(kv.policy.is_earned(kv.index.slot_of(h)) for h in kv.keys(Sequence("p", HOT + [1], ONE_TOKEN)))
+    make_hot(kv, OTHER, "other")
+    for i in range(6):  # another prefix keeps being used: HOT, unused meanwhile, cools
+        serve(kv, f"other-again{i}", OTHER + [8, i])
+    hot_blocks = [kv.index.slot_of(h) for h in kv.keys(Sequence("p", HOT + [1], ONE_TOKEN))]
+    assert kv.policy.cooled >= 8 and not any(kv.policy.is_earned(b) for b in hot_blocks if b is not None)
+    for i in range(3):  # pressure now takes the cooled prefix before the one in use
+        serve(kv, f"late{i}", one_off(100 + i))
+    assert serve(kv, "other-last", OTHER + [9]) == len(OTHER)
+
+
+def test_the_host_copy_is_lazy_and_needs_two_offers():
+    kv = make(blocks=16, host_cache_tokens=64 * BS)
+    serve(kv, "once", one_off(1))  # offered once
+    serve(kv, "twice-a", HOT + [1])
+    serve(kv, "twice-b", HOT + [2])  # offered twice
+    assert kv.host.num_used == 0 and kv.stats.demotions_host == 0  # nothing copied while on the device
+    serve(kv, "flood", one_off(2, 16 * BS))  # evicts all: only the twice-offered blocks are copied down
+    assert kv.stats.evictions == 16 and kv.stats.demotions_host == 8 and kv.host.num_used == 8
+    assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)
+    kv.mover.check([])
+
+
+def test_the_watermark_keeps_back_earned_blocks_only_and_lets_go_when_they_cool():
+    kv = make(blocks=32, watermark=0.5)
+    make_hot(kv, HOT, "hot")  # 8 earned blocks
+    serve(kv, "junk", one_off(1, 16 * BS))  # 16 blocks on probation
+    holder = Sequence("holder", one_off(2, 4 * BS), ONE_TOKEN)
+    assert kv.allocate(holder, 4 * BS)  # someone else holds blocks now: the watermark applies
+    assert kv.num_allocatable_blocks == kv.pool.num_free + 16 == 20  # probation: all; earned: kept (8 < 16)
+    big = Sequence("big", one_off(3, 21 * BS), ONE_TOKEN)
+    assert not kv.allocate(big, 21 * BS) and kv.num_cached_blocks == 24
+    kv.policy.cool(8)  # the protected traffic swept the hot prefix: it has cooled (GCLOCK credit spent)
+    kv.policy.cool(8)
+    kv.policy.cool(8)
+    assert kv.policy.num_earned == 0 and kv.allocate(big, 21 * BS)  # cold: no longer kept back
+    kv.release(big)
+    kv.release(holder)
+    kv.check_integrity([])
+
+
+def test_a_request_looked_up_again_while_it_waits_counts_its_hit_once():
+    kv = make()
+    serve(kv, "doc", HOT + [1])
+    seq = Sequence("waiting", HOT + [2], ONE_TOKEN)
+    for _ in range(3):  # the head of the queue, looked up each step while memory is short
+        assert kv.lookup_prefix(seq) == len(HOT)
+        kv.release(seq)
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.cached_tokens_by_tier = {}
+    st = kv.stats
+    assert st.hit_tokens_device == len(HOT) <= st.query_tokens_device == 2 * (len(HOT) + 1)  # doc's and waiting's

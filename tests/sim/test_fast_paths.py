@@ -1,0 +1,146 @@
+"""The simulator's speed paths give exactly what the plain code gives: the cascade plan's C-speed shared runs
+against the block-by-block walk they replaced."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import pytest
+
+from kvloop.engine.runner.cascade_plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
+from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.scheduler.shape_planner import ShapePlanner
+from kvloop.sidecar.settings import Settings
+
+
+def walk_plan(tables, context_lens, block_size, worth, nested=True):
+    """build_plan as first written: each node extended block by block, row by row."""
+    full = [max(0, (n - 1) // block_size) for n in context_lens]
+    groups, suffix = [], [0] * len(tables)
+    stack = [(list(range(len(tables))), 0, 0)]
+    while stack:
+        rows, depth, covered = stack.pop()
+        end = depth
+        if len(rows) > 1:
+            first = rows[0]
+            while all(end < full[r] for r in rows) and all(tables[r][end] == tables[first][end] for r in rows):
+                end += 1
+        if end > covered and len(rows) > 1 and worth(len(rows), (end - covered) * block_size):
+            ids = tuple(int(b) for b in tables[rows[0]][covered:end])
+            groups.append(CascadeGroup(tuple(sorted(rows)), ids, covered * block_size, len(ids) * block_size))
+            covered = end
+            for r in rows:
+                suffix[r] = covered * block_size
+        if not nested:
+            break
+        children: dict[int, list[int]] = {}
+        for r in rows:
+            if end < full[r]:
+                children.setdefault(int(tables[r][end]), []).append(r)
+        for child in children.values():
+            if len(child) > 1:
+                stack.append((child, end, covered))
+    if not groups:
+        return None
+    groups.sort(key=lambda g: (g.start_token, g.rows))
+    return CascadePlan(tuple(groups), tuple(suffix), block_size)
+
+
+def random_rows(rng: random.Random, n: int) -> tuple[list[list[int]], list[int]]:
+    """Rows as the KV manager lays them out: a trie of shared prefixes (system prompt, documents, chat
+    histories), then private blocks; contexts end anywhere in or past the last block."""
+    bs, next_id = 4, iter(range(1, 10**6))
+    prefixes = [[]]
+    for _ in range(rng.randint(1, 8)):
+        parent = rng.choice(prefixes)
+        prefixes.append(parent + [next(next_id) for _ in range(rng.choice((1, 3, 6, 40)))])
+    tables, lens = [], []
+    for _ in range(n):
+        t = rng.choice(prefixes) + [next(next_id) for _ in range(rng.randint(0, 4))]
+        if not t:
+            t = [next(next_id)]
+        tables.append(t)
+        lens.append(rng.randint(max(1, (len(t) - 1) * bs - 2), len(t) * bs))
+    return tables, lens
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_shared_runs_plan_as_the_block_walk(nested):
+    rng = random.Random(7)
+
+    def worth(members: int, tokens: int) -> bool:
+        return members * tokens > 24
+
+    for _ in range(400):
+        tables, lens = random_rows(rng, rng.randint(1, 12))
+        assert build_plan(tables, lens, 4, worth, nested) == walk_plan(tables, lens, 4, worth, nested)
+
+
+@pytest.mark.parametrize("mode", policy_names())
+def test_a_run_makes_no_reference_cycles(simulate, mode):
+    """Simulator.run turns the cyclic collector off while it steps: that is only free of leaks while the
+    loop leaves all its garbage to reference counting."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sim, _ = simulate(mode, feedback=Settings(period_s=1.0))  # held: the simulator itself is one cycle
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def shapes_of(plan) -> list[tuple[int, int]]:
+    return [] if plan is None else [(len(g.rows), g.num_tokens) for g in plan.groups]
+
+
+@pytest.mark.parametrize("nested", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("hinted", [False, True])
+def test_shape_planner_follows_build_plan_step_after_step(nested, seed, hinted):
+    """Rows join (at the end or in the middle), leave, grow a block, are rewritten in place (past their
+    committed blocks, which `fixed` then names), and keep a key while their tables change (the plan is then
+    reused, as CascadePlanner reuses it): the shapes are those of CascadePlanner's plan at every step."""
+    rng = random.Random(seed)
+    bs, next_id = 4, iter(range(1, 10**6))
+
+    def worth(members: int, tokens: int) -> bool:
+        return members * tokens > (24 if seed % 2 else 4) and tokens != 8
+
+    prefixes = [[]]
+    for _ in range(10):
+        prefixes.append(rng.choice(prefixes) + [next(next_id) for _ in range(rng.choice((1, 2, 5, 30)))])
+    rows: list[list] = []  # [identity, table, context]
+    planner, reference = ShapePlanner(bs, worth, nested), CascadePlanner(bs, worth, nested)
+    for step in range(300):
+        if rows and rng.random() < 0.3:
+            rows.pop(rng.randrange(len(rows)))
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            t = rng.choice(prefixes) + [next(next_id) for _ in range(rng.randint(0, 2))]
+            row = [(step, rng.random()), t or [next(next_id)], 0, 0]  # + committed blocks
+            row[2] = rng.randint(max(1, (len(row[1]) - 1) * bs), len(row[1]) * bs)
+            row[3] = rng.randint(0, len(row[1]))
+            rows.insert(rng.choice((len(rows), rng.randint(0, len(rows)))), row)
+        for row in rows:
+            if rng.random() < 0.3:
+                row[2] += 1
+                if row[2] > len(row[1]) * bs:
+                    row[1].append(next(next_id))
+            if rng.random() < 0.02 and len(row[1]) > row[3]:  # a block replaced in place (a dedup at commit)
+                row[1][rng.randrange(row[3], len(row[1]))] = rng.choice(rng.choice(prefixes) or [1])
+            if rng.random() < 0.2:
+                row[3] = min(len(row[1]), row[3] + 1)
+        key = tuple(r[0] for r in rows)
+        tables, lens = [r[1] for r in rows], [r[2] for r in rows]
+        fixed = [r[3] for r in rows] if hinted else None
+        assert planner.plan(key, tables, lens, fixed) == shapes_of(reference.plan(key, tables, lens)), step
+    assert planner.builds == reference.builds > 150
+
+
+def test_shape_planner_without_distinct_identities():
+    planner = ShapePlanner(4, lambda m, t: m > 1)
+    tables, lens = [[1, 2, 3], [1, 2, 4], [1, 5]], [12, 12, 8]
+    assert planner.plan(("a", "a", "b"), tables, lens) == shapes_of(build_plan(tables, lens, 4, lambda m, t: m > 1))
+    assert planner.plan(("a", "b", "c"), tables, lens) == [(3, 4), (2, 4)]

@@ -1,0 +1,88 @@
+"""W5 in the simulator, seconds long: the Llama-3.1-70B-FP8-on-H200 profile's sizing, phases reported per
+phase and per kind with the knobs over time, a fixed cap that holds, the coordinator variant, the report's
+goals; and `kvloop simulate --workload w5-gpu`."""
+
+import json
+
+import pytest
+
+from kvloop.engine.bench import w5_report
+from kvloop.engine.bench.w5_variants import coordinator_settings, parse_variant, sized
+from kvloop.engine.bench.w5_workload import W5_GPU, w5
+from kvloop.engine.sim.profiles import get_profile
+from kvloop.engine.sim.scenarios import sizing_for
+from kvloop.engine.sim.simulator import SimConfig, Simulator
+from kvloop.engine.sim.workload import BenchWorkload
+
+SHORT = {"duration_s": 40.0, "phase_s": 20.0, "seed": 0}
+RATES = (1.0, 0.5)
+
+
+def test_profile_sizes_the_70b_fp8_pool_and_tiers():
+    prof = get_profile("h200-70b-fp8")
+    assert prof.model.kv_bytes_per_token == 320 * 1024  # bf16 KV
+    assert 160_000 <= prof.kv_pool_tokens <= 175_000  # ~55 GB of KV next to ~70 GB of FP8 weights
+    sizing = sizing_for(prof)
+    assert sizing.host_cache_tokens == 256 * 2**30 // (320 * 1024) // 16 * 16
+    assert sizing.disk_cache_tokens == int(2e12 // (320 * 1024)) // 16 * 16 and sizing.disk_dir
+    h200 = sizing_for(get_profile("h200"))  # the 8B profile keeps its sizing
+    assert h200.host_cache_tokens == 128 * 2**30 // (128 * 1024) and not h200.disk_dir
+
+
+def run(name: str):
+    wl = w5("w5-gpu", RATES, **SHORT)
+    prof = get_profile("h200-70b-fp8")
+    v = parse_variant(name)
+    fb, events = coordinator_settings(v, cap_max=512)
+    sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing_for(prof)), feedback=fb))
+    res = sim.run()
+    from kvloop.engine.bench.w5_workload import phases_of
+
+    return w5_report.run_summary(name, res["client"], res["server"], sim.rec.phase_report(phases_of(wl)),
+                                 feedback=res.get("feedback"), event_path=events if fb else None), wl
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {n: run(n)[0] for n in ("continuous+lru", "codesign", "codesign@cap16", "codesign+coord@5s+events")}
+
+
+def test_w5_runs_with_phases(runs):
+    wl = w5("w5-gpu", RATES, **SHORT)
+    for name, r in runs.items():
+        assert r["whole"]["completed"] == wl.num_requests and r["whole"]["failed"] == 0, name
+        assert [p["kind"] for p in r["phases"]] == ["chat", "rag"]
+        assert sum(p["requests"] for p in r["phases"]) == wl.num_requests
+        assert set(r["by_kind"]) == {"chat", "rag"}
+        assert r["by_kind"]["chat"]["throughput_tok_s"] > 0
+        tl = r["timeline"]
+        assert len(tl["t"]) == len(tl["batch_cap"]) == len(tl["kv_use"]) > 3
+    assert set(runs["codesign@cap16"]["timeline"]["batch_cap"]) == {16}  # the fixed cap holds (no coordinator)
+    assert runs["codesign+coord@5s+events"]["feedback"]["period_s"] == 5.0
+
+
+def test_report_goals_and_markdown(runs):
+    report = w5_report.build(runs, {"title": "W5 smoke", "phases": runs["codesign"]["phases"]}, "gpu")
+    assert report["best_fixed_cap"]["whole"]["system"] == "codesign@cap16"
+    goals = {g["name"]: g for g in report["goals"]}
+    g = goals["codesign output throughput / continuous+lru"]
+    assert g["value"] == pytest.approx(runs["codesign"]["whole"]["output_throughput_tok_s"]
+                                       / runs["continuous+lru"]["whole"]["output_throughput_tok_s"])
+    assert goals["codesign+coord output throughput / best fixed cap (whole run)"]["value"] is None  # not run
+    assert goals["OOM events, every run"]["value"] == 0
+    assert all({"name", "value", "op", "bound", "met"} <= set(x) for x in report["goals"])
+    md = w5_report.markdown(report, [])
+    assert "Fixed caps through the same phases" in md and "codesign@cap16" in md
+    json.dumps(report, default=str)
+
+
+def test_simulate_cli_w5(tmp_path, capsys):
+    from kvloop.engine.cli import main
+
+    out = tmp_path / "w5.json"
+    assert main(["simulate", "--workload", "w5-gpu", "--profile", "h200-70b-fp8", "--duration", "20", "--phase", "10",
+                 "--phase-rates", "1,0.5", "--modes", "continuous+lru,codesign@cap32", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["system"] for r in data["runs"]] == ["continuous+lru", "codesign@cap32"]
+    assert all(len(r["phases"]) == 2 and "by_kind" in r and "timeline" in r for r in data["runs"])
+    assert W5_GPU.phase_s == 300  # the CLI's --phase did not change the preset
