@@ -13,6 +13,7 @@ from kvloop.engine.scheduler.policy import get_policy, policy_names
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "bf16", "int4", "int8")
 CASCADE_MODES = ("auto", "off", "always")
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -51,6 +52,11 @@ class EngineConfig:
                                     "path); bf16: bf16 weights, float32 arithmetic (CPU kernel); int4|int8: "
                                     "weight-only quantized for decode-sized steps; auto: bf16 under --dtype auto "
                                     "on a CPU without native bf16 when the kernel is built, else none")
+    compile: str = option("auto", flag="--compile", setting="compile", choices=COMPILE_MODES,
+                          help="compile the model's step with torch.compile (inductor's C++ backend; runner/"
+                               "compiled_step.py) at start-up, artefacts cached on disk; auto: on a CPU under "
+                               "--dtype auto, where it measured faster; an explicit dtype stays eager (the exact "
+                               "path); without a C++ compiler the step runs eagerly")
     threads: int | None = option(None, flag="--threads",
                                  help="torch intra-op threads (default: torch's own choice)")
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -74,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"kv_dtype must be one of {DTYPES}")
         if self.cascade not in CASCADE_MODES:
             raise ValueError(f"cascade must be one of {CASCADE_MODES}")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

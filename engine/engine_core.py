@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 
 import torch
@@ -17,6 +18,7 @@ from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
 from kvloop.engine.model.registry import build_model
 from kvloop.engine.output_processor import OutputState, RequestOutput
+from kvloop.engine.runner.compiled_step import resolve_compile
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
@@ -27,6 +29,7 @@ from kvloop.engine.snapshot import EngineSnapshot, build_snapshot
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvloop.engine")
+PRICE_MIN_PREFILL_TOKENS = 64  # a step with fewer prefill tokens does not price recomputing (too noisy)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -107,7 +110,8 @@ class EngineCore:
                                  extra_key=f"{fingerprint}|{self.dtype}|kv={self.kv_dtype}")
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, self.kv_dtype, config.cascade,
-                                  self.scheduler.step_cost.groups)
+                                  self.scheduler.step_cost.groups,
+                                  compile=resolve_compile(config.compile, config.dtype, config.device))
         self.scheduler.set_attention_cost(self.runner.attention_cost)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
@@ -185,6 +189,7 @@ class EngineCore:
             if self.control is not None:  # idle steps still publish, so the sidecar sees a live engine
                 self.control.after_step(self, failed)
             return failed
+        started = time.perf_counter()
         try:
             result = self.runner.execute(batch)
         except Exception as exc:  # noqa: BLE001 - not one request's fault: fail this step's requests, go on
@@ -195,10 +200,19 @@ class EngineCore:
             outputs = failed + [self._fail_request(item.seq, "step", message) for item in batch.items]
         else:
             self.num_steps += 1
+            self._observe_prefill(batch, time.perf_counter() - started)
             outputs = failed + self._process(batch, result)
         if self.control is not None:
             self.control.after_step(self, outputs)
         return outputs
+
+    def _observe_prefill(self, batch: ScheduledBatch, seconds: float) -> None:
+        """Prefill-dominated steps price recomputing a token, which the KV manager weighs against loading a
+        lower-tier block (kv/load_or_recompute.py). Decode-heavy steps are left out: their time per token is
+        weight streaming, not what a recomputed prefix would cost."""
+        prefill = sum(item.num_tokens for item in batch.prefills)
+        if prefill >= PRICE_MIN_PREFILL_TOKENS and prefill >= 4 * len(batch.decodes):
+            self.kv.tier_costs.observe_compute(batch.num_tokens, seconds)
 
     def _failed_outputs(self) -> list[RequestOutput]:
         """Requests the scheduler failed this step (static mode's out-of-memory): finish_reason 'error'."""

@@ -7,7 +7,7 @@ plain object rather than nn.Module: a step is a straight sequence of tensor ops 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +86,20 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor) -> torch.Tensor:
         """One flattened step: input_ids/positions [N] → final hidden states [N, hidden]."""
+        return self.layers_forward(input_ids, positions,
+                                   lambda i, q, k, v: self.attend(i, q, k, v, meta, kv_cache))
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+               kv_cache: torch.Tensor) -> torch.Tensor:
+        """Layer `layer`'s attention: the step's new K/V into the pages, then q over them → [N, heads, hd]."""
+        k_cache, v_cache = kv_cache[layer, 0], kv_cache[layer, 1]
+        self.attention.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
+        return self.attention.forward(q, k_cache, v_cache, meta, self.scale)
+
+    def layers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The step's tensor ops, with each layer's attention delegated to attend(layer, q, k, v): no metadata
+        in here, so the compiled step (runner/compiled_step.py) traces this with attention as one opaque op."""
         cfg = self.cfg
         n = input_ids.shape[0]
         cos = self.rope_cos[positions][:, None, :]
@@ -100,9 +114,7 @@ class LlamaModel:
                              cos, sin)
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
             v = qkv[:, q_size + kv_size :].view(n, cfg.num_kv_heads, cfg.head_dim)
-            k_cache, v_cache = kv_cache[i, 0], kv_cache[i, 1]
-            self.attention.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
-            attn = self.attention.forward(q, k_cache, v_cache, meta, self.scale)
+            attn = attend(i, q, k, v)
             x = x + layer.o(attn.reshape(n, q_size))
             h = rms_norm(x, layer.ffn_norm, cfg.rms_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -10,6 +10,7 @@ import torch
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.runner import compiled_step
 from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.runner.sampler import Sampler
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
@@ -26,7 +27,7 @@ def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
-                 cascade: str = "auto", cascade_groups: str = "nested"):
+                 cascade: str = "auto", cascade_groups: str = "nested", compile: bool = False):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -42,6 +43,8 @@ class ModelRunner:
         self.device = model.device
         self.keep_all_logits = False  # tests: keep every row's logits of the last step in last_logits
         self.last_logits: torch.Tensor | None = None
+        # the model's step compiled here (start-up); None: eager (not asked for, or compiling failed)
+        self.compiled = compiled_step.compile_or_none(model, block_size, self.kv_cache.dtype) if compile else None
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size
@@ -87,7 +90,8 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         input_ids, positions, meta = self.build_metadata(batch)
-        hidden = self.model.forward(input_ids, positions, meta, self.kv_cache)
+        forward = self.model.forward if self.compiled is None else self.compiled
+        hidden = forward(input_ids, positions, meta, self.kv_cache)
         rows, sampling = [], []
         offset = 0
         for item in batch.decodes + batch.prefills:

@@ -1,0 +1,171 @@
+"""The model's step through torch.compile (inductor's C++ backend on the CPU): norms, rotary, residuals and
+the MLP's elementwise ops fused into a few generated loops, around the linear kernels and attention.
+
+What varies per step stays outside the graph. The graph's inputs are the step's token ids and positions
+([N], N dynamic); each layer's attention (K/V write, paged attention over the step's metadata) is one
+opaque operator, kvloop_step::attention, that reads the metadata and the KV cache from the step being run
+(bound by CompiledStep.__call__), as vLLM's piecewise graphs do. So a new batch size, context length,
+block table or cascade plan never recompiles: there is one graph for every N (N = 1 included, so a row's
+arithmetic does not depend on the batch it is in).
+
+Compiling happens in `warm_up` (the engine's start-up), over a scratch KV cache of one block; afterwards a
+step that would need another graph runs eagerly rather than compiling on a user's request. Compiled
+artefacts are cached on disk (inductor's FX graph cache, under cache_dir()), so a restart pays tracing only."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
+
+log = logging.getLogger("kvloop.compile")
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+_USER_CACHE_DIR = os.environ.get(CACHE_ENV)  # read before torch does: importing inductor sets its own default
+# Our ops' outputs are fresh contiguous tensors (the fakes say so), so the wrapper's per-call size and alignment
+# checks only cost time. The C++ wrapper (cpp_wrapper) measured ~5% faster at batch 1, but doubled a cold compile.
+INDUCTOR_OPTIONS = {"size_asserts": False, "alignment_asserts": False}
+
+
+class _Bound(threading.local):
+    model = None
+    meta: AttentionMetadata | None = None
+    kv_cache: torch.Tensor | None = None
+
+
+_bound = _Bound()  # the step being run: what the attention operator reads
+
+
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    """Layer `layer` of the bound step: writes k, v into its pages and attends q over them. Mutates only the
+    bound KV cache, which is not a graph input: the graph orders it by data (the output feeds the next op)."""
+    return _bound.model.attend(layer, q, k, v, _bound.meta, _bound.kv_cache).contiguous()
+
+
+def _attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+# A plain library operator rather than torch.library.custom_op: a third of its dispatch cost per call (measured
+# ~7 vs ~20 us), and the step calls it once per layer. Every device: the bound model runs wherever it lives.
+_LIB = torch.library.Library("kvloop_step", "DEF")
+_LIB.define("attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
+_LIB.impl("attention", step_attention, "CompositeExplicitAutograd")
+torch.library.register_fake("kvloop_step::attention", _attention_shape, lib=_LIB)
+
+
+def _attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kvloop_step.attention(q, k, v, layer)
+
+
+def cache_dir() -> Path:
+    """Where compiled artefacts live: $TORCHINDUCTOR_CACHE_DIR when the user set it, else inside the virtual
+    environment (they live and die with the torch that made them), else the user's cache directory."""
+    if _USER_CACHE_DIR:
+        return Path(_USER_CACHE_DIR)
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "share" / "kvloop" / "inductor"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvloop" / "inductor"
+
+
+def compiler_missing() -> str | None:
+    """Why inductor's C++ backend cannot run here, or None."""
+    import torch._inductor.config as inductor_config
+
+    cxx = os.environ.get("CXX") or next((c for c in inductor_config.cpp.cxx if c), "g++")
+    return None if shutil.which(cxx) else f"no C++ compiler ({cxx}) on PATH"
+
+
+class CompiledStep:
+    """model.layers_forward compiled: call it like model.forward (ids, positions, metadata, KV cache)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.warm = False
+        self.warm_up_seconds: float | None = None
+        # what a step that would need another graph does once warm: run eagerly, never compile on a user's
+        # request (tests set "fail_on_recompile" to prove that no step needs one)
+        self.stance_when_warm = "eager_on_recompile"
+        self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True, options=INDUCTOR_OPTIONS)
+
+    def _layers(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.layers_forward(input_ids, positions, _attend)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_cache: torch.Tensor) -> torch.Tensor:
+        # N is unbacked: no 0/1 specialisation, so N = 1 runs the same graph as every other N
+        torch._dynamo.decorators.mark_unbacked(input_ids, 0)
+        torch._dynamo.decorators.mark_unbacked(positions, 0)
+        _bound.model, _bound.meta, _bound.kv_cache = self.model, meta, kv_cache
+        try:
+            with torch.inference_mode(), torch.compiler.set_stance(self.stance_when_warm if self.warm else "default"):
+                return self._compiled(input_ids, positions)
+        finally:
+            _bound.meta = _bound.kv_cache = None
+
+    def warm_up(self, block_size: int, kv_dtype: torch.dtype | None = None) -> float:
+        """Compiles (or loads from the disk cache) the step's graph by running a decode step and a two-token
+        prefill over a one-block scratch cache; returns the seconds it took."""
+        started = time.perf_counter()
+        device = self.model.device
+        kv = self.model.new_kv_cache(1, block_size, kv_dtype)
+        table = torch.zeros(1, 1, dtype=torch.long, device=device)
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        decode = AttentionMetadata(tensor([0]), 1, table, tensor([1]), max_decode_context=1)
+        self(tensor([0]), tensor([0]), decode, kv)
+        prefill = AttentionMetadata(tensor([0, 1]), 0, table[:0], tensor([]), [PrefillChunk(0, 2, 2, table[0])])
+        self(tensor([0, 1]), tensor([0, 1]), prefill, kv)
+        self.warm = True
+        self.warm_up_seconds = time.perf_counter() - started
+        return self.warm_up_seconds
+
+
+def resolve_compile(mode: str, dtype_option: str, device: str) -> bool:
+    """Whether the engine compiles its step. on/off as said; auto: on a CPU under --dtype auto (the engine's
+    own choice of arithmetic, the serving path measured faster compiled), eager elsewhere: an explicit dtype is
+    the exact reference path, and GPUs are not measured yet."""
+    if mode != "auto":
+        return mode == "on"
+    return device == "cpu" and dtype_option == "auto"
+
+
+def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None) -> CompiledStep | None:
+    """The model's compiled step, warm; None (the engine runs eagerly) where it cannot be compiled here,
+    with a log line saying why. One per model: engines over the same model share it (the graph holds no
+    engine state), so a second engine neither recompiles nor adds guards to check."""
+    if model in _compiled:
+        return _compiled[model]
+    os.environ[CACHE_ENV] = str(cache_dir())  # inductor reads it on every use
+    if not hasattr(model, "layers_forward"):
+        log.warning("compile: %s has no layers_forward; the step runs eagerly", type(model).__name__)
+        return None
+    missing = compiler_missing() if model.device.type == "cpu" else None
+    if torch._dynamo.config.disable:
+        missing = "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
+    if missing:
+        log.warning("compile: %s; the step runs eagerly", missing)
+        return None
+    step = CompiledStep(model)
+    try:
+        took = step.warm_up(block_size, kv_dtype)
+    except Exception as exc:  # noqa: BLE001 - a failed compile costs speed, never the engine
+        log.warning("compile: compiling the step failed, it runs eagerly: %s: %s", type(exc).__name__, exc)
+        return None
+    log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took, os.environ.get(CACHE_ENV))
+    _compiled[model] = step
+    return step
+
+
+# model -> its warm CompiledStep, for the process's life (torch.compile's code cache holds the model anyway)
+_compiled: dict[object, CompiledStep] = {}
