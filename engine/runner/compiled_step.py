@@ -131,6 +131,17 @@ class CompiledStep:
         return self.warm_up_seconds
 
 
+def cannot_compile(model) -> str | None:
+    """Why this model's step cannot be compiled here, or None."""
+    if not hasattr(model, "layers_forward"):
+        return f"{type(model).__name__} has no layers_forward"
+    if torch._dynamo.config.disable:
+        return "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
+    if getattr(model, "quantization", "none") in ("int4", "int8"):  # model/linear.py picks a kernel by row count
+        return f"{model.quantization} weights choose their kernel by the step's size (not one graph for every size)"
+    return compiler_missing() if model.device.type == "cpu" else None
+
+
 def resolve_compile(mode: str, dtype_option: str, device: str) -> bool:
     """Whether the engine compiles its step. on/off as said; auto: on a CPU under --dtype auto (the engine's
     own choice of arithmetic, the serving path measured faster compiled), eager elsewhere: an explicit dtype is
@@ -147,20 +158,17 @@ def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None)
     if model in _compiled:
         return _compiled[model]
     os.environ[CACHE_ENV] = str(cache_dir())  # inductor reads it on every use
-    if not hasattr(model, "layers_forward"):
-        log.warning("compile: %s has no layers_forward; the step runs eagerly", type(model).__name__)
-        return None
-    missing = compiler_missing() if model.device.type == "cpu" else None
-    if torch._dynamo.config.disable:
-        missing = "torch.compile is disabled (TORCH_COMPILE_DISABLE=1)"
-    if missing:
-        log.warning("compile: %s; the step runs eagerly", missing)
+    reason = cannot_compile(model)
+    if reason:
+        log.warning("compile: %s; the step runs eagerly", reason)
         return None
     step = CompiledStep(model)
     try:
         took = step.warm_up(block_size, kv_dtype)
     except Exception as exc:  # noqa: BLE001 - a failed compile costs speed, never the engine
-        log.warning("compile: compiling the step failed, it runs eagerly: %s: %s", type(exc).__name__, exc)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        log.warning("compile: compiling the step failed, it runs eagerly: %s: %s", type(exc).__name__, first)
+        log.debug("compile: the failure in full", exc_info=True)
         return None
     log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took, os.environ.get(CACHE_ENV))
     _compiled[model] = step
