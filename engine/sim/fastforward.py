@@ -1,25 +1,35 @@
-"""Coarsening for speed: skip calls to schedule() across steps whose outcome is already known.
+"""Fast-forward: the simulator's steps without schedule()'s per-row calls, exactly as the step loop would run
+them, with steady decode rows advanced lazily (lazy_rows.py: a row's Sequence is written only where
+something reads it). At every step boundary it decides as the step loop decides:
 
-When every running sequence is decoding (one uncomputed token, first token already out, none
-swapped), all fit the token budget, and no waiting request can be admitted (none waits, or the
-batch cap or budget is reached), the next schedule() returns the same decodes again: the only
-state it changes is a new block for each sequence whose next token starts a block (allocate,
-which also indexes the block just filled; on the window's first step every sequence's allocate runs,
-to index what the step before filled). A window of such steps is replayed here by making
-exactly those allocate() calls, in the scheduler's order (step by step, oldest sequence first),
-with each sequence advanced to the state it would have at that call. The window's last step may be
-one at which sequences sample their last token: the last step goes through the scheduler's
-bookkeeping (update_from_output) as any step does, which finishes them, and the window ends there
-(who can be admitted next has changed). It also ends before the next coordinator/KV sample is due,
-before the next arrival unless nobody can be admitted anyway (`admits_nobody`: then arrivals join
-the queue inside the window), and at the first allocation that fails (the scheduler then takes over
-and preempts as it would). Nothing in the scheduler or KV manager is changed; tests check that
-results match step-by-step runs."""
+- a window, where every running row is steady and no waiting request can be admitted (`admission_idle`): the
+  next schedule() would return the same decodes again, and the only state it changes is a new block for a row
+  whose next token starts one (allocate, which also indexes the block just filled). Such steps are replayed
+  with exactly those allocate() calls, in the scheduler's order, up to the step in which a row samples its
+  last token: that step goes through the scheduler's bookkeeping (update_from_output), which finishes it.
+  A window also ends before the next coordinator/KV sample is due, before the next arrival unless nobody can
+  be admitted anyway (`admits_nobody`: then arrivals join the queue inside the window), and at the first
+  allocation that fails. Its steps are accounted as windows always were: inter-token gaps of (step time,
+  rows) per step, the runner's busy time summed at its end.
+- otherwise one step, as schedule(), SimRunner.execute and the simulator's bookkeeping make it: the running
+  rows placed in order within the token budget (kv.allocate only where it changes something), waiting
+  requests admitted by the scheduler itself (Scheduler.admit, after every row is written when the admission
+  reads them all: grouped admission), the step priced by the runner's cost model and plan, and the bookkeeping
+  of the rows that need it (first tokens, prefill chunks, finishes) through update_from_output, in batch
+  order; a steady row only advances.
+It hands back to the step loop (every row written) where the loop has more to do than step: a sample or a
+coordinator decision due, the end, nothing to run (idle), or a step only schedule() can take: an allocation
+that fails (it preempts), a steady row the token budget does not reach, static batching. Nothing in the
+scheduler or KV manager is changed; tests check that results match step-by-step runs."""
 
 from __future__ import annotations
 
-from kvloop.engine.scheduler.batch import ScheduledSeq
-from kvloop.engine.scheduler.sequence import Sequence
+import math
+
+from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.sim.lazy_rows import LazyRows, Steady, allocation_due
+
+CONTINUE, SCHEDULE, IDLE = "continue", "schedule", "idle"  # what the step loop does next (FastForward.run)
 
 
 def admits_nobody(sched) -> bool:
@@ -34,7 +44,9 @@ def admits_nobody(sched) -> bool:
     return n >= sched.batch_cap and not sched.may_admit_past_cap()
 
 
-def eligible(sched, kv) -> bool:
+def admission_idle(sched) -> bool:
+    """A window may start (given every running row is steady): rows run, all fit the token budget, and
+    schedule() would admit nobody."""
     running = sched.running
     if not running:
         return False
@@ -45,106 +57,246 @@ def eligible(sched, kv) -> bool:
     static = getattr(sched, "static", None) is not None  # static mode: nobody joins a running batch
     if sched.waiting and not static and n < sched.batch_cap and n < budget:
         return False  # the scheduler would try to admit from the queue
-    if n < budget and sched.may_admit_past_cap():
-        return False  # codesign: a waiting request joins a running group and may run past the cap
-    for seq in running:
-        if seq.num_tokens - seq.num_computed_tokens != 1 or seq.first_token_time is None or kv.is_swapped(seq):
-            return False
-        if seq.params.stop_token_ids:  # finishes are decided at a window's last step only: max_tokens alone
-            return False
-    return True
+    return not (n < budget and sched.may_admit_past_cap())  # codesign: a waiting request may join a group
 
 
-class Window:
-    """Plans and applies one window; `run` returns (steps, seconds) actually advanced."""
-
-    def __init__(self, sim):
+class FastForward:
+    def __init__(self, sim, steps: bool = True):
         self.sim = sim
+        self.steps = steps  # False: windows only (other steps through schedule())
+        self.rows = LazyRows(sim.kv, sim.runner.token)
+        self._order: list = []  # the decode rows of the last step (steady ones in running order)
+        self._bases: list[int] = []  # their contexts at step j are base + j
+        self._groups: list[tuple[int, int]] = []  # their plan's group shapes
+        self._stale = True  # _order needs rebuilding (it held single-token rows that are not steady)
 
-    def run(self, deadline: float, take_arrivals: bool = False) -> tuple[int, float]:
-        """Steps until `deadline` (or a finish, or a failed allocation). With `take_arrivals`, requests
-        due before a step are added to the queue at that step's start, as the main loop would."""
-        sim = self.sim
-        heap = sim._heap
-        running: list[Sequence] = list(sim.scheduler.running)
-        n = len(running)
-        cost, bs = sim.runner.cost, sim.kv.block_size
-        # Up to the step at which the first sequence samples its last token (it finishes after it).
-        max_steps = min(s.params.max_tokens - s.num_output_tokens for s in running)
-        base = [s.num_computed_tokens for s in running]
-        # The decode set and its shared prefixes hold for the window (new blocks are private): so does the
-        # runner's cascade plan, and each step is priced with its groups as a scheduled step would be.
-        groups = sim.runner.groups(running, base)
-        decode = sim.runner.decode
-        # Block crossings: sequence i needs a new block at the 0-based steps j where its
-        # num_computed at the step's start is a block multiple.
-        crossings: dict[int, list[int]] = {}
-        for i, c in enumerate(base):
-            for j in range((-c) % bs, max_steps, bs):
-                crossings.setdefault(j, []).append(i)
+    def run(self) -> str:
+        """Steps from this boundary (arrivals taken, observations made, work to do) while it can."""
+        sim, rows = self.sim, self.rows
+        sched, heap = sim.scheduler, sim._heap
+        until = sim.config.until_s if sim.config.until_s is not None else math.inf
+        rows.reset(sched.running)
+        self._stale = True
+        while True:
+            done = self._window() if not rows.others and admission_idle(sched) else 0
+            if done is None:
+                return self._exit(SCHEDULE)
+            if not done:
+                if not self.steps or sched.static is not None:
+                    return self._exit(SCHEDULE)
+                ran = self._step()
+                if ran != CONTINUE:
+                    return ran
+            # the next boundary, as the step loop comes to it
+            if sim.now >= until:
+                return self._exit(CONTINUE)
+            while heap and heap[0][0] <= sim.now:
+                sim.arrive_next()
+            coord = sim.coord
+            if sim.now >= sim._next_sample or (coord is not None and coord.next_event() <= sim.now):
+                return self._exit(CONTINUE)
+            if not sched.has_work():
+                return CONTINUE
+
+    def _exit(self, then: str) -> str:
+        self.rows.materialize_all(self.rows.j, self.sim.now)
+        return then
+
+    # ---- the decode rows' order, contexts and plan --------------------------------------------------------
+    def _decode_rows(self, singles: dict) -> None:
+        """Rebuilds the decode order when the steady rows changed or single-token rows that are not steady run
+        (`singles`: row -> start)."""
+        rows, j = self.rows, self.rows.j
+        if not (rows.changed or self._stale or singles):
+            return
+        steady = rows.steady
+        order, bases = [], []
+        for seq in self.sim.scheduler.running:
+            st = steady.get(seq)
+            if st is not None:
+                order.append(seq)
+                bases.append(st.c0 - st.j0 + 1)
+            elif seq in singles:
+                order.append(seq)
+                bases.append(singles[seq] + 1 - j)
+        self._order, self._bases = order, bases
+        self._groups = self.sim.runner.plan_rows(order, [b + j for b in bases])
+        rows.changed = False
+        self._stale = bool(singles)
+
+    # ---- windows --------------------------------------------------------------------------------------------
+    def _window(self) -> int | None:
+        """One window from this boundary; returns its steps (0: none could run, the step mode takes this one),
+        None where an allocation failed (schedule() takes the step and preempts)."""
+        sim, rows = self.sim, self.rows
+        sched, kv, runner, heap = sim.scheduler, sim.kv, sim.runner, sim._heap
+        take = admits_nobody(sched)
+        deadline = sim._deadline(arrivals=not take)
+        j0, n = rows.j, len(sched.running)
+        self._decode_rows({})
+        bases, groups = self._bases, self._groups
+        cost, decode = runner.cost, runner.decode
         times: list[float] = []
+        starts: list[float] = []
         t = start = sim.now
-        done = 0
-        for j in range(max_steps):
+        failed = False
+        for j in range(j0, rows.first_fin() + 1):
             if t >= deadline:  # step j may start only while nothing else is due
                 break
             took = False
-            while take_arrivals and heap and heap[0][0] <= t:
+            while take and heap and heap[0][0] <= t:
                 sim.now = t
                 sim.arrive_next()
                 took = True
-            if took and sim.scheduler.may_admit_past_cap():
+            if took and sched.may_admit_past_cap():
                 break  # an arrival joins a running group past the cap: the scheduler decides step j
-            failed = False
-            # ascending i: the scheduler's order within a step. The first step allocates for everyone,
-            # as schedule() would: that also commits blocks the last step filled (and shares a block
-            # another sequence indexed meanwhile); later, blocks fill exactly at the crossings.
-            for i in range(n) if j == 0 else crossings.get(j, ()):
-                seq = running[i]
-                self._advance(seq, base[i] + j)
-                if not sim.kv.allocate(seq, base[i] + j + 1):
+            for st in rows.due(j):
+                if not kv.allocate(st.seq, rows.materialize(st, j, t) + 1):
                     failed = True  # the scheduler redoes step j itself (and preempts)
                     break
             if failed:
                 break
-            decode_us = decode.decode_us([c + j + 1 for c in base], groups)
+            decode_us = decode.decode_us([b + j for b in bases], groups)
             dt = cost.step(n, n, n, 0.0, 0.0, decode_us=decode_us).seconds + sim.charge_moves()
             times.append(dt)
+            starts.append(t)
             t += dt
-            done = j + 1
-        elapsed = sum(times[:done])
+        done = len(times)
         now = start  # sim.now moved to the arrivals taken in on the way
-        for dt in times[:done]:
+        for dt in times:
             now += dt
             sim.rec.itl.add(dt, n)
-        sim.runner.busy_s += elapsed
-        sim.runner.steps += done
+        runner.busy_s += sum(times)
+        runner.steps += done
         sim.num_steps += done
         sim.now = now
         if done:
-            self._last_step(running, base, done - 1, now)
-        return done, elapsed
+            last = j0 + done - 1  # its bookkeeping finishes the rows that sampled their last token
+            self._finish(rows.finishing(last), last, starts[-1], now)
+            rows.j = last + 1
+            rows.fresh = []
+        return None if failed else done
 
-    def _last_step(self, running: list[Sequence], base: list[int], j: int, now: float) -> None:
-        """Applies the window's last step (j) as the step loop would: each sequence is brought to that
-        step's start, then the step's bookkeeping (FastStep.apply: update_from_output for the rows that
-        finish) advances it, appends its token, stamps the time and finishes those that reached max_tokens
-        (only possible when j is the window's planned last)."""
-        sim = self.sim
-        decodes = []
-        for i, seq in enumerate(running):
-            start = base[i] + j
-            del seq.token_ids[start + 1 :]  # allocations for a step that then failed ran one token ahead
-            self._advance(seq, start)
-            decodes.append(ScheduledSeq(seq, start, 1))
-        for sampled in sim.fast_step.apply(decodes, [], now):
+    def _finish(self, ending: list[Steady], j: int, began: float, now: float) -> None:
+        """update_from_output for steady rows that sample their last token in step j (begun at `began`)."""
+        if not ending:
+            return
+        sim, rows = self.sim, self.rows
+        token, items, tokens = sim.runner.token, [], {}
+        for st in ending:
+            start = rows.materialize(st, j, began)
+            items.append(ScheduledSeq(st.seq, start, 1))
+            tokens[st.seq.request_id] = token(st.seq.request_id, start + 1)
+        for sampled in sim.scheduler.update_from_output(ScheduledBatch(decodes=items), StepResult(tokens), now):
             if sampled.finish_reason is not None:
                 sim.finished(sampled.seq)
+                rows.drop(sampled.seq)
 
-    def _advance(self, seq: Sequence, computed: int) -> None:
-        """Brings seq to `computed` tokens computed, with the token sampled at the last step appended."""
-        toks = seq.token_ids
-        if len(toks) <= computed:
-            token, rid = self.sim.runner.token, seq.request_id
-            toks += [token(rid, p) for p in range(len(toks), computed + 1)]
-        seq.num_computed_tokens = computed
+    # ---- single steps ---------------------------------------------------------------------------------------
+    def _step(self) -> str:
+        sim, rows = self.sim, self.rows
+        sched, kv, runner = sim.scheduler, sim.kv, sim.runner
+        j, now, running = rows.j, sim.now, sched.running
+        budget = sched.config.max_num_batched_tokens
+        # the rows that are not steady: what the budget gives each, in running order (as _schedule_running)
+        placed: list[tuple[int, object, int, int]] = []  # (rank, row, start, tokens)
+        before = spent = 0  # such rows before this one; tokens they took
+        for seq in rows.others:
+            pos = running.index(seq)
+            avail = budget - (pos - before) - spent
+            if avail <= 0:  # the budget ends before this row: steady rows after it would not run
+                if len(running) - pos - 1 > len(rows.others) - before - 1:
+                    return self._exit(SCHEDULE)
+                break
+            start = seq.num_computed_tokens
+            n = min(len(seq.token_ids) - start, avail)
+            placed.append((rows.rank[seq], seq, start, n))
+            before += 1
+            spent += n
+        left = budget - len(rows.steady) - spent
+        if left < 0:  # steady rows past the budget's end
+            return self._exit(SCHEDULE)
+        # allocations, in running order: steady rows whose step changes their blocks, and the others
+        calls = [(st.rank, st, 0, 0) for st in rows.due(j)] + placed
+        calls.sort(key=lambda c: c[0])
+        for _, row, start, n in calls:
+            if isinstance(row, Steady):
+                ok = kv.allocate(row.seq, rows.materialize(row, j, now) + 1)
+            else:
+                ok = not allocation_due(kv, row, start + n) or kv.allocate(row, start + n)
+            if not ok:
+                return self._exit(SCHEDULE)
+        num_running = len(running)
+        admitted = ScheduledBatch()
+        if left > 0 and sched.waiting and num_running < sched.row_ceiling and sched.policy.groups_prefixes:
+            rows.materialize_all(j, now)  # grouped admission reads every running row
+        sched.admit(admitted, left, now)
+        if not num_running and not admitted:
+            return IDLE
+        singles = {row: start for _, row, start, n in placed if n == 1}
+        self._decode_rows(singles)
+        contexts = [b + j for b in self._bases]
+        groups = self._groups
+        if admitted.decodes:
+            contexts += [it.start + 1 for it in admitted.decodes]
+            groups = runner.plan_rows(self._order + [it.seq for it in admitted.decodes], contexts)
+            self._stale = True
+        prefills = [ScheduledSeq(row, start, n) for _, row, start, n in placed if n != 1] + admitted.prefills
+        cost = runner.charge(contexts, [(it.start, it.num_tokens, it.samples) for it in prefills], groups)
+        sim.now = now2 = now + (cost.seconds + sim.charge_moves())
+        sim.num_steps += 1
+        self._apply(j, now, now2, placed, admitted, prefills)
+        return CONTINUE
+
+    def _apply(self, j: int, now: float, now2: float, placed: list, admitted: ScheduledBatch,
+               prefills: list[ScheduledSeq]) -> None:
+        """The step's bookkeeping, in batch order: update_from_output for the rows that need it, the simulator's
+        records (inter-token gaps counted as it counts them from a whole step), then each row filed anew."""
+        sim, rows = self.sim, self.rows
+        token, steady = sim.runner.token, rows.steady
+        ending = rows.finishing(j)
+        decodes = [(st.rank, ScheduledSeq(st.seq, rows.materialize(st, j, now), 1)) for st in ending]
+        decodes += [(rank, ScheduledSeq(row, start, 1)) for rank, row, start, n in placed if n == 1]
+        decodes.sort(key=lambda d: d[0])
+        batch = ScheduledBatch([it for _, it in decodes] + admitted.decodes, prefills)
+        tokens: dict[str, int] = {}
+        for it in (*batch.decodes, *batch.prefills):
+            if it.start + it.num_tokens == len(it.seq.token_ids):
+                tokens[it.seq.request_id] = token(it.seq.request_id, it.start + it.num_tokens)
+        # gaps in batch order: every steady row samples (last token at `now`, except rows filed at this step)
+        gap = now2 - now
+        fresh = [st for st in rows.fresh if steady.get(st.seq) is st or st in ending]
+        entries: list[tuple[int, float, int]] = []
+        if all(st.seq.last_token_time == now for st in fresh):
+            first = next((steady[s].rank for s in sim.scheduler.running if s in steady), None)
+            count = len(steady)
+            if first is not None:
+                entries.append((first, gap, count))
+        else:
+            entries += [(st.rank, now2 - st.seq.last_token_time if st.j0 == j else gap, 1)
+                        for st in sorted(steady.values(), key=lambda st: st.rank)]
+        entries += [(rank, now2 - row.last_token_time, 1) for rank, row, start, n in placed
+                    if n == 1 and start + 1 == len(row.token_ids) and row.first_token_time is not None]
+        entries.sort(key=lambda e: e[0])
+        gaps: dict[float, int] = {}
+        for _, g, count in entries:
+            gaps[g] = gaps.get(g, 0) + count
+        for it in (*admitted.decodes, *prefills):
+            seq = it.seq
+            if it.start + it.num_tokens == len(seq.token_ids) and seq.first_token_time is not None:
+                g = now2 - seq.last_token_time
+                gaps[g] = gaps.get(g, 0) + 1
+        sampled = sim.scheduler.update_from_output(batch, StepResult(tokens), now2)
+        sim.record(sampled, gaps)
+        for s in sampled:
+            if s.finish_reason is not None:
+                rows.drop(s.seq)
+        # each row that is not steady is filed anew for the next step (joined: the admitted ones)
+        rows.j = j + 1
+        others, rows.others, rows.fresh = rows.others, [], []
+        for seq in others:
+            if not seq.is_finished:
+                rows.settle(seq, j + 1)
+        for it in (*admitted.decodes, *admitted.prefills):
+            if not it.seq.is_finished:
+                rows.join(it.seq)
