@@ -60,7 +60,7 @@ class ShapePlanner:
             return self._shapes
         self._key = key
         self.builds += 1
-        position = dict(zip(key, range(len(key)), strict=True))
+        position = dict(zip(key, range(len(key)), strict=True)) if self.nested else {}
         if not self.nested or len(position) != len(key):
             # the prefix common to every row alone (one look at each row), or two rows with one identity
             self._full, self._sealed, self._end = {}, set(), {}
@@ -82,12 +82,14 @@ class ShapePlanner:
         for row, table, n, fix in zip(key, tables, context_lens, fixed or repeat(0, len(key)), strict=True):
             full = (n - 1) // bs if n > 0 else 0  # blocks filled before the step (build_plan's)
             old = held.get(row)
+            if old is not None and len(old) == full and row in sealed:
+                continue  # the most common row: nothing new, nothing that can have changed
             if old is None:
                 held[row] = blocks = list(table[:full])
                 self._insert(row, blocks)
             else:
                 have = len(old)
-                if full != have or (row not in sealed and table[:have] != old):
+                if full != have or table[:have] != old:
                     if have < full and (row in sealed or table[:have] == old) and self._grow(row, table, full):
                         pass  # its own leaf grew
                     else:

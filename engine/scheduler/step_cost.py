@@ -58,7 +58,8 @@ class StepCost:
     def decode_us(self, context_lens: Iterable[int], groups: Iterable[tuple[int, int]] = ()) -> float:
         """All layers' decode attention of rows with these contexts, with these (members, shared tokens)
         groups cascaded (none: the plain price)."""
-        return self.layers * self.attention.step_us(list(context_lens), groups)
+        lens = context_lens if isinstance(context_lens, list) else list(context_lens)
+        return self.layers * self.attention.step_us(lens, groups)
 
     def price_us(self, tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> float:
         """A decode step's attention as the runner would run it."""

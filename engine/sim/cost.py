@@ -9,7 +9,7 @@ Prefill chunks' context reads and attention stay in the roofline terms below."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvloop.engine.kernels.cascade_cost import AttentionCost
@@ -180,18 +180,18 @@ class CostModel:
     def step_for(self, items: list[tuple[int, int, bool]], groups: Iterable[tuple[int, int]] = ()) -> StepCost:
         """items: (start, num_tokens, samples) per scheduled sequence; groups: the decode rows' cascaded
         (members, shared tokens), from the step-cost function's plan (none: plain decode)."""
-        return self.step_of((), items, groups)
+        return self.step_of([], items, groups)
 
-    def step_of(self, decode_starts: Sequence[int], items: list[tuple[int, int, bool]],
+    def step_of(self, decode_ctx: list[int], items: list[tuple[int, int, bool]],
                 groups: Iterable[tuple[int, int]] = ()) -> StepCost:
-        """step_for of decode rows at `decode_starts` (one sampled token each) followed by `items`, without
-        building an item per decode row (the simulator prices every step): the same sums in the same order."""
+        """step_for of decode rows with these contexts (one sampled token each, the new one included) followed
+        by `items`, without an item per decode row (the simulator prices every step): the same sums in the
+        same order."""
         tokens, seqs, samples, ctx, pairs, chunks = step_shape(items)
-        n = len(decode_starts)
-        contexts = [start + 1 for start in decode_starts]
-        contexts += decode_contexts(items)
+        n = len(decode_ctx)
+        more = decode_contexts(items)
         return self.step(tokens + n, seqs + n, samples + n, ctx, pairs, chunks,
-                         decode_us=self.decode.decode_us(contexts, groups))
+                         decode_us=self.decode.decode_us(decode_ctx + more if more else decode_ctx, groups))
 
 
 def decode_contexts(items) -> list[int]:

@@ -104,23 +104,19 @@ class FastForward:
 
     # ---- the decode rows' order, contexts and plan --------------------------------------------------------
     def _decode_rows(self, singles: dict) -> None:
-        """Rebuilds the decode order when the steady rows changed or single-token rows that are not steady run
-        (`singles`: row -> start)."""
+        """The decode rows' order, contexts less j, and plan, where they changed: the steady rows (kept in running
+        order by LazyRows), with `singles` (row -> start: single-token rows that are not steady) among them."""
         rows, j = self.rows, self.rows.j
         if not (rows.changed or self._stale or singles):
             return
-        steady = rows.steady
-        order, bases = [], []
-        for seq in self.sim.scheduler.running:
-            st = steady.get(seq)
-            if st is not None:
-                order.append(seq)
-                bases.append(st.c0 - st.j0 + 1)
-            elif seq in singles:
-                order.append(seq)
-                bases.append(singles[seq] + 1 - j)
-        self._order, self._bases = order, bases
-        self._groups = self.sim.runner.plan_rows(order, [b + j for b in bases])
+        if singles:
+            rank = rows.rank
+            merged = sorted([*zip(rows.ranks, rows.order, rows.bases, strict=True),
+                             *((rank[s], s, start + 1 - j) for s, start in singles.items())], key=lambda x: x[0])
+            self._order, self._bases = [s for _, s, _ in merged], [b for _, _, b in merged]
+        else:
+            self._order, self._bases = rows.order, rows.bases
+        self._groups = self.sim.runner.plan_rows(self._order, [b + j for b in self._bases])
         rows.changed = False
         self._stale = bool(singles)
 
@@ -265,16 +261,14 @@ class FastForward:
                 tokens[it.seq.request_id] = token(it.seq.request_id, it.start + it.num_tokens)
         # gaps in batch order: every steady row samples (last token at `now`, except rows filed at this step)
         gap = now2 - now
-        fresh = [st for st in rows.fresh if steady.get(st.seq) is st or st in ending]
+        fresh = [st for st in rows.fresh if steady.get(st.seq) is st]
         entries: list[tuple[int, float, int]] = []
         if all(st.seq.last_token_time == now for st in fresh):
-            first = next((steady[s].rank for s in sim.scheduler.running if s in steady), None)
-            count = len(steady)
-            if first is not None:
-                entries.append((first, gap, count))
+            if rows.ranks:
+                entries.append((rows.ranks[0], gap, len(rows.ranks)))
         else:
             entries += [(st.rank, now2 - st.seq.last_token_time if st.j0 == j else gap, 1)
-                        for st in sorted(steady.values(), key=lambda st: st.rank)]
+                        for st in (steady[s] for s in rows.order)]
         entries += [(rank, now2 - row.last_token_time, 1) for rank, row, start, n in placed
                     if n == 1 and start + 1 == len(row.token_ids) and row.first_token_time is not None]
         entries.sort(key=lambda e: e[0])

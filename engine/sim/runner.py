@@ -44,22 +44,29 @@ class SimRunner:
         """Prices a step of these rows (the batch's) and counts it. Decodes that do not sample (a preempted
         sequence's last recomputed token) are rare; pricing every decode as sampling only prices one head row
         too many (and matches fast-forward windows)."""
-        starts = [it.start for it in decodes]
+        contexts = [it.start + 1 for it in decodes]
         items = [(it.start, it.num_tokens, it.samples) for it in prefills]
-        self.last = self.cost.step_of(starts, items, self.groups([it.seq for it in decodes], starts))
+        return self.charge(contexts, items, self.plan_rows([it.seq for it in decodes], contexts))
+
+    def charge(self, contexts: list[int], items: list[tuple[int, int, bool]],
+               groups: list[tuple[int, int]]) -> StepCost:
+        """Prices and counts a step of decode rows with these contexts (their plan's `groups`) and these
+        (start, tokens, samples) items."""
+        self.last = self.cost.step_of(contexts, items, groups)
         self.busy_s += self.last.seconds
         self.steps += 1
         return self.last
 
-    def groups(self, seqs: list[Sequence], starts: list[int]) -> list[tuple[int, int]]:
-        """(members, shared tokens) of the cascaded groups of decode rows `seqs` at positions `starts`."""
+    def plan_rows(self, seqs: list[Sequence], contexts: list[int]) -> list[tuple[int, int]]:
+        """(members, shared tokens) of the cascaded groups of decode rows `seqs` with these contexts (the new
+        token included): the plan holds while the decode set does, as the runner's."""
         if len(seqs) < 2:
             return []
         key = tuple(map(ROW_KEY, seqs))  # the runner's key: (request id, preemptions) per row
-        if key != self._key:  # the plan (and its shapes) hold while the decode set does
+        if key != self._key:
             self._key = key
             # a decode row's full blocks are committed (indexed): they stay while it runs
-            plan = self.planner.plan(key, [s.block_table for s in seqs], [c + 1 for c in starts],
+            plan = self.planner.plan(key, [s.block_table for s in seqs], contexts,
                                      [len(s.block_hashes) for s in seqs])
             self._shapes = self.decode.group_shapes(plan)
         return self._shapes

@@ -19,8 +19,7 @@ from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.control import VirtualCoordinator
-from kvloop.engine.sim.fast_step import FastStep
-from kvloop.engine.sim.fastforward import Window, admits_nobody, eligible
+from kvloop.engine.sim.fastforward import CONTINUE, IDLE, FastForward
 from kvloop.engine.sim.modes import Sizing, build_configs
 from kvloop.engine.sim.profiles import Profile
 from kvloop.engine.sim.results import Recorder
@@ -41,8 +40,8 @@ class SimConfig:
     sample_every_s: float = 1.0  # server snapshots (KV use over time), virtual seconds
     until_s: float | None = None  # stop stepping at this virtual time (unfinished requests are reported)
     check_integrity_every: int = 0  # steps; 0: never (tests)
-    fast_forward: bool = True  # replay steady decode windows without calling schedule() (fastforward.py)
-    fast_steps: bool = True  # with fast_forward, other steps without schedule()'s per-row calls (fast_step.py)
+    fast_forward: bool = True  # steps without schedule()'s per-row calls, steady rows lazily (fastforward.py)
+    fast_steps: bool = True  # False: fast-forward only through windows (the others through schedule())
 
 
 class Simulator:
@@ -67,7 +66,7 @@ class Simulator:
         self._n = 0
         self._next_sample = 0.0
         self._moves = self._move_counts()
-        self.fast_step = FastStep(self)
+        self.fast_forward = FastForward(self, cfg.fast_steps)
 
     # ---- requests -------------------------------------------------------------------------------
     def _push(self, spec: RequestSpec) -> None:
@@ -171,7 +170,7 @@ class Simulator:
     def _loop(self) -> None:
         cfg, sched, heap = self.config, self.scheduler, self._heap
         until = cfg.until_s if cfg.until_s is not None else math.inf
-        fast_steps = cfg.fast_forward and cfg.fast_steps and not cfg.check_integrity_every
+        fast = cfg.fast_forward and not cfg.check_integrity_every
         while self.now < until:
             while heap and heap[0][0] <= self.now:
                 self.arrive_next()
@@ -181,15 +180,12 @@ class Simulator:
                     break
                 self._idle_to(heap[0][0])
                 continue
-            if cfg.fast_forward and not cfg.check_integrity_every and eligible(sched, self.kv):
-                take = admits_nobody(sched)
-                if Window(self).run(self._deadline(arrivals=not take), take)[0]:
-                    continue
-            batch = self.fast_step.place() if fast_steps and sched.static is None else None
-            if batch:
-                self.fast_step.run(batch)
+            then = self.fast_forward.run() if fast else None
+            if then == CONTINUE:
                 continue
-            if batch is None:
+            if then == IDLE:  # fast-forward found nothing to run (and admitted nobody)
+                batch = None
+            else:  # the step only schedule() takes
                 batch = sched.schedule()
                 self._take_failed()
             if not batch:

@@ -8,9 +8,11 @@ import random
 
 import pytest
 
+from kvloop.engine.bench import workloads as bw
 from kvloop.engine.runner.cascade_plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
 from kvloop.engine.scheduler.policy import policy_names
 from kvloop.engine.scheduler.shape_planner import ShapePlanner
+from kvloop.engine.sim.modes import Sizing
 from kvloop.sidecar.settings import Settings
 
 
@@ -144,3 +146,38 @@ def test_shape_planner_without_distinct_identities():
     tables, lens = [[1, 2, 3], [1, 2, 4], [1, 5]], [12, 12, 8]
     assert planner.plan(("a", "a", "b"), tables, lens) == shapes_of(build_plan(tables, lens, 4, lambda m, t: m > 1))
     assert planner.plan(("a", "b", "c"), tables, lens) == [(3, 4), (2, 4)]
+
+
+def run_both(simulate, mode, **cfg):
+    results = []
+    for fast in (True, False):
+        _, res = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0), fast_forward=fast,
+                          **cfg)
+        results.append(res)
+    return results
+
+
+@pytest.mark.parametrize("mode", policy_names())
+def test_fast_forward_is_exact_under_pressure(simulate, mode):
+    """A pool that preempts (swaps and recomputes) and a token budget that starves rows behind a long prefill:
+    fast-forward hands those steps to schedule() and matches step-by-step runs exactly."""
+    sizing = Sizing(kv_cache_tokens=1536, host_cache_tokens=2048, disk_cache_tokens=0, max_num_seqs=12,
+                    max_num_batched_tokens=96, static_batch=4)
+    fast, slow = run_both(simulate, mode, sizing=sizing)
+    assert fast["sim"]["steps"] == slow["sim"]["steps"]
+    assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
+    assert fast["client"] == slow["client"]
+    assert fast["server"] == slow["server"]
+    if mode in ("continuous", "continuous+lru"):  # codesign's gate keeps it from preempting here
+        assert slow["server"]["preemptions"] > 0
+
+
+@pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
+def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
+    """The coordinator samples and decides between steps (fast-forward hands back for each) and moves the knobs."""
+    fast, slow = run_both(simulate, mode, feedback=Settings(period_s=2.0))
+    assert fast["sim"]["steps"] == slow["sim"]["steps"]
+    assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
+    assert fast["client"] == slow["client"]
+    assert fast["server"] == slow["server"]
+    assert fast["feedback"] == slow["feedback"]

@@ -50,17 +50,17 @@ def test_fast_forward_is_exact(simulate, mode, profile, monkeypatch):
     prof = get_profile(profile, calibration="/nonexistent")
     wl = bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0)
     finished_in_windows = []
-    orig = fastforward.Window.run
+    orig = fastforward.FastForward._window
 
-    def spy(self, deadline, take_arrivals=False):
+    def spy(self):
         def ended():
             return sum(r.end_s is not None for r in self.sim.rec.records.values())
         before = ended()
-        out = orig(self, deadline, take_arrivals)
+        out = orig(self)
         finished_in_windows.append(ended() - before)
         return out
 
-    monkeypatch.setattr(fastforward.Window, "run", spy)
+    monkeypatch.setattr(fastforward.FastForward, "_window", spy)
     _, fast = simulate(mode, wl=wl, fast_forward=True, profile=prof)
     monkeypatch.undo()
     _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0), fast_forward=False,
@@ -88,15 +88,15 @@ def test_fast_forward_is_exact_at_the_batch_cap(simulate, mode, factor, monkeypa
 
     _, slow = simulate(mode, wl=wl(), sizing=sizing, fast_forward=False)
     taken = []
-    orig = fastforward.Window.run
+    orig = fastforward.FastForward._window
 
-    def spy(self, deadline, take_arrivals=False):
+    def spy(self):
         before = len(self.sim.rec.records)  # one record per request sent (the heap also gains follow-ups)
-        out = orig(self, deadline, take_arrivals)
+        out = orig(self)
         taken.append(len(self.sim.rec.records) - before)
         return out
 
-    monkeypatch.setattr(fastforward.Window, "run", spy)
+    monkeypatch.setattr(fastforward.FastForward, "_window", spy)
     _, fast = simulate(mode, wl=wl(), sizing=sizing, fast_forward=True)
     assert taken and (sum(taken) > 0 or factor > 1)  # windows ran (at the cap: taking arrivals in)
     assert fast["sim"]["steps"] == slow["sim"]["steps"]
