@@ -30,11 +30,9 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import psutil
+from kvloop.engine.bench.guard import NoiseGuard
 
 RESULTS = Path(__file__).parent / "results"
 TIERS = {
@@ -46,39 +44,6 @@ TIERS = {
 
 def toks(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 49000) for _ in range(n)]
-
-
-class NoiseMeter:
-    """Samples the CPU time other processes use while the benchmark runs (in cores)."""
-
-    def __init__(self, period: float = 0.5):
-        self.period, self.samples, self._stop = period, [], threading.Event()
-        self._me = psutil.Process()
-
-    def _loop(self) -> None:
-        last_all, last_me = psutil.cpu_times(), self._me.cpu_times()
-        last_t = time.monotonic()
-        while not self._stop.wait(self.period):
-            now_all, now_me, now_t = psutil.cpu_times(), self._me.cpu_times(), time.monotonic()
-            busy = (sum(now_all) - now_all.idle - now_all.iowait) - (sum(last_all) - last_all.idle - last_all.iowait)
-            mine = (now_me.user + now_me.system) - (last_me.user + last_me.system)
-            # clamped to the core count: a VM's counters can jump once in a while
-            self.samples.append(min(psutil.cpu_count(), max(0.0, (busy - mine) / (now_t - last_t))))
-            last_all, last_me, last_t = now_all, now_me, now_t
-
-    def __enter__(self) -> NoiseMeter:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict:
-        s = sorted(self.samples) or [0.0]
-        return {"other_cpu_cores_mean": round(statistics.fmean(s), 2), "other_cpu_cores_p90": round(s[int(0.9 * (len(s) - 1))], 2),
-                "other_cpu_cores_max": round(s[-1], 2), "samples": len(self.samples), "cpu_count": psutil.cpu_count()}
 
 
 # ---- TTFT ------------------------------------------------------------------------------------------
@@ -214,8 +179,8 @@ def markdown(res: dict) -> str:
     m = res.get("meta", {})
     if m.get("noise"):
         n = m["noise"]
-        lines.append(f"Machine noise during the TTFT runs: other processes used {n['other_cpu_cores_mean']} CPU cores "
-                     f"on average (p90 {n['other_cpu_cores_p90']}, max {n['other_cpu_cores_max']}) of "
+        lines.append(f"Machine noise during the TTFT runs: other processes used {n['other_cores_mean']:.2f} CPU cores "
+                     f"on average (max {n['other_cores_max']:.2f}) of "
                      f"{n['cpu_count']} (load average {m.get('load_average_start', [0])[0]:.1f} at the start, "
                      f"{m.get('load_average_end', [0])[0]:.1f} at the end). The machine was shared with other "
                      f"developers and saturated, so absolute times are several times what a quiet machine gives; "
@@ -239,11 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     meta.update(model="SmolLM2-135M-Instruct (embedded)", dtype=args.dtype, threads=args.threads, reps=args.reps,
                 python=sys.version.split()[0], load_average_start=os.getloadavg())
     if not args.skip_ttft:
-        with NoiseMeter() as noise:
+        with NoiseGuard() as noise:
             ttft_res = run_ttft(args.reps, args.threads, args.dtype)
         meta["ttft_details"] = ttft_res.pop("_details")
         res.update(ttft_res)
-        meta["noise"] = noise.summary()
+        meta["noise"] = noise.report().as_dict()
     if not args.skip_sweep:
         meta["sweep"] = {"pool_blocks": 1536, "block_size": 16, "requests": args.sweep_requests, "warmup_share": 0.2,
                          "simulated": True}

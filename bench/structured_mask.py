@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 from kvloop.engine.bench.goals import goal
+from kvloop.engine.bench.machine import machine_info
 
 HERE = Path(__file__).resolve().parent
 MAX_COMPILE_MS = 1000.0
@@ -222,26 +220,6 @@ def measure(lib, tok, batch: int, steps: int, compile_repeats: int) -> dict:
     return out
 
 
-def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "sse4", "fma", "bmi")))
-    except OSError:
-        pass
-    return []
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def write(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -264,7 +242,7 @@ def write(result: dict, out: Path) -> None:
     q = result["quietness"]
     lines += ["", f"Fastest per step (median over schemas): **{result['fastest']}**. Pick ({result['pick_rule']}): "
               f"**{result['pick']}**.", "",
-              f"CPU flags: {' '.join(result['machine']['cpu_flags'])}.", "",
+              f"CPU: {result['machine']['model']}; flags: {' '.join(result['machine']['flags'])}.", "",
               f"Machine quietness (other processes' CPU as a share of the machine): before {q['before']}, "
               f"after {q['after']}."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -331,8 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                            "threads": args.threads, "compile_repeats": args.compile_repeats,
                            "schemas": {k: s for k, (s, _) in SCHEMAS.items()}},
               "quietness": {"before": before, "after": after},
-              "machine": {"cpus": psutil.cpu_count(), "cpu": cpu_model(), "cpu_flags": cpu_flags(),
-                          "python": platform.python_version(), "torch": torch.__version__}}
+              "machine": machine_info()}
     result["goals"] = pick_goals(result)
     write(result, args.out)
     print(json.dumps({k: result[k] for k in ("fastest", "pick", "goals")}))
