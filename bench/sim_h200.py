@@ -7,13 +7,16 @@ Parts (run separately, each writes bench/results/sim_h200_<part>.json; `report` 
   a light and a heavy rate every `--phase` seconds, against codesign without the coordinator;
 - gate:    codesign's device admission gate (keep a block only once several distinct requests used it)
   against a gate of 1 (keep every block, as LRU does) and continuous+lru, at each of `--rates`;
-- speed:   CPU time of one simulated hour of W1-gpu per mode at each of `--rates`;
+- speed:   CPU time of one simulated hour of W1-gpu per mode at each of `--rates` (`--sim-seconds` of
+           arrivals, 3600 by default; a shorter run is scaled to an hour by its virtual seconds), with a goal
+           of <= 120 CPU s per simulated hour for each run;
 - report:  sim_h200.json, sim_h200.md and plots from the parts.
 
     .venv/bin/python bench/sim_h200.py compare --rates 10,25,40 --duration 120
     .venv/bin/python bench/sim_h200.py sweep --rates 8,30 --phase 180 --phases 4
     .venv/bin/python bench/sim_h200.py gate --rates 40,80 --duration 300
     .venv/bin/python bench/sim_h200.py speed --rates 10,20,40
+    .venv/bin/python bench/sim_h200.py speed --rates 80 --modes codesign --sim-seconds 300 --tag _b
     .venv/bin/python bench/sim_h200.py report
 """
 
@@ -119,18 +122,19 @@ def part_gate(args) -> dict:
 
 
 def part_speed(args) -> dict:
-    """One simulated hour per mode and rate; CPU time of building the workload and of the run."""
-    out: dict = {"runs": {}}
+    """One simulated hour per mode and rate (or `--sim-seconds` of arrivals, scaled to an hour by the run's
+    virtual seconds, drain included); CPU time of building the workload and of the run."""
+    out: dict = {"runs": {}, "sim_seconds": args.sim_seconds}
     for rate in args.rates:
         for mode in args.modes:
             cpu = time.process_time()
-            wl = gpu_w1(rate, 3600.0, args.seed)
+            wl = gpu_w1(rate, args.sim_seconds, args.seed)
             build_cpu = time.process_time() - cpu
             s = summary(run(mode, wl, sample_every=5.0))
-            s.update(rate=rate, mode=mode, workload_cpu_s=build_cpu,
+            s.update(rate=rate, mode=mode, workload_cpu_s=build_cpu, sim_seconds=args.sim_seconds,
                      cpu_s_per_sim_hour=s["cpu_s"] / s["virtual_s"] * 3600)
             out["runs"][f"{rate:g}/{mode}"] = s
-            print(f"one simulated hour at {rate:g} req/s, {mode}:", {k: s[k] for k in (
+            print(f"{args.sim_seconds:g} s of arrivals at {rate:g} req/s, {mode}:", {k: s[k] for k in (
                 "cpu_s", "workload_cpu_s", "wall_s", "virtual_s", "steps", "throughput_tok_s", "failed")}, flush=True)
             del wl
     return out
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", type=int, default=4)
     ap.add_argument("--periods", default=",".join(f"{p:g}" for p in PERIODS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sim-seconds", type=float, default=3600.0, help="speed: seconds of arrivals per run")
     ap.add_argument("--no-baseline", action="store_true", help="sweep: skip codesign without the coordinator")
     ap.add_argument("--tag", default="", help="suffix for the part's file (parallel runs)")
     args = ap.parse_args(argv)
@@ -164,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim_h200_report import compare_goals
 
         data["goals"] = compare_goals(data)
+    if args.part == "speed":
+        from sim_h200_report import speed_goals
+
+        data["goals"] = speed_goals(data)
     data["args"] = {k: v for k, v in vars(args).items()}
     (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return 0

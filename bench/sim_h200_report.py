@@ -108,19 +108,21 @@ def write_report(results: Path) -> dict:
         lines += ["", GATE_TEXT.format(**gate_facts(gate), block_us=phys["host_block_us"]), ""]
     if speed:
         lines += ["## Speed", "", "One simulated hour of W1-gpu per mode (CPU time of this process; building the "
-                  "workload's requests is counted apart):", "",
-                  "| rate req/s | mode | CPU s per simulated hour | building the workload, CPU s | steps | "
-                  "virtual s | out tok/s | failed |", "|---|---|---|---|---|---|---|---|"]
+                  "workload's requests is counted apart; a run of fewer seconds of arrivals is scaled to an hour "
+                  "by its virtual seconds, drain included):", "",
+                  "| rate req/s | mode | arrivals s | CPU s per simulated hour | building the workload, CPU s | steps | "
+                  "virtual s | out tok/s | failed |", "|---|---|---|---|---|---|---|---|---|"]
         speed["runs"] = dict(sorted(speed["runs"].items(), key=lambda kv: kv[1]["rate"]))  # parts ran apart
         for s in speed["runs"].values():
-            lines.append(f"| {s['rate']:g} | {s['mode']} | {s['cpu_s_per_sim_hour']:.0f} | {s['workload_cpu_s']:.0f} | "
+            lines.append(f"| {s['rate']:g} | {s['mode']} | {s.get('sim_seconds', 3600):g} | "
+                         f"{s['cpu_s_per_sim_hour']:.0f} | {s['workload_cpu_s']:.0f} | "
                          f"{s['steps']:,} | {s['virtual_s']:.0f} | {s['throughput_tok_s']:.0f} | {s['failed']} |")
         runs = list(speed["runs"].values())
         ok = [f"{r['mode']} at {r['rate']:g}" for r in runs if r["cpu_s_per_sim_hour"] <= 120]
         over = [f"{r['mode']} at {r['rate']:g}" for r in runs if r["cpu_s_per_sim_hour"] > 120]
         lines += ["", f"Within the 2-minute goal: {', '.join(ok) or 'none'}. Over it: {', '.join(over) or 'none'}.",
                   "", SPEED_TEXT, ""]
-    report["goals"] = compare_goals(compare) if compare else []
+    report["goals"] = (compare_goals(compare) if compare else []) + (speed_goals(speed, (80.0,)) if speed else [])
     lines += ["## Goals", ""] + [f"- [{'x' if g['met'] else ' '}] {g['name']}: {g['value']:.3g} ({g['op']} {g['bound']:g})"
                                  for g in report["goals"]] + [""]
     (results / "sim_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -174,6 +176,13 @@ def compare_goals(compare: dict) -> list[dict]:
             out.append(goal(f"{rate} req/s: codesign failed minus continuous+lru failed", cd["failed"] - lru["failed"],
                             "<=", 0))
     return out
+
+
+def speed_goals(speed: dict, rates: tuple[float, ...] | None = None) -> list[dict]:
+    """Issue 16's speed goal per run (of these rates; None: all): one simulated hour of W1-gpu in <= 120 CPU
+    seconds (a run of fewer seconds of arrivals is scaled to an hour by its virtual seconds)."""
+    return [goal(f"{s['rate']:g} req/s, {s['mode']}: CPU s per simulated hour", s["cpu_s_per_sim_hour"], "<=", 120.0)
+            for s in speed["runs"].values() if rates is None or s["rate"] in rates]
 
 
 def gate_facts(gate: dict) -> dict:
@@ -260,7 +269,18 @@ Tests check that results are identical to step-by-step runs. A step that admits 
 through schedule(), so the CPU cost of an hour grows with the requests in it (an hour at 40 req/s is
 144,000 requests), and the 2-minute goal holds only up to the rates listed as within it. These are
 single runs on a shared VM whose speed drifts: the same 300-second run measured 7.7 s and 12.0 s of
-CPU minutes apart, so read each figure as ±30%."""
+CPU minutes apart, so read each figure as ±30%.
+
+The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual seconds), measured on
+a machine shared with other jobs (load about 4 on 2 cores: wall time twice to three times the CPU
+time), with gate-under-pressure codesign, which serves every request at 80 req/s where plain LRU
+rejects some. The goal of 120 CPU s per simulated hour is missed by 4.5x (continuous+lru) and 13x
+(codesign). Near saturation almost every step admits a request, so windows are a step or two long
+and the cost is per step and per request: in a profile of codesign, grouped admission takes half the
+time (each step prices the running rows' cascade plan past the cap, scans every running row's
+reserve for the gate's headroom, and peeks the prefix cache for each waiting request), the two
+cascade-plan updates per step (scheduler and runner) 15%, prefix lookup, block hashing and
+allocation of the admitted requests 13%, and writing every lazy row for grouped admission 7%."""
 
 
 def _plots(results: Path, compare: dict | None, sweep: dict | None) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.sim.workload import OutputTokens
 
 
 def allocation_due(kv: KVCacheManager, seq: Sequence, total: int) -> bool:
@@ -36,14 +37,15 @@ class Steady:
     j0: int
     fin: int  # the step in which it samples its last token
     rank: int  # running order
+    base: int  # its request's hash for the runner's sampled tokens (OutputTokens.base)
 
     def computed(self, j: int) -> int:
         return self.c0 + j - self.j0
 
 
 class LazyRows:
-    def __init__(self, kv: KVCacheManager, token):
-        self.kv, self.token = kv, token  # token(request id, position): the runner's sampled tokens
+    def __init__(self, kv: KVCacheManager, token: OutputTokens):
+        self.kv, self.token = kv, token  # the runner's sampled tokens (workload.OutputTokens)
         self.j = 0  # the step about to run
         self.steady: dict[Sequence, Steady] = {}
         # the steady rows in running order, their ranks, and their contexts at step j less j (base + j)
@@ -80,7 +82,8 @@ class LazyRows:
             self.others.append(seq)
             return
         kv, c0 = self.kv, seq.num_computed_tokens
-        st = Steady(seq, c0, j, j + seq.params.max_tokens - seq.num_output_tokens - 1, self.rank[seq])
+        st = Steady(seq, c0, j, j + seq.params.max_tokens - seq.num_output_tokens - 1, self.rank[seq],
+                    self.token.base(seq.request_id))
         self.steady[seq] = st
         at = bisect_left(self.ranks, st.rank)
         self.order.insert(at, seq)
@@ -156,16 +159,17 @@ class LazyRows:
         return c
 
     def materialize_all(self, j: int, now: float) -> None:
-        """materialize for every steady row (grouped admission reads them all every step: kept tight)."""
-        token = self.token
+        """materialize for every steady row (grouped admission reads them all every step: kept tight, the
+        sampled token computed inline as OutputTokens.at computes it)."""
+        at, stride, span = self.token.at, self.token.STRIDE, self.token.span
         for st in self.steady.values():
             seq, c = st.seq, st.c0 + j - st.j0
             toks = seq.token_ids
             have = len(toks)
             if have == c:
-                toks.append(token(seq.request_id, c))
+                toks.append(100 + (st.base + stride * c) % span)
             elif have < c:
-                toks += [token(seq.request_id, p) for p in range(have, c + 1)]
+                toks += [at(st.base, p) for p in range(have, c + 1)]
             seq.num_computed_tokens = c
             if j > st.j0:
                 seq.last_token_time = now

@@ -74,11 +74,21 @@ class OutputTokens:
         self.span = vocab - 100
         self._bases: dict[str, int] = {}
 
+    STRIDE = 2654435761
+
     def __call__(self, request_id: str, position: int) -> int:
+        return self.at(self.base(request_id), position)
+
+    def base(self, request_id: str) -> int:
+        """The request's hash, which with a position gives its token (`at`): callers that sample one request
+        many times keep it."""
         base = self._bases.get(request_id)
         if base is None:
             base = self._bases[request_id] = zlib.crc32(request_id.encode())
-        return 100 + (base + 2654435761 * position) % self.span
+        return base
+
+    def at(self, base: int, position: int) -> int:
+        return 100 + (base + self.STRIDE * position) % self.span
 
     def forget(self, request_id: str) -> None:
         self._bases.pop(request_id, None)

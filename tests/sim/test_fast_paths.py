@@ -13,6 +13,7 @@ from kvloop.engine.runner.cascade_plan import CascadeGroup, CascadePlan, Cascade
 from kvloop.engine.scheduler.policy import policy_names
 from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.sim.modes import Sizing
+from kvloop.engine.sim.workload import OutputTokens
 from kvloop.sidecar.settings import Settings
 
 
@@ -181,3 +182,14 @@ def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
     assert fast["client"] == slow["client"]
     assert fast["server"] == slow["server"]
     assert fast["feedback"] == slow["feedback"]
+
+
+def test_output_tokens_split_into_base_and_position_as_called():
+    """Fast-forward writes steady rows' tokens from a request's kept hash (OutputTokens.base/at): the same
+    tokens as the runner's call, also after the request is forgotten."""
+    token = OutputTokens(128256)
+    for rid in ("d1", "s3-t2", "p0d17"):
+        base = token.base(rid)
+        assert [token.at(base, p) for p in range(50)] == [token(rid, p) for p in range(50)]
+        token.forget(rid)
+        assert token.at(base, 7) == OutputTokens(128256)(rid, 7)
