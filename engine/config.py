@@ -49,8 +49,9 @@ class EngineConfig:
     cascade: str = "auto"
     quantization: str = option("auto", flag="--quantization", setting="quantization", choices=QUANTIZATIONS,
                                help="weight format (model/linear.py): none: dense in the model dtype (the exact "
-                                    "path); bf16: bf16 weights, float32 arithmetic (CPU kernel); int4|int8: "
-                                    "weight-only quantized for decode-sized steps; auto: bf16 under --dtype auto "
+                                    "path); bf16: bf16 weights, float32 arithmetic (CPU kernel); int8: per-channel "
+                                    "int8 weights, float32 arithmetic (CPU kernel, every step size; without it "
+                                    "decode-sized steps only); int4: decode-sized steps; auto: bf16 under --dtype auto "
                                     "on a CPU without native bf16 when the kernel is built, else none")
     compile: str = option("auto", flag="--compile", setting="compile", choices=COMPILE_MODES,
                           help="compile the model's step with torch.compile (inductor's C++ backend; runner/"

@@ -63,8 +63,8 @@ class LlamaModel:
         # Tied and dense: the head shares the converted embedding (no second copy, same values).
         head = lm_head if lm_head is not None else (self.embed if quantization == "none" else embed)
         self.lm_head = Linear(head, None, dtype, self.device, quantization)
-        if lm_head is None and self.lm_head.fmt == "bf16":  # bf16 weights: look the embedding up in the
-            self.embed = self.lm_head  # packed head it is tied to (Linear[ids]), no second copy, same values
+        if lm_head is None and self.lm_head.weight is None:  # packed-only weights (bf16, int8): look the embedding
+            self.embed = self.lm_head  # up in the packed head it is tied to (Linear[ids]), no second copy
         del embed, lm_head, head  # the float32 originals are not kept while the layers load
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
         self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device, quantization)
