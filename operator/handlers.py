@@ -8,6 +8,7 @@ resume, and on a timer that refreshes conditions and feedback and repairs drift.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 from typing import Any
@@ -90,8 +91,13 @@ def read_spec(raw_spec: Any, name: str, namespace: str, uid: str, default_image:
 
 async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, meta: Any,
                               name: str, namespace: str, uid: str, patch: kopf.Patch, logger: kopf.Logger) -> None:
-    # The raw body, not kopf's spec/status views: those raise on a stored spec or status that is no object.
-    full, found, children = read_spec(body.get("spec"), name, namespace, uid, cfg.default_image)
+    # A timer's body is a live view that kopf updates in place between awaits: the spec applied and the generation
+    # reported as observed are read together, here, so the status never claims a generation whose spec it did not
+    # apply (seen once in CI: a spec change landed during a timer's reconcile, which then reported generation 2
+    # for generation 1's children). The raw body, not kopf's spec/status views: those raise on a stored spec or
+    # status that is no object.
+    raw_spec, generation = copy.deepcopy(body.get("spec")), meta.get("generation")
+    full, found, children = read_spec(raw_spec, name, namespace, uid, cfg.default_image)
     apply_error = None
     if found:
         logger.info("InferenceService cannot be realised: %s", "; ".join(found))
@@ -111,8 +117,8 @@ async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: 
     stored = body.get("status")
     previous = readable_status(stored)
     new = compute_status(name=name, namespace=namespace, spec=full, deploy=deploy, pods=pods, problems=found,
-                         apply_error=apply_error, previous=previous, generation=meta.get("generation"),
-                         observed_generation=meta.get("generation"))
+                         apply_error=apply_error, previous=previous, generation=generation,
+                         observed_generation=generation)
     _post_events(body, previous, new)
     if not isinstance(stored, dict):  # replaced whole: a merge patch cannot descend into a non-object
         patch["status"] = new
