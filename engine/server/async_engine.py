@@ -1,4 +1,5 @@
-"""Runs the (not thread-safe) EngineCore in one engine thread and bridges it to asyncio.
+"""Runs the (not thread-safe) EngineCore in one engine thread (the one that built it, where given: see
+engine_thread.py) and bridges it to asyncio.
 
 The event loop talks to the thread only through a deque inbox of typed messages (AddRequest, AbortRequest,
 CallInEngine) and an Event that wakes it.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.server.engine_thread import EngineThread
 from kvloop.engine.server.metrics import EngineMetrics
 from kvloop.engine.snapshot import EngineSnapshot
 
@@ -119,8 +121,11 @@ class RequestGroup:
 
 class AsyncEngine:
     def __init__(self, engine, metrics: EngineMetrics | None = None, max_pending: int = 256,
-                 snapshot_interval_s: float = 0.05, exit_on_death: bool = True):
+                 snapshot_interval_s: float = 0.05, exit_on_death: bool = True,
+                 engine_thread: EngineThread | None = None):
         self.engine = engine
+        # the thread that built the engine, if one did: stepping there keeps one OpenMP pool (engine_thread.py)
+        self._engine_thread = engine_thread
         # A dead engine thread leaves a process that answers only 503: exit so the kubelet (or `make serve`)
         # restarts it. In-process test servers turn this off.
         self.exit_on_death = exit_on_death
@@ -166,8 +171,9 @@ class AsyncEngine:
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None, warmup: bool = True) -> None:
         self._loop = loop or asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, args=(warmup,), name="kvloop-engine", daemon=True)
-        self._thread.start()
+        self._thread = self._engine_thread or EngineThread()
+        self._thread.submit(self._run, warmup)
+        self._thread.finish()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stop = True

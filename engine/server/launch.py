@@ -51,8 +51,9 @@ def metrics_model_name(file_model_name: str, served_names: list[str] | None) -> 
     return next((n for n in served_names or [] if n != "default"), file_model_name)
 
 
-def build_server(engine, args: argparse.Namespace):
-    """The app and its AsyncEngine for an EngineCore and parsed serve arguments."""
+def build_server(engine, args: argparse.Namespace, engine_thread=None):
+    """The app and its AsyncEngine for an EngineCore (built on engine_thread, if given) and parsed serve
+    arguments."""
     from kvloop.engine.server.app import build_app
     from kvloop.engine.server.async_engine import AsyncEngine
     from kvloop.engine.server.metrics import EngineMetrics
@@ -61,7 +62,7 @@ def build_server(engine, args: argparse.Namespace):
     async_engine = None
     metrics = EngineMetrics(metrics_model_name(engine.model_name, args.served_model_name),
                             lambda: async_engine.snapshot(), cache_config(engine))
-    async_engine = AsyncEngine(engine, metrics, max_pending=args.max_pending)
+    async_engine = AsyncEngine(engine, metrics, max_pending=args.max_pending, engine_thread=engine_thread)
     settings = ServerSettings(request_timeout_s=args.request_timeout,
                               served_names=tuple(args.served_model_name or ["default"]))
     app = build_app(async_engine, metrics, settings, api_key=args.api_key, cors_origins=args.allowed_origins,
@@ -73,11 +74,13 @@ def serve(args: argparse.Namespace, engine_config) -> int:
     import uvicorn
 
     from kvloop.engine.engine_core import EngineCore
+    from kvloop.engine.server.engine_thread import EngineThread
     from kvloop.engine.server.shutdown import DrainingServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = EngineCore(engine_config)
-    app, async_engine = build_server(engine, args)
+    engine_thread = EngineThread()  # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
+    engine = engine_thread.call(EngineCore, engine_config)
+    app, async_engine = build_server(engine, args, engine_thread)
     # after the drain only finished responses remain to be sent: uvicorn's own wait can be short
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
     server = DrainingServer(config, async_engine, args.shutdown_grace)
