@@ -60,6 +60,14 @@ class AttentionBackend(ABC):
         from the step's first row, decode rows included) → the same shape: each chunk's queries are the
         last q_len of its seq_len tokens, causal over its cached prefix and themselves."""
 
+    def layer(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Layer `index` of a step over the whole cache, kv_cache [layers, 2, blocks, block_size, kv_heads,
+        head_dim]: the step's new K/V into the layer's pages, then forward. A backend may do both at once."""
+        k_cache, v_cache = kv_cache[index, 0], kv_cache[index, 1]
+        self.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
+        return self.forward(q, k_cache, v_cache, meta, scale)
+
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
         """The whole step, q [N, heads, hd] → [N, heads, hd]: decode rows, then prefill rows."""

@@ -92,9 +92,7 @@ class LlamaModel:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                kv_cache: torch.Tensor) -> torch.Tensor:
         """Layer `layer`'s attention: the step's new K/V into the pages, then q over them → [N, heads, hd]."""
-        k_cache, v_cache = kv_cache[layer, 0], kv_cache[layer, 1]
-        self.attention.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
-        return self.attention.forward(q, k_cache, v_cache, meta, self.scale)
+        return self.attention.layer(layer, q, k, v, kv_cache, meta, self.scale)
 
     def layers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:

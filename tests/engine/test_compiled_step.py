@@ -6,6 +6,7 @@ small model, so this stays a few seconds with a warm cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -76,3 +77,26 @@ def test_compiled_step_equals_eager():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
     assert alone["alone"] == among["alone"]
     assert compiled.runner.cascade_group_sizes, "no step decoded the shared prefix as a group"
+
+
+@pytest.mark.skipif(compiled_step.compiler_missing() is not None, reason="no C++ compiler for inductor")
+@torch._dynamo.config.patch(disable=False)
+def test_two_models_in_one_process_run_their_own_graphs():
+    """The step keeps no guards on the model (compiled_step.keep_guard): each CompiledStep compiles its own
+    copy of the step's code, so a second model of another shape runs its own graph, not the first one's."""
+    other_cfg = dataclasses.replace(TINY, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=2,
+                                    num_kv_heads=1)
+    models = [LlamaModel(cfg, random_weights(cfg, seed=5, std=0.2), torch.float32) for cfg in (TINY, other_cfg)]
+    plan = {0: [("x", [3, 1, 4, 1, 5, 9, 2, 6], 6)], 1: [("y", [2, 7, 1, 8], 5)]}
+    compiled = [engine(m, "on") for m in models]
+    for eng in compiled:
+        assert eng.runner.compiled is not None and eng.runner.compiled.warm
+        eng.runner.compiled.stance_when_warm = "fail_on_recompile"
+    try:
+        for model, eng in zip(models, compiled, strict=True):
+            got, _ = run(eng, plan)
+            expected, _ = run(engine(model, "off"), plan)
+            assert got == expected
+    finally:
+        for eng in compiled:
+            eng.runner.compiled.stance_when_warm = "eager_on_recompile"

@@ -1,7 +1,8 @@
 """The CPU paged decode kernel (engine/kernels/cpu) against the float64 torch reference: fp32, bf16 and
 fp16 KV, grouped-query heads, contexts ending mid-block and on a block edge, rows of different lengths,
 context splits merged inside the kernel, and cascade: shared prefixes (groups of 1, 2 and 16, nested ones)
-and each row's own part, their partial results merged by log-sum-exp inside the kernel (paged_decode).
+and each row's own part, their partial results merged by log-sum-exp inside the kernel (paged_decode);
+and decode_layer, a decode-only layer's K/V write and decode in one call, against the composed path.
 
 The kernel computes in fp32 from the values the cache holds, and the reference reads the same values, so
 every dtype is held to fp32 reassociation error. The build is cached in the virtual environment (built at
@@ -17,6 +18,7 @@ from kernel_ref import make_paged, new_generator, poisoned_alloc, strided_rows
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.kernels.backend import AttentionBackend
 from kvloop.engine.kernels.cpu import backend, build
 from kvloop.engine.kernels.cpu import paged_decode as pd
 from kvloop.engine.kernels.torch_decode import merge_into
@@ -308,3 +310,52 @@ def test_bad_indices_are_refused():
                  pd.pack_segments([([3], [1], 5)])):  # a query row q does not have
         with pytest.raises(RuntimeError):
             pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125)
+
+
+@pytest.mark.parametrize("kv_dtype", sorted(KV_DTYPES))
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cascade", [False, True])
+def test_decode_layer_equals_the_composed_write_and_decode(kv_dtype, q_dtype, cascade):
+    """The "cpu" backend's one-call layer (decode_layer: K/V write converted to the cache's dtype, then paged
+    decode) against the composed path (the torch backend's index_copy_ write, then the kernel): the same cache
+    bytes and the same outputs, bit for bit, for q, k and v as the model hands them over (strided views)."""
+    gen, seed = new_generator()
+    dtype = KV_DTYPES[kv_dtype]
+    layers, heads, kv_heads, hd = 3, 6, 2, 64
+    kv_cache = torch.randn(layers, 2, 120, BS, kv_heads, hd, generator=gen).to(dtype)
+    free = (torch.randperm(119, generator=gen) + 1).tolist()
+    shared = [free.pop() for _ in range(2)]  # 32 tokens, shared by rows 2-4
+    lens = [1, 16, 40, 57, 700]
+    tables = [[free.pop() for _ in range(-(-n // BS))] for n in lens[:2]]
+    tables += [shared + [free.pop() for _ in range(-(-n // BS) - 2)] for n in lens[2:]]
+    plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1) if cascade else None
+    assert (plan is not None) == cascade
+    meta = meta_for(tables, lens, plan)
+    meta.slot_mapping = torch.tensor([t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens, strict=True)])
+    qk = torch.randn(len(lens), heads + kv_heads, hd, generator=gen).to(q_dtype)
+    wide = torch.randn(len(lens), 3 * kv_heads, hd, generator=gen).to(q_dtype)
+    q, k, v = qk[:, :heads], qk[:, heads:], wide[:, kv_heads: 2 * kv_heads]
+    cpu = backend.create("cpu")
+    composed_cache, fused_cache = kv_cache.clone(), kv_cache.clone()
+    composed = AttentionBackend.layer(cpu, 1, q, k, v, composed_cache, meta, 0.125)
+    fused = cpu.layer(1, q, k, v, fused_cache, meta, 0.125)
+    assert torch.equal(fused_cache, composed_cache), f"seed {seed}: the caches differ"
+    assert not torch.equal(fused_cache, kv_cache)  # something was written
+    assert fused.dtype == q_dtype and fused.shape == q.shape and fused.is_contiguous()
+    assert torch.equal(fused, composed), f"seed {seed}: the outputs differ"
+    ref = reference.paged_decode(q.float(), fused_cache[1, 0], fused_cache[1, 1], meta.decode_block_tables, lens, 0.125)
+    check(fused.float(), ref, seed, **({} if q_dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}))
+
+
+def test_decode_layer_refuses_a_slot_outside_the_cache_and_writes_nothing():
+    gen, _ = new_generator()
+    kv_cache = torch.randn(2, 2, 4, BS, 2, 64, generator=gen)
+    before = kv_cache.clone()
+    meta = meta_for([[1]], [3])
+    q, k, v = torch.randn(1, 6, 64), torch.randn(1, 2, 64), torch.randn(1, 2, 64)
+    work = pd.decode_work(meta, BS)
+    for slot in (4 * BS, -1):
+        with pytest.raises(RuntimeError, match="slot"):
+            torch.ops.kvloop_cpu.decode_layer(q, k, v, kv_cache, 0, torch.tensor([slot]), work.blocks,
+                                              work.block_start, work.tokens, work.rows_ptr, work.rows, 0.125, 512)
+    assert torch.equal(kv_cache, before)

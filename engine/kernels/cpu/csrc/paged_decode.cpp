@@ -11,6 +11,8 @@
 // calibration); paged_decode gives every query row the exact softmax over all the tokens of all its
 // segments: the partial results of a row (its shared prefixes', its own part's, and the context splits of
 // each) are merged by log-sum-exp inside the call, so a cascade step is one call per layer like a plain one.
+// decode_layer is a decode-only step's whole layer in one call: the new K/V written into the layer's pages
+// (write_kv, also an operator of its own), then paged_decode.
 //
 // Work items are (segment, KV heads, context split), spread over torch's thread count with OpenMP. An
 // item streams its tokens in tiles (16-bit K/V widened to fp32 in a small buffer, fp32 read in place)
@@ -396,6 +398,73 @@ std::tuple<at::Tensor, at::Tensor> paged_decode(const at::Tensor& q, const at::T
   return attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, true);
 }
 
+// The step's new K/V rows into their slots (slot = block * block_size + offset), converted to the cache's
+// dtype as Tensor.to converts (round to nearest even): k, v [N, kv_heads, head_dim], last dim contiguous.
+template <typename Src, typename Dst>
+void write_rows(const at::Tensor& src, const at::Tensor& cache, const int64_t* slots, int64_t n) {
+  const Src* in = src.const_data_ptr<Src>();
+  Dst* out = cache.data_ptr<Dst>();
+  const int64_t heads = src.size(1), d = src.size(2), bs = cache.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    Dst* row = out + (slots[i] / bs) * cache.stride(0) + (slots[i] % bs) * cache.stride(1);
+    for (int64_t h = 0; h < heads; ++h) {
+      const Src* from = in + i * src.stride(0) + h * src.stride(1);
+      Dst* to = row + h * cache.stride(2);
+      for (int64_t j = 0; j < d; ++j) to[j] = static_cast<Dst>(static_cast<float>(from[j]));
+    }
+  }
+}
+
+template <typename Src>
+void write_kv_rows(const at::Tensor& src, const at::Tensor& cache, const int64_t* slots, int64_t n) {
+  switch (cache.scalar_type()) {
+    case at::kFloat: write_rows<Src, float>(src, cache, slots, n); break;
+    case at::kBFloat16: write_rows<Src, c10::BFloat16>(src, cache, slots, n); break;
+    default: write_rows<Src, c10::Half>(src, cache, slots, n); break;
+  }
+}
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache, const at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  check_index(slots, "slots");
+  const int64_t n = slots.numel();
+  TORCH_CHECK(k.dim() == 3 && v.sizes() == k.sizes() && k.size(0) == n && k.stride(2) == 1 && v.stride(2) == 1,
+              "k and v must be [N, kv_heads, head_dim] (a contiguous last dim), one row per slot");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k and v must share a dtype");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
+                  v_cache.stride(3) == 1 && k_cache.scalar_type() == v_cache.scalar_type(),
+              "k_cache and v_cache must be [blocks, block_size, kv_heads, head_dim] of one dtype");
+  TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "K/V rows and the cache disagree");
+  const int64_t* sl = slots.const_data_ptr<int64_t>();
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(sl[i] >= 0 && sl[i] < capacity, "slot out of range");
+  for (const auto& [src, cache] : {std::pair{k, k_cache}, {v, v_cache}}) {
+    switch (src.scalar_type()) {
+      case at::kFloat: write_kv_rows<float>(src, cache, sl, n); break;
+      case at::kBFloat16: write_kv_rows<c10::BFloat16>(src, cache, sl, n); break;
+      case at::kHalf: write_kv_rows<c10::Half>(src, cache, sl, n); break;
+      default: TORCH_CHECK(false, "float32, bfloat16 or float16 K/V expected, got ", src.scalar_type());
+    }
+  }
+}
+
+// One layer of a decode-only step in one call (the per-layer op overhead is a large part of a small step):
+// its new K/V written into kv_cache[layer] ([layers, 2, blocks, block_size, kv_heads, head_dim]), then
+// paged_decode over it; the output in q's dtype.
+at::Tensor decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& kv_cache,
+                        int64_t layer, const at::Tensor& slots, const at::Tensor& blocks,
+                        const at::Tensor& block_start, const at::Tensor& tokens, const at::Tensor& rows_ptr,
+                        const at::Tensor& rows, double scale, int64_t split_tokens) {
+  TORCH_CHECK(kv_cache.dim() == 6 && kv_cache.size(1) == 2, "kv_cache must be [layers, 2, blocks, ...]");
+  TORCH_CHECK(layer >= 0 && layer < kv_cache.size(0), "layer out of range");
+  const at::Tensor pages = kv_cache.select(0, layer);
+  const at::Tensor k_cache = pages.select(0, 0), v_cache = pages.select(0, 1);
+  write_kv(k, v, k_cache, v_cache, slots);
+  at::Tensor out = std::get<0>(
+      attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, true));
+  return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
+}
+
 std::string simd() { return isa(); }
 
 }  // namespace
@@ -408,10 +477,16 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
       "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
+  m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()");
+  m.def(
+      "decode_layer(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slots, Tensor blocks, "
+      "Tensor block_start, Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> Tensor");
   m.def("simd() -> str", &kvloop::simd);
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("paged_attention", &kvloop::paged_attention);
   m.impl("paged_decode", &kvloop::paged_decode);
+  m.impl("write_kv", &kvloop::write_kv);
+  m.impl("decode_layer", &kvloop::decode_layer);
 }
