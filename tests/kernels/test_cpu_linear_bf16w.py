@@ -10,13 +10,11 @@ greedy tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
+import kernel_ref
 import pytest
 import torch
 
-from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
-from kvloop.engine.kernels.cpu import build, linear_bf16w
+from kvloop.engine.kernels.cpu import linear_bf16w
 from kvloop.engine.model.linear import Linear
 from kvloop.engine.model.llama import LlamaModel
 
@@ -25,10 +23,7 @@ ROUNDED_SUFFIXES = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")  # 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    if not build.load(linear_bf16w.KERNEL, build=True):
-        pytest.skip(f"bf16-weight CPU kernel unavailable: {build.unavailable_reason(linear_bf16w.KERNEL)}")
-    assert linear_bf16w.available()
-    torch.set_num_threads(1)
+    kernel_ref.load_linear_kernel(linear_bf16w)
 
 
 def fp32_error_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -43,10 +38,7 @@ def fp32_error_bound(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 @pytest.mark.parametrize("n,k", [(37, 53), (100, 129), (16, 8)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_float64_within_fp32_rounding(m, n, k, with_bias):
-    gen = torch.Generator().manual_seed(m * 1000 + n + k)
-    w = torch.randn(n, k, generator=gen)
-    x = torch.randn(m, k, generator=gen)
-    bias = torch.randn(n, generator=gen) if with_bias else None
+    w, x, bias = kernel_ref.linear_case(m, n, k, with_bias)
     wb = w.to(torch.bfloat16).float()  # the weights the kernel multiplies by
     y = linear_bf16w.linear(x, linear_bf16w.pack(w), n, bias)
     exact = x.double() @ wb.double().T + (0 if bias is None else bias.double())
@@ -55,13 +47,9 @@ def test_matches_float64_within_fp32_rounding(m, n, k, with_bias):
 
 
 def test_a_row_gives_the_same_bits_in_any_batch():
-    gen = torch.Generator().manual_seed(1)
-    w, x, bias = torch.randn(70, 300, generator=gen), torch.randn(33, 300, generator=gen), torch.randn(70, generator=gen)
+    w, x, bias = kernel_ref.linear_case(33, 70, 300, True, seed=1)
     packed = linear_bf16w.pack(w)
-    whole = linear_bf16w.linear(x, packed, 70, bias)
-    for i in range(33):
-        assert torch.equal(linear_bf16w.linear(x[i : i + 1], packed, 70, bias)[0], whole[i])
-    assert torch.equal(linear_bf16w.linear(x[5:12], packed, 70, bias), whole[5:12])
+    kernel_ref.assert_batch_invariant(lambda rows: linear_bf16w.linear(rows, packed, 70, bias), x)
 
 
 def test_rows_read_the_packed_matrix_back():
@@ -87,63 +75,18 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto_without_native_bf16():
 # ---- the model ------------------------------------------------------------------------------------
 
 
-class Rounded(Mapping):
-    """The checkpoint with the weights the bf16 format stores rounded to bf16 (and back to fp32)."""
-
-    def __init__(self, weights: Mapping[str, torch.Tensor]):
-        self.weights = weights
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        t = self.weights[name]
-        return t.to(torch.bfloat16).float() if name.endswith(ROUNDED_SUFFIXES) else t
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.weights)
-
-    def __len__(self) -> int:
-        return len(self.weights)
-
-
 @pytest.fixture(scope="module")
 def models(checkpoint) -> tuple[LlamaModel, LlamaModel]:
-    ours = LlamaModel(checkpoint.config, checkpoint.weights, torch.float32, quantization="bf16")
-    reference = LlamaModel(checkpoint.config, Rounded(checkpoint.weights), torch.float32)
+    """The bf16-weight model, and the fp32 model over the same weights rounded to bf16 (and back)."""
+    ours, reference = kernel_ref.stored_weight_models(checkpoint, "bf16", ROUNDED_SUFFIXES,
+                                                      lambda t: t.to(torch.bfloat16).float())
     assert ours.lm_head.fmt == "bf16" and ours.layers[0].qkv.fmt == "bf16"
     return ours, reference
 
 
-PROMPT = [1, 504, 3458, 282, 4649, 314, 1345, 253, 2214, 30, 378, 3112]
-
-
-def prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    kv = model.new_kv_cache(4, 16)
-    meta = AttentionMetadata(torch.arange(len(ids)), 0, torch.zeros(0, 1, dtype=torch.long),
-                             torch.zeros(0, dtype=torch.long), [PrefillChunk(0, len(ids), len(ids), torch.arange(1))])
-    return model.logits(model.forward(torch.tensor(ids), torch.arange(len(ids)), meta, kv))
-
-
 def test_model_logits_match_fp32_over_the_same_rounded_weights(models):
-    ours, reference = models
-    ids = torch.tensor(PROMPT)
-    if ours.cfg.tie_embeddings:  # looked up in the packed head: the same rounded values, bitwise
-        assert isinstance(ours.embed, Linear)
-    assert torch.equal(ours.embed[ids], reference.embed[ids])
-    a, b = prompt_logits(ours, PROMPT), prompt_logits(reference, PROMPT)
-    # 30 layers of fp32 sums taken in another order: measured 9e-5 on logits of magnitude up to 31
-    assert (a - b).abs().max().item() <= 1e-3
-    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    kernel_ref.assert_logits_match(*models)
 
 
 def test_model_greedy_tokens_match_fp32_over_the_same_rounded_weights(models, checkpoint):
-    from kvloop.engine.config import EngineConfig
-    from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.sampling import SamplingParams
-
-    def greedy(model: LlamaModel) -> list[int]:
-        engine = EngineCore(EngineConfig(dtype="float32", progress=False, kv_cache_tokens=256), model=model,
-                            fingerprint=checkpoint.fingerprint, model_name=checkpoint.name)
-        engine.add_request("r", PROMPT, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-        return engine.drain(max_steps=50)["r"].token_ids
-
-    ours, reference = models
-    assert greedy(ours) == greedy(reference)
+    kernel_ref.assert_greedy_tokens_match(*models, checkpoint)

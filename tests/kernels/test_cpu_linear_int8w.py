@@ -9,13 +9,11 @@ logits within fp32 rounding, the same greedy tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-
+import kernel_ref
 import pytest
 import torch
 
-from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
-from kvloop.engine.kernels.cpu import build, linear_int8w
+from kvloop.engine.kernels.cpu import linear_int8w
 from kvloop.engine.model.linear import Linear
 from kvloop.engine.model.llama import LlamaModel
 
@@ -24,10 +22,7 @@ QUANTIZED_SUFFIXES = ("_proj.weight", "lm_head.weight")  # what the int8 format 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    if not build.load(linear_int8w.KERNEL, build=True):
-        pytest.skip(f"int8-weight CPU kernel unavailable: {build.unavailable_reason(linear_int8w.KERNEL)}")
-    assert linear_int8w.available()
-    torch.set_num_threads(1)
+    kernel_ref.load_linear_kernel(linear_int8w)
 
 
 def dequantized(w: torch.Tensor) -> torch.Tensor:
@@ -49,10 +44,7 @@ def error_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: tor
 @pytest.mark.parametrize("n,k", [(37, 53), (100, 129), (16, 8), (70, 576)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_float64_within_fp32_rounding(m, n, k, with_bias):
-    gen = torch.Generator().manual_seed(m * 1000 + n + k)
-    w = torch.randn(n, k, generator=gen)
-    x = torch.randn(m, k, generator=gen)
-    bias = torch.randn(n, generator=gen) if with_bias else None
+    w, x, bias = kernel_ref.linear_case(m, n, k, with_bias)
     q, scale = linear_int8w.quantize(w)
     y = linear_int8w.linear(x, linear_int8w.pack(q), scale, n, bias)
     exact = x.double() @ (q.double() * scale.double()[:, None]).T + (0 if bias is None else bias.double())
@@ -69,14 +61,10 @@ def test_quantize_is_symmetric_per_channel_and_close():
 
 
 def test_a_row_gives_the_same_bits_in_any_batch():
-    gen = torch.Generator().manual_seed(1)
-    w, x, bias = torch.randn(70, 300, generator=gen), torch.randn(33, 300, generator=gen), torch.randn(70, generator=gen)
+    w, x, bias = kernel_ref.linear_case(33, 70, 300, True, seed=1)
     q, scale = linear_int8w.quantize(w)
     packed = linear_int8w.pack(q)
-    whole = linear_int8w.linear(x, packed, scale, 70, bias)
-    for i in range(33):
-        assert torch.equal(linear_int8w.linear(x[i : i + 1], packed, scale, 70, bias)[0], whole[i])
-    assert torch.equal(linear_int8w.linear(x[5:12], packed, scale, 70, bias), whole[5:12])
+    kernel_ref.assert_batch_invariant(lambda rows: linear_int8w.linear(rows, packed, scale, 70, bias), x)
 
 
 def test_rows_dequantize_the_packed_matrix():
@@ -124,66 +112,21 @@ def test_int8_compiles_only_with_the_kernel(monkeypatch):
 # ---- the model ------------------------------------------------------------------------------------
 
 
-class Dequantized(Mapping):
-    """The checkpoint with the weights the int8 format stores replaced by their dequantized values (fp32)."""
-
-    def __init__(self, weights: Mapping[str, torch.Tensor], tied: bool):
-        self.weights = weights
-        self.suffixes = QUANTIZED_SUFFIXES + (("embed_tokens.weight",) if tied else ())
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        t = self.weights[name]
-        return dequantized(t) if name.endswith(self.suffixes) else t
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.weights)
-
-    def __len__(self) -> int:
-        return len(self.weights)
-
-
 @pytest.fixture(scope="module")
 def models(checkpoint) -> tuple[LlamaModel, LlamaModel]:
-    """The int8 model, and the fp32 model over dequantized weights. The engine quantizes q/k/v and gate/up
-    fused, per output channel: the same scales as quantizing each part alone."""
-    ours = LlamaModel(checkpoint.config, checkpoint.weights, torch.float32, quantization="int8")
-    reference = LlamaModel(checkpoint.config, Dequantized(checkpoint.weights, checkpoint.config.tie_embeddings),
-                           torch.float32)
+    """The int8 model, and the fp32 model over dequantized weights (a tied embedding is the head's:
+    dequantized too). The engine quantizes q/k/v and gate/up fused, per output channel: the same scales as
+    quantizing each part alone."""
+    tied = ("embed_tokens.weight",) if checkpoint.config.tie_embeddings else ()
+    ours, reference = kernel_ref.stored_weight_models(checkpoint, "int8", QUANTIZED_SUFFIXES + tied,
+                                                      dequantized)
     assert ours.lm_head.fmt == "int8" and ours.layers[0].qkv.weight is None
     return ours, reference
 
 
-PROMPT = [1, 504, 3458, 282, 4649, 314, 1345, 253, 2214, 30, 378, 3112]
-
-
-def prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    kv = model.new_kv_cache(4, 16)
-    meta = AttentionMetadata(torch.arange(len(ids)), 0, torch.zeros(0, 1, dtype=torch.long),
-                             torch.zeros(0, dtype=torch.long), [PrefillChunk(0, len(ids), len(ids), torch.arange(1))])
-    return model.logits(model.forward(torch.tensor(ids), torch.arange(len(ids)), meta, kv))
-
-
 def test_model_logits_match_fp32_over_the_same_dequantized_weights(models):
-    ours, reference = models
-    ids = torch.tensor(PROMPT)
-    if ours.cfg.tie_embeddings:  # looked up in the packed head: the same dequantized values, bitwise
-        assert isinstance(ours.embed, Linear)
-    assert torch.equal(ours.embed[ids], reference.embed[ids])
-    a, b = prompt_logits(ours, PROMPT), prompt_logits(reference, PROMPT)
-    assert (a - b).abs().max().item() <= 1e-3  # fp32 sums in another order and the scale applied after
-    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    kernel_ref.assert_logits_match(*models)
 
 
 def test_model_greedy_tokens_match_fp32_over_the_same_dequantized_weights(models, checkpoint):
-    from kvloop.engine.config import EngineConfig
-    from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.sampling import SamplingParams
-
-    def greedy(model: LlamaModel) -> list[int]:
-        engine = EngineCore(EngineConfig(dtype="float32", progress=False, kv_cache_tokens=256), model=model,
-                            fingerprint=checkpoint.fingerprint, model_name=checkpoint.name)
-        engine.add_request("r", PROMPT, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-        return engine.drain(max_steps=50)["r"].token_ids
-
-    ours, reference = models
-    assert greedy(ours) == greedy(reference)
+    kernel_ref.assert_greedy_tokens_match(*models, checkpoint)

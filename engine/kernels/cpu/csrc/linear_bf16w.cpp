@@ -7,182 +7,52 @@
 // in the order SLOT_OF_COL, so that interleaving with zeros per 128-bit lane (unpacklo/unpackhi) yields
 // columns 0-7 and 8-15 as fp32 in natural order: one load and two shuffles per 16 weights.
 //
-// Every output is one fp32 FMA chain over k = 0..K-1 in order, started at 0, bias added last: the same
-// operations whatever M, the row's place in a tile, or the thread count (threads split columns, never K).
-// So a row's result does not depend on the batch it is in, and the scalar fallback (std::fma in the same
-// order) gives the same bits as the AVX2 path.
+// The tiles, the walk over them, the thread split and the argument checks are linear_tiles.h's, shared with
+// the int8 kernel: every output is one fp32 FMA chain over k in order, bias added last (no scale), so a
+// row's result does not depend on the batch it is in.
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#include "simd.h"  // KVLOOP_AVX2 (AVX2 + FMA targeted), intrinsics
+#include "linear_tiles.h"
 
 namespace {
 
-constexpr int64_t BLOCK = 16;  // output columns per packed block (two AVX2 registers)
-constexpr int MAX_ROWS = 6;    // rows of x per register tile: 6 rows x 16 columns = 12 accumulators
-constexpr int MAX_BLOCKS = 4;  // blocks per tile for one row: 4 x 16 columns = 8 independent FMA chains
-
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+using kvloop::linear_tiles::BLOCK;
 
 // Column c of a block sits at slot SLOT_OF_COL[c] (the permutation is its own inverse).
 constexpr int SLOT_OF_COL[BLOCK] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
 
-// Stores a tile's 16-column row (plus bias) into y, clipped to the `cols` valid columns.
-inline void store_row(float* y, const float* acc16, const float* bias, int64_t cols) {
-  for (int64_t c = 0; c < cols; ++c) y[c] = bias ? acc16[c] + bias[c] : acc16[c];
-}
+struct Bf16Weights {
+  using Weight = uint16_t;  // bf16 bits
+  static constexpr at::ScalarType kDtype = at::kBFloat16;
+  static constexpr const char* kDtypeName = "bfloat16";
+  static constexpr const char* kName = "linear_bf16w";
 
 #ifdef KVLOOP_AVX2
-// MR rows x NB blocks of output over the whole K; accumulators live in registers.
-template <int MR, int NB>
-void tile(const float* x, int64_t ldx, const uint16_t* w, int64_t K, float* y, int64_t ldy, const float* bias,
-          int64_t cols) {
-  __m256 acc[MR][NB][2];
-  for (int m = 0; m < MR; ++m)
-    for (int b = 0; b < NB; ++b) acc[m][b][0] = acc[m][b][1] = _mm256_setzero_ps();
-  const __m256i zero = _mm256_setzero_si256();
-  const int64_t block_stride = K * BLOCK;
-  for (int64_t k = 0; k < K; ++k) {
-    __m256 lo[NB], hi[NB];
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * block_stride + k * BLOCK));
-      lo[b] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));
-      hi[b] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      const __m256 xv = _mm256_broadcast_ss(x + m * ldx + k);
-#pragma GCC unroll 8
-      for (int b = 0; b < NB; ++b) {
-        acc[m][b][0] = _mm256_fmadd_ps(xv, lo[b], acc[m][b][0]);
-        acc[m][b][1] = _mm256_fmadd_ps(xv, hi[b], acc[m][b][1]);
-      }
-    }
+  // bf16 is the top half of an fp32: interleaving zeros below each 16-bit value widens it, per 128-bit lane.
+  static KVLOOP_INLINE void widen16(const Weight* p, __m256& lo, __m256& hi) {
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));
+    hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));
   }
-  // Spill the tile once through constant-index stores (fully unrolled, so the accumulators stay in
-  // registers inside the k loop), then copy out the valid columns with the bias.
-  alignas(32) float buf[MR][NB * BLOCK];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) {
-      _mm256_store_ps(&buf[m][b * BLOCK], acc[m][b][0]);
-      _mm256_store_ps(&buf[m][b * BLOCK + 8], acc[m][b][1]);
-    }
-  const int64_t c = std::min<int64_t>(NB * BLOCK, cols);
-  for (int m = 0; m < MR; ++m) store_row(y + m * ldy, buf[m], bias, c);
-}
-#else
-// Portable fallback: the same per-output FMA chain, so the same bits as the AVX2 path.
-template <int MR, int NB>
-void tile(const float* x, int64_t ldx, const uint16_t* w, int64_t K, float* y, int64_t ldy, const float* bias,
-          int64_t cols) {
-  for (int m = 0; m < MR; ++m)
-    for (int b = 0; b < NB; ++b) {
-      const int64_t c = std::min<int64_t>(BLOCK, cols - b * BLOCK);
-      if (c <= 0) break;
-      float acc[BLOCK] = {};
-      const uint16_t* wb = w + b * K * BLOCK;
-      for (int64_t k = 0; k < K; ++k) {
-        const float xv = x[m * ldx + k];
-        for (int j = 0; j < BLOCK; ++j) acc[j] = std::fma(xv, bf16_to_float(wb[k * BLOCK + SLOT_OF_COL[j]]), acc[j]);
-      }
-      store_row(y + m * ldy + b * BLOCK, acc, bias ? bias + b * BLOCK : nullptr, c);
-    }
-}
 #endif
 
-using TileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t, const float*, int64_t);
-
-// Blocks per tile for `rows` rows: as many as keep the accumulators within the 16 AVX2 registers.
-constexpr int blocks_for_rows(int rows) { return std::max(1, std::min(MAX_BLOCKS, MAX_ROWS / rows)); }
-
-// Instantiates only the shapes that fit the registers: a count above blocks_for_rows(MR) never arrives, and
-// its case maps to a valid shape just so that it compiles.
-template <int MR>
-TileFn tile_for_blocks(int nb) {
-  switch (nb) {
-    case 1: return tile<MR, 1>;
-    case 2: return tile<MR, (blocks_for_rows(MR) >= 2 ? 2 : 1)>;
-    case 3: return tile<MR, (blocks_for_rows(MR) >= 3 ? 3 : 1)>;
-    default: return tile<MR, blocks_for_rows(MR)>;
+  static float widen1(const Weight* p, int col) {
+    const uint32_t bits = static_cast<uint32_t>(p[SLOT_OF_COL[col]]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
   }
-}
-
-// The tile kernel for `rows` x `nb` blocks; nb never exceeds blocks_for_rows(rows).
-TileFn tile_kernel(int rows, int nb) {
-  switch (rows) {
-    case 1: return tile_for_blocks<1>(nb);
-    case 2: return tile_for_blocks<2>(nb);
-    case 3: return tile_for_blocks<3>(nb);
-    case 4: return tile_for_blocks<4>(nb);
-    case 5: return tile_for_blocks<5>(nb);
-    default: return tile_for_blocks<6>(nb);
-  }
-}
-
-// One thread's share: columns of blocks [b0, b1) for all M rows. Rows go in chunks that keep x in L2
-// (weights are re-read once per chunk: only for large M, where the arithmetic dominates anyway); within
-// a chunk, each group of blocks is reused from cache by every row tile.
-void run_blocks(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, const float* bias,
-                float* y, int64_t b0, int64_t b1) {
-  const int64_t chunk_rows = std::max<int64_t>(MAX_ROWS, (256 * 1024 / (4 * K)) / MAX_ROWS * MAX_ROWS);
-  for (int64_t r0 = 0; r0 < M; r0 += chunk_rows) {
-    const int64_t r1 = std::min(M, r0 + chunk_rows);
-    for (int64_t g = b0; g < b1; g += MAX_BLOCKS) {
-      const int64_t g1 = std::min(b1, g + MAX_BLOCKS);
-      for (int64_t r = r0; r < r1; r += MAX_ROWS) {
-        const int rows = static_cast<int>(std::min<int64_t>(MAX_ROWS, r1 - r));
-        const int per_tile = blocks_for_rows(rows);
-        for (int64_t b = g; b < g1; b += per_tile) {
-          const int nb = static_cast<int>(std::min<int64_t>(per_tile, g1 - b));
-          tile_kernel(rows, nb)(x + r * K, K, w + b * K * BLOCK, K, y + r * N + b * BLOCK, N,
-                                bias ? bias + b * BLOCK : nullptr, N - b * BLOCK);
-        }
-      }
-    }
-  }
-}
+};
 
 // x: [M, K] fp32; packed: [ceil(N/16), K, 16] bf16 from `pack`; bias: [N] fp32 or None. Returns [M, N] fp32.
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                         const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == BLOCK,
-              "packed must be a [N/16, K, 16] bfloat16 tensor");
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_bf16w is a CPU kernel");
-  const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
-  TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
-  TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
-  const auto xc = x.contiguous();
-  const auto wc = packed.contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias must have n elements");
-    bc = bias->to(at::kFloat).contiguous();
-  }
-  auto y = at::empty({M, n}, x.options());
-  if (M == 0 || K == 0) return M == 0 ? y : (bc.defined() ? bc.expand({M, n}).clone() : y.zero_());
-  const float* xp = xc.data_ptr<float>();
-  const auto* wp = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
-  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  // Threads take contiguous ranges of blocks (at::parallel_for splits evenly over torch's thread count).
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { run_blocks(xp, M, K, wp, n, bp, yp, b0, b1); });
-  return y;
+  return kvloop::linear_tiles::linear<Bf16Weights>(x, packed, at::Tensor(), n, bias);
 }
 
 }  // namespace
