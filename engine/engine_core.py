@@ -86,13 +86,18 @@ class EngineCore:
             config.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.config = config
         self.dtype = resolve_dtype(config.dtype, config.device)
+        started = time.perf_counter()  # the start-up's parts are logged at INFO: where a slow start goes
         if model is None:
             checkpoint = checkpoint or load_checkpoint(resolve_model_path(config.model), progress=config.progress)
+            log.info("start-up: checkpoint %s opened in %.1f s", checkpoint.path.name, time.perf_counter() - started)
+            # A GGUF's weights are dequantized and packed at every load: cache the result (model/weight_cache.py)
             model = build_model(checkpoint.config, checkpoint.weights, self.dtype, config.device,
                                 config.attention_backend,
-                                resolve_quantization(config.quantization, config.dtype, config.device))
+                                resolve_quantization(config.quantization, config.dtype, config.device),
+                                cache_fingerprint=checkpoint.fingerprint if checkpoint.path.suffix == ".gguf" else None)
             tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
             fingerprint = checkpoint.fingerprint
+            log.info("start-up: model and tokenizer ready at %.1f s", time.perf_counter() - started)
             # the API serves the model under this name: the embedded default gets its plain, space-free name
             self.model_name = EMBEDDED_NAME if config.model in (None, "", "default") else checkpoint.name
         else:
@@ -113,6 +118,7 @@ class EngineCore:
                                   self.scheduler.step_cost.groups,
                                   compile=resolve_compile(config.compile, config.dtype, config.device))
         self.scheduler.set_attention_cost(self.runner.attention_cost)
+        log.info("start-up: KV pool and model runner ready at %.1f s", time.perf_counter() - started)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
             from kvloop.engine.structured.processor import GrammarMask
@@ -131,6 +137,7 @@ class EngineCore:
             from kvloop.engine.control.hook import EngineControl
 
             self.control = EngineControl.attach(self, config.control_file, config.control_stale_after_s)
+        log.info("start-up: engine built in %.1f s", time.perf_counter() - started)
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -16,6 +16,7 @@ from kvloop.engine.kernels.attention_meta import AttentionMetadata
 from kvloop.engine.kernels.backend import get_backend
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.linear import Linear
+from kvloop.engine.model.zeroed import zeros
 
 
 class Layer:
@@ -52,11 +53,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class LlamaModel:
+    # What loading converts from the checkpoint (dequantized, fused, packed): all a weight cache keeps and
+    # hands back as `converted` (model/weight_cache.py); everything else is rebuilt from the config.
+    CONVERTED = ("embed", "lm_head", "norm", "layers")
+    CONVERTED_TYPES = (Layer, Linear)  # the classes those hold besides tensors
+
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none"):
+                 device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none",
+                 converted: Mapping[str, object] | None = None):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.attention = get_backend(attention_backend, self.device)  # raises if it cannot run on the device
         self.quantization = quantization
+        if converted is None:
+            self._convert(weights)
+        else:
+            for name in self.CONVERTED:
+                setattr(self, name, converted[name])
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        freqs = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.rope_cos = freqs.cos().to(self.device)  # [max_pos, hd/2], fp32
+        self.rope_sin = freqs.sin().to(self.device)
+        self.scale = cfg.head_dim ** -0.5
+
+    def _convert(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Sets the CONVERTED attributes from the checkpoint's float32 weights."""
+        cfg, dtype, quantization = self.cfg, self.dtype, self.quantization
         embed = weights["model.embed_tokens.weight"]
         self.embed = embed.to(device=self.device, dtype=dtype).contiguous()
         lm_head = None if cfg.tie_embeddings else weights.get("lm_head.weight")
@@ -69,11 +90,6 @@ class LlamaModel:
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
         self.layers = [Layer(weights, f"model.layers.{i}.", cfg, dtype, self.device, quantization)
                        for i in range(cfg.num_layers)]
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-        freqs = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        self.rope_cos = freqs.cos().to(self.device)  # [max_pos, hd/2], fp32
-        self.rope_sin = freqs.sin().to(self.device)
-        self.scale = cfg.head_dim ** -0.5
 
     def rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate-half RoPE on [N, heads, hd], computed in fp32 and cast back."""
@@ -127,4 +143,4 @@ class LlamaModel:
         """dtype: the KV storage dtype (default: the model's); a narrower one is converted on read."""
         cfg = self.cfg
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        return torch.zeros(shape, dtype=dtype or self.dtype, device=self.device)
+        return zeros(shape, dtype or self.dtype, self.device)  # KV pages start zeroed, never with stale data

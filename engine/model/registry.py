@@ -53,9 +53,17 @@ def model_class(architecture: str) -> ModelClass:
 
 
 def build_model(cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none"):
-    """The model for cfg.architecture, its weights loaded (see LlamaModel for the arguments)."""
-    return model_class(cfg.architecture)(cfg, weights, dtype, device, attention_backend, quantization)
+                device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none",
+                cache_fingerprint: str | None = None):
+    """The model for cfg.architecture, its weights loaded (see LlamaModel for the arguments). With
+    cache_fingerprint (the checkpoint's), the converted weights go through the disk cache (weight_cache.py)
+    when the model class supports it."""
+    cls = model_class(cfg.architecture)
+    if cache_fingerprint and hasattr(cls, "CONVERTED"):
+        from kvloop.engine.model.weight_cache import build_cached
+
+        return build_cached(cls, cache_fingerprint, cfg, weights, dtype, device, attention_backend, quantization)
+    return cls(cfg, weights, dtype, device, attention_backend, quantization)
 
 
 register_model("kvloop.engine.model.llama:LlamaModel", hf=("LlamaForCausalLM", "MistralForCausalLM",

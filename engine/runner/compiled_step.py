@@ -17,7 +17,8 @@ work running, load ~3; torch._dynamo.utils.compile_times): warm_up 15.5 s = dyna
 (fake-tensor propagation over the unbacked N 2.6 s) + inductor's cached artefacts 3.7 s (AOTAutogradCache and
 FX graph cache hits: the wrapper and its 16 kernels, hashing torch and triton for the key) + ~5 s importing
 inductor and the warm-up steps' first runs. Outside it: import torch 3.8 s, dequantizing and packing weights
-7.2 s, the rest of the engine (KV pool, grammar) 4.7 s. With the artefacts cached, tracing is the compile's
+7.2 s (since read from model/weight_cache.py's cache, ~0.3 s), the rest of the engine (KV pool, grammar) 4.7 s
+(the KV pool is no longer zero-filled up front: model/zeroed.py). With the artefacts cached, tracing is the compile's
 cost; dynamo's own precompile cache (TORCH_CACHING_PRECOMPILE) traced again on the next start here."""
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 import types
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from kvloop.engine.cache_root import cache_root
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 
 log = logging.getLogger("kvloop.compile")
@@ -77,13 +78,8 @@ def _attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 
 
 def cache_dir() -> Path:
-    """Where compiled artefacts live: $TORCHINDUCTOR_CACHE_DIR when the user set it, else inside the virtual
-    environment (they live and die with the torch that made them), else the user's cache directory."""
-    if _USER_CACHE_DIR:
-        return Path(_USER_CACHE_DIR)
-    if sys.prefix != sys.base_prefix:
-        return Path(sys.prefix) / "share" / "kvloop" / "inductor"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvloop" / "inductor"
+    """Where compiled artefacts live: $TORCHINDUCTOR_CACHE_DIR when the user set it, else under cache_root()."""
+    return Path(_USER_CACHE_DIR) if _USER_CACHE_DIR else cache_root() / "inductor"
 
 
 def compiler_missing() -> str | None:
