@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from kvloop.engine.cache_root import cache_root as kvloop_cache_root
+
 log = logging.getLogger("kvloop.kernels")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -85,9 +87,7 @@ def digest(kernel: str) -> str:
 def cache_root() -> Path:
     if os.environ.get("KVLOOP_CPU_KERNEL_DIR"):
         return Path(os.environ["KVLOOP_CPU_KERNEL_DIR"])
-    if sys.prefix != sys.base_prefix:  # a virtual environment: the build lives and dies with it
-        return Path(sys.prefix) / "share" / "kvloop" / "cpu-kernels"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvloop" / "cpu-kernels"
+    return kvloop_cache_root() / "cpu-kernels"  # in the virtual environment: the build lives and dies with it
 
 
 def library_name(kernel: str) -> str:
