@@ -181,7 +181,8 @@ KVMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=50,
 TestKVMachine = KVMachine.TestCase
 
 
-@settings(max_examples=100, deadline=None)
+# derandomize: the same 100 seeds on every run, so the coverage check below cannot flake on an unlucky draw
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(cache_policy_names()))
 def test_long_random_runs(seed, mode):
     """Long seeded runs of the same rules (hypothesis' state machine prefers short programs): pressure
