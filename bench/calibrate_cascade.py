@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -160,6 +162,9 @@ OWN_TOKENS = 112  # each row's own tokens after the shared ones in the held-out 
 TIE = 0.05  # plain and cascade within 5% of each other: either choice is right
 HELD_OUT = [(m, s) for m in (2, 3, 4, 6, 12, 16, 24) for s in (48, 192, 400, 800, 1888)]
 HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
+# Where the margin is fitted: whole decodes apart from the held-out ones (other group sizes and lengths)
+MARGIN = [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]
+MARGIN_QUICK = [(2, 272), (8, 96)]
 CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade_cost.py
 
 
@@ -246,9 +251,9 @@ def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, fl
     return cost, round(fixed, 3), max(errors)
 
 
-def held_out(cost: AttentionCost, dtype: torch.dtype, points: list[tuple[int, int]], reps: int) -> list[dict]:
-    """Per (members, shared tokens): the kernel's decode of those rows (each with OWN_TOKENS of its own after
-    the shared ones) plain and with the shared prefix as one group, against the model's choice."""
+def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int) -> list[tuple[int, int, float, float]]:
+    """Per (members, shared tokens): (members, shared, plain_us, cascade_us), the kernel's whole decode of those
+    rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one group."""
     from kvloop.engine.kernels.attention_meta import AttentionMetadata
     from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
     from kvloop.engine.runner.cascade_plan import build_plan
@@ -270,9 +275,21 @@ def held_out(cost: AttentionCost, dtype: torch.dtype, points: list[tuple[int, in
             # one CpuDecode per path: the step's work list is built once and reused, as by every layer
             steps.append(partial(CpuDecode(), q, k, v, meta, HD ** -0.5))
     times = best_of_each(steps, reps)
+    return [(m, s, times[2 * i], times[2 * i + 1]) for i, (m, s) in enumerate(points)]
+
+
+def fit_margin(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> float:
+    """The smallest min_gain (in steps of 0.01) under which the model cascades at none of these decodes where
+    cascade measured slower: each such point's modelled gain over its rows' plain reading cost, the largest."""
+    needed = [cost.group_gain_us(m, s) / (m * s * cost.token_cost_us(1))
+              for m, s, plain_us, cascade_us in decodes if cascade_us > plain_us]
+    return math.ceil(max([0.0, *needed]) * 100) / 100
+
+
+def held_out(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> list[dict]:
+    """The model's choice at each measured decode against the path measured faster."""
     out = []
-    for i, (members, shared) in enumerate(points):
-        plain_us, cascade_us = times[2 * i], times[2 * i + 1]
+    for members, shared, plain_us, cascade_us in decodes:
         gain = plain_us - cascade_us
         model_cascades = cost.worth(members, shared)
         out.append({"members": members, "shared_tokens": shared, "plain_us": round(plain_us, 1),
@@ -296,7 +313,7 @@ def paste_line(name: str, cost: AttentionCost, width: int = 110) -> str:
 
 
 def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], points: list[tuple[int, int]],
-                  reps: int) -> list[str]:
+                  margin_points: list[tuple[int, int]], reps: int) -> list[str]:
     """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade_cost.py."""
     from kvloop.engine.kernels.cpu import build
 
@@ -308,19 +325,24 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
         name = str(dtype).removeprefix("torch.")
         stacked, plain = measure_cpu(dtype, rows_grid, tokens_grid, reps)
         cost, fixed_us, worst = fit_cpu(stacked, plain, merges)
-        checks = held_out(cost, dtype, points, reps)
+        cost = replace(cost, min_gain=fit_margin(cost, measure_decodes(dtype, margin_points, reps)))
+        checks = held_out(cost, measure_decodes(dtype, points, reps))
         evens = {m: break_even(cost, m) for m in (2, 4, 8, 16, 32)}
-        wrong = [c for c in checks if not c["agrees"] and not c["tie"]]
+        wrong = [c for c in checks if not c["agrees"] and not c["tie"]]  # either way
+        missed = [c for c in wrong if not c["model_cascades"]]
         result["dtypes"][name] = {
             "cost": cost.__dict__, "call_fixed_us": fixed_us, "fit_worst_relative_error": round(worst, 3),
             "break_even_tokens": evens, "held_out_agreement": round(sum(c["agrees"] for c in checks) / len(checks), 3),
-            "held_out_wrong_beyond_tie": len(wrong), "held_out": checks,
+            "held_out_wrong_beyond_tie": len(wrong), "held_out_cascaded_slower_beyond_tie": len(wrong) - len(missed),
+            "held_out": checks,
             "samples_us": {"stacked": stacked, "plain": plain, "merge": merges}}
         paste.append(paste_line(CPU_NAMES[name], cost))
         even = {m: "never" if n is None else f"{n:,}" for m, n in evens.items()}
-        summary.append(f"{name}: fit within {worst:.0%}, break-even shared tokens {even[2]} for 2 sharers, "
+        summary.append(f"{name}: fit within {worst:.0%}, margin {cost.min_gain:.2f}, break-even shared tokens {even[2]} for 2 sharers, "
                        f"{even[4]} for 4, {even[16]} for 16")
-        print(f"{name}: fit worst relative error {worst:.1%} (call fixed cost {fixed_us} us); break-even shared "
+        print(f"{name}: fit worst relative error {worst:.1%} (call fixed cost {fixed_us} us), margin "
+              f"{cost.min_gain:.2f}; held-out: the slower path picked at {len(wrong)} points, {len(missed)} of them plain "
+              f"(beyond {TIE:.0%}); break-even shared "
               f"tokens by group size: {evens}")
         for c in checks:
             print(f"  {c['members']:3d} rows x {c['shared_tokens']:5d} shared: plain {c['plain_us']:8.1f} us, cascade "
@@ -379,7 +401,8 @@ def main() -> None:
         from kvloop.engine.bench.machine import cpu_flags
 
         result.update(backend="cpu", quick=args.quick, cpu_flags=cpu_flags())
-        paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT, reps)
+        paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT,
+                              MARGIN_QUICK if args.quick else MARGIN, reps)
         result["goals"] = cpu_goals(result)
         command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
         print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the _CPU_BF16 and _CPU_FP32 lines, and "

@@ -6,7 +6,10 @@ One attention call that stacks M query rows against S shared tokens costs, per l
 (a roofline: a few stacked rows cost what streaming the K/V costs, many rows what the products cost, plus
 what a kernel pays once per token for all the rows it stacks, such as widening 16-bit K/V; 0 on torch),
 and every row that takes part in a cascade pays merge_us per extra partial result (group_us more per
-group). Plain decode is one such call per row (M = 1) over its whole context. For a backend whose kernel
+group). Plain decode is one such call per row (M = 1) over its whole context. A group cascades only where
+the modelled gain exceeds min_gain times what its rows' reading of the shared tokens costs plain: a margin
+for the model's error on small groups, where both paths take tens of microseconds (fitted by the calibration
+against whole decode steps, so that the model never picks the path measured slower). For a backend whose kernel
 takes the whole step in one call (the CPU kernel, which also merges each row's partial results inside it),
 a "call" is one segment of that call: call_us is what a segment adds, and the call's own fixed cost, the
 same with or without cascade, is left out.
@@ -32,6 +35,7 @@ class AttentionCost:
     copy_max_tokens: int = 512
     group_us: float = 0.0  # per cascaded group, beyond its rows' merges (the CPU kernel: the merge's fixed cost)
     token_stack_us: float = 0.0  # per token, once for all the stacked rows, beside their products
+    min_gain: float = 0.0  # the share of the group's plain reading cost cascade must save to be chosen
 
     def token_cost_us(self, rows: int) -> float:
         """Per token of one call that stacks `rows` query rows."""
@@ -53,7 +57,9 @@ class AttentionCost:
         return alone - together
 
     def worth(self, members: int, shared_tokens: int) -> bool:
-        return members > 1 and shared_tokens > 0 and self.group_gain_us(members, shared_tokens) > 0
+        if members < 2 or shared_tokens <= 0:
+            return False
+        return self.group_gain_us(members, shared_tokens) > self.min_gain * members * shared_tokens * self.token_cost_us(1)
 
     def step_us(self, context_lens: list[int], groups: Iterable[tuple[int, int]]) -> float:
         """Per layer: plain cost of these rows minus the gain of each cascaded (members, shared_tokens)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,8 @@ def test_every_entry_is_consistent_with_itself(backend: str, dtype: str):
     for members in (1, 2, 3, 4, 8, 16, 32):
         for tokens in (0, 16, 96, 400, 1888, 4096):
             gain = cost.group_gain_us(members, tokens)
-            assert cost.worth(members, tokens) == (members > 1 and tokens > 0 and gain > 0)
+            margin = cost.min_gain * members * tokens * cost.token_cost_us(1)
+            assert cost.worth(members, tokens) == (members > 1 and tokens > 0 and gain > margin)
             assert cost.step_us(lens, [(members, tokens)]) == pytest.approx(cost.plain_us(lens) - gain)
     assert cost.plain_us(lens) == pytest.approx(sum(cost.span_us(1, n) for n in lens))
     # stacking rows costs less per token than reading alone, so longer shared prefixes only gain more
@@ -124,3 +126,26 @@ def test_cpu_fit_recovers_the_coefficients_it_was_given():
     pasted = cc.paste_line("_CPU_BF16", cost)
     assert eval(pasted.split(" = ", 1)[1], {"AttentionCost": AttentionCost}) == cost
     assert max(len(line) for line in pasted.splitlines()) <= 110
+
+
+def test_a_margin_refuses_groups_whose_modelled_gain_is_small():
+    base = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0, group_us=5.0,
+                         token_stack_us=0.014)
+    share = base.group_gain_us(4, 400) / (4 * 400 * base.token_cost_us(1))  # the share of plain reading saved
+    assert 0 < share < 1 and base.worth(4, 400)
+    assert replace(base, min_gain=share - 0.01).worth(4, 400)
+    assert not replace(base, min_gain=share + 0.01).worth(4, 400)
+    assert replace(base, min_gain=share + 0.01).worth(16, 1888)  # large groups save far more
+
+
+def test_the_fitted_margin_excludes_every_decode_measured_slower_and_no_more():
+    cc = load_calibration()
+    cost = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0, group_us=5.0,
+                         token_stack_us=0.014)
+    faster, slower, close = (16, 1888, 900.0, 300.0), (4, 400, 100.0, 104.0), (3, 96, 50.0, 49.0)
+    assert cc.fit_margin(cost, [faster, close]) == 0.0  # nothing measured slower: no margin
+    margin = cc.fit_margin(cost, [faster, slower, close])
+    fitted = replace(cost, min_gain=margin)
+    assert cost.worth(4, 400) and not fitted.worth(4, 400)
+    assert fitted.worth(16, 1888)
+    assert replace(cost, min_gain=margin - 0.01).worth(4, 400)  # the smallest such step
