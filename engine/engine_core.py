@@ -116,7 +116,8 @@ class EngineCore:
         self.scheduler = Scheduler(sched_cfg, self.kv)
         self.runner = ModelRunner(model, config.num_blocks, config.block_size, self.kv_dtype, config.cascade,
                                   self.scheduler.step_cost.groups,
-                                  compile=resolve_compile(config.compile, config.dtype, config.device))
+                                  compile=resolve_compile(config.compile, config.dtype, config.device),
+                                  fingerprint=fingerprint)
         self.scheduler.set_attention_cost(self.runner.attention_cost)
         log.info("start-up: KV pool and model runner ready at %.1f s", time.perf_counter() - started)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary

@@ -17,13 +17,13 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from kvloop.engine.cache_root import cache_root
+from kvloop.engine.cache_root import cache_dir_from, prune_unused
 from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w
 
 log = logging.getLogger("kvloop.engine")
@@ -36,21 +36,22 @@ _SOURCES = (Path(__file__).parent, Path(linear_bf16w.__file__), Path(linear_int8
 
 def cache_dir() -> Path | None:
     """Where converted weights are cached, or None when caching is off."""
-    chosen = os.environ.get(ENV, "")
-    if chosen.lower() in ("off", "0", "none"):
-        return None
-    return Path(chosen) if chosen else cache_root() / "weights"
+    return cache_dir_from(ENV, "weights")
 
 
-def _sources_digest() -> str:
+def sources_digest(sources: Iterable[Path] = _SOURCES) -> str:
+    """The code's fingerprint: every .py file of each folder in sources, and each file named."""
     digest = hashlib.sha256()
-    for source in _SOURCES:
+    for source in sources:
         for path in sorted(source.glob("*.py")) if source.is_dir() else [source]:
             digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
-def cache_key(model_class, fingerprint: str, cfg, dtype: torch.dtype, quantization: str) -> str:
+def cache_key(model_class, fingerprint: str, cfg, dtype: torch.dtype, quantization: str,
+              extra: Iterable[str] = ()) -> str:
+    """What the converted weights depend on, hashed; `extra`: what a cache built on them depends on besides
+    (runner/compiled_step.py keys its compiled step with this too)."""
     def version(package: str) -> str:
         try:
             return metadata.version(package)
@@ -59,7 +60,7 @@ def cache_key(model_class, fingerprint: str, cfg, dtype: torch.dtype, quantizati
 
     parts = [f"{model_class.__module__}.{model_class.__qualname__}", fingerprint, repr(cfg), str(dtype), quantization,
              f"bf16w={linear_bf16w.available()}", f"int8w={linear_int8w.available()}",
-             f"torch={torch.__version__}", f"gguf={version('gguf')}", _sources_digest()]
+             f"torch={torch.__version__}", f"gguf={version('gguf')}", sources_digest(), *extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 
 
@@ -134,16 +135,4 @@ def _write(path: Path, converted: dict) -> None:
         tmp.unlink(missing_ok=True)
         return
     log.info("weights: cached the converted weights in %.1f s (%s)", time.perf_counter() - started, path)
-    _prune(path.parent)
-
-
-def _prune(root: Path) -> None:
-    """Removes cache files (and leftover temporaries) nobody has read for UNUSED_DAYS."""
-    cutoff = time.time() - UNUSED_DAYS * 86400
-    for old in root.glob("*.pt*"):
-        try:
-            if old.stat().st_mtime < cutoff:
-                old.unlink()
-                log.info("weights: removed %s (unused for %d days)", old, UNUSED_DAYS)
-        except OSError:
-            pass  # another process removed or replaced it
+    prune_unused(path.parent, "*.pt*", UNUSED_DAYS, "weights")  # and leftover temporaries

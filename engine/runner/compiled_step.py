@@ -9,17 +9,23 @@ block table or cascade plan never recompiles: there is one graph for every N (N 
 arithmetic does not depend on the batch it is in).
 
 Compiling happens in `warm_up` (the engine's start-up), over a scratch KV cache of one block; afterwards a
-step that would need another graph runs eagerly rather than compiling on a user's request. Compiled
-artefacts are cached on disk (inductor's FX graph cache, under cache_dir()), so a restart pays tracing only.
+step that would need another graph runs eagerly rather than compiling on a user's request. With the
+checkpoint's fingerprint (an engine over a loaded checkpoint) the step is compiled ahead of time
+(`aot_compile`) and saved (runner/step_artefact.py: keyed by the model and all the compiled code depends on),
+and a later start loads it rather than having dynamo trace the layers again. The saved graph was traced with
+N unbacked, so loaded it serves every N as well; __call__ checks its guards and runs a step they reject
+eagerly. Without a fingerprint (a model built in-process) or with $KVLOOP_COMPILED_STEP_CACHE=off,
+torch.compile's own path traces at warm-up, its artefacts in inductor's caches (under cache_dir()).
 
-Where a warm start-up goes (`kvloop serve`, embedded SmolLM2, bf16 weights, 2 threads on 2 cores with other
-work running, load ~3; torch._dynamo.utils.compile_times): warm_up 15.5 s = dynamo tracing the 30 layers 5.9 s
-(fake-tensor propagation over the unbacked N 2.6 s) + inductor's cached artefacts 3.7 s (AOTAutogradCache and
-FX graph cache hits: the wrapper and its 16 kernels, hashing torch and triton for the key) + ~5 s importing
-inductor and the warm-up steps' first runs. Outside it: import torch 3.8 s, dequantizing and packing weights
-7.2 s (since read from model/weight_cache.py's cache, ~0.3 s), the rest of the engine (KV pool, grammar) 4.7 s
-(the KV pool is no longer zero-filled up front: model/zeroed.py). With the artefacts cached, tracing is the compile's
-cost; dynamo's own precompile cache (TORCH_CACHING_PRECOMPILE) traced again on the next start here."""
+Where a warm start-up goes (embedded SmolLM2, --dtype auto: bf16 weights, fp32 arithmetic, 2 threads, on 2
+cores shared with other work at load ~3, so rough; EngineCore built in a fresh process): import torch 3.6-4.1 s,
+kvloop 0.6 s, then the EngineCore 8.4-9.5 s: model and tokenizer 1.1-1.6 s (converted weights read from
+model/weight_cache.py's cache), importing dynamo and inductor ~3 s, loading the saved step and running the
+warm-up steps 3.7-4.4 s (tracing the layers and inductor's cache hits took warm_up 12.4-15.5 s before); 12.6-14.3 s
+in all. The saved step is ~1.4 MB. Its cost: AOT compiling bypasses inductor's FX graph cache (torch does
+so in AOT mode), so a start whose key changed (the first, another checkpoint, a new torch, an edit to the
+model's or this module's sources) pays inductor's whole code generation once: warm_up 68-74 s here (its C++
+builds still come from its cache), against ~15 s through torch.compile's own path with its caches warm."""
 
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ import torch
 
 from kvloop.engine.cache_root import cache_root
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.runner import step_artefact
 
 log = logging.getLogger("kvloop.compile")
 
@@ -108,38 +115,78 @@ def _own_code(fn: Callable) -> Callable:
 
 
 class CompiledStep:
-    """model.layers_forward compiled: call it like model.forward (ids, positions, metadata, KV cache)."""
+    """model.layers_forward compiled (or loaded as an earlier start compiled it, from `artefact`): call it like
+    model.forward (ids, positions, metadata, KV cache)."""
 
-    def __init__(self, model):
+    def __init__(self, model, artefact: Path | None = None):
         self.model = model
+        self.artefact = artefact  # where the compiled step is saved for the next start; None: not saved
+        self.loaded = False  # warm_up loaded the step from artefact (rather than compiling it)
         self.warm = False
         self.warm_up_seconds: float | None = None
-        # what a step that would need another graph does once warm: run eagerly, never compile on a user's
-        # request (tests set "fail_on_recompile" to prove that no step needs one)
+        # what a step whose inputs the graph's guards reject does once warm: run eagerly, never compile on a
+        # user's request (tests set "fail_on_recompile" to prove that no step needs another graph)
         self.stance_when_warm = "eager_on_recompile"
-        layers_forward = model.layers_forward
+        self._ran_eagerly = False
+        layers_forward = model.layers_forward  # one bound method: the saved step names it (external data)
+        self._external = {"layers_forward": layers_forward}
 
         def layers(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return layers_forward(input_ids, positions, _attend)
 
-        self._compiled = torch.compile(_own_code(layers), dynamic=False, fullgraph=True,
+        self._layers = _own_code(layers)
+        self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True,
                                        options={**INDUCTOR_OPTIONS, "guard_filter_fn": keep_guard})
+        self._graph = None  # with an artefact: torch's AOTCompiledFunction, once warm_up compiled or loaded it
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_cache: torch.Tensor) -> torch.Tensor:
-        # N is unbacked: no 0/1 specialisation, so N = 1 runs the same graph as every other N
-        torch._dynamo.decorators.mark_unbacked(input_ids, 0)
-        torch._dynamo.decorators.mark_unbacked(positions, 0)
         _bound.model, _bound.meta, _bound.kv_cache = self.model, meta, kv_cache
         try:
-            with torch.inference_mode(), torch.compiler.set_stance(self.stance_when_warm if self.warm else "default"):
-                return self._compiled(input_ids, positions)
+            with torch.inference_mode():
+                if self._graph is None:
+                    return self._traced(input_ids, positions)
+                if self._graph.guard_check(input_ids, positions):
+                    return self._graph(input_ids, positions)
+                return self._eagerly(input_ids, positions)
         finally:
             _bound.meta = _bound.kv_cache = None
 
+    def _traced(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Without an artefact: through torch.compile's own path, traced at warm-up (inductor's caches serve
+        a restart; AOT compiling bypasses them)."""
+        # N is unbacked: no 0/1 specialisation, so N = 1 runs the same graph as every other N
+        torch._dynamo.decorators.mark_unbacked(input_ids, 0)
+        torch._dynamo.decorators.mark_unbacked(positions, 0)
+        with torch.compiler.set_stance(self.stance_when_warm if self.warm else "default"):
+            return self._compiled(input_ids, positions)
+
+    def _eagerly(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A step the AOT graph does not serve (its guards said so): eager once warm, an error before
+        (warm-up's steps must run the graph) or under "fail_on_recompile"."""
+        if not self.warm or self.stance_when_warm == "fail_on_recompile":
+            raise RuntimeError(f"the compiled step's guards reject a step of {input_ids.shape[0]} tokens")
+        if not self._ran_eagerly:
+            self._ran_eagerly = True
+            log.warning("compile: a step's inputs do not match the compiled step's guards; such steps run eagerly")
+        return self._layers(input_ids, positions)
+
+    def _compile_ahead(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """Traces and compiles the step ahead of time over example inputs, as a function that can be saved."""
+        # N unbacked, as in _traced. Only the examples are marked: a loaded graph's guards reject marked
+        # inputs, and neither a compiled nor a loaded graph needs them to serve every N.
+        torch._dynamo.decorators.mark_unbacked(input_ids, 0)
+        torch._dynamo.decorators.mark_unbacked(positions, 0)
+        with torch.inference_mode():
+            graph = self._compiled.aot_compile(((input_ids, positions), {}))
+        graph.disable_guard_check()  # __call__ checks them first, to run eagerly where they fail
+        return graph
+
     def warm_up(self, block_size: int, kv_dtype: torch.dtype | None = None) -> float:
-        """Compiles (or loads from the disk cache) the step's graph by running a decode step and a two-token
-        prefill over a one-block scratch cache; returns the seconds it took."""
+        """Loads the step's graph from self.artefact (saved by an earlier start) or compiles it (and saves it
+        there; without an artefact, traces it at the first step), then runs a decode step and a two-token
+        prefill through it over a one-block scratch cache; returns the seconds it took. A saved step that does
+        not load or run is removed and compiled again."""
         started = time.perf_counter()
         device = self.model.device
         kv = self.model.new_kv_cache(1, block_size, kv_dtype)
@@ -149,9 +196,29 @@ class CompiledStep:
             return torch.tensor(values, dtype=torch.long, device=device)
 
         decode = AttentionMetadata(tensor([0]), 1, table, tensor([1]), max_decode_context=1)
-        self(tensor([0]), tensor([0]), decode, kv)
         prefill = AttentionMetadata(tensor([0, 1]), 0, table[:0], tensor([]), [PrefillChunk(0, 2, 2, table[0])])
-        self(tensor([0, 1]), tensor([0, 1]), prefill, kv)
+
+        def run_warm_up_steps() -> None:
+            self(tensor([0]), tensor([0]), decode, kv)
+            self(tensor([0, 1]), tensor([0, 1]), prefill, kv)
+
+        if self.artefact is not None:
+            with torch.inference_mode():  # as the step runs: loading builds its guards against the dispatch state
+                self._graph = step_artefact.load(self.artefact, self._external)
+        if self._graph is not None:
+            self._graph.disable_guard_check()
+            try:
+                run_warm_up_steps()
+                self.loaded = True
+            except Exception as exc:  # noqa: BLE001 - loaded but unusable here: compile it again
+                step_artefact.discard(self.artefact, exc)
+                self._graph = None
+        if self._graph is None and self.artefact is not None:
+            self._graph = self._compile_ahead(tensor([0]), tensor([0]))
+            run_warm_up_steps()
+            step_artefact.save(self.artefact, self._graph, self._external)
+        elif self._graph is None:
+            run_warm_up_steps()  # traces and compiles at the first
         self.warm = True
         self.warm_up_seconds = time.perf_counter() - started
         return self.warm_up_seconds
@@ -181,10 +248,12 @@ def resolve_compile(mode: str, dtype_option: str, device: str) -> bool:
     return device == "cpu" and dtype_option == "auto"
 
 
-def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None) -> CompiledStep | None:
+def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None,
+                    fingerprint: str = "") -> CompiledStep | None:
     """The model's compiled step, warm; None (the engine runs eagerly) where it cannot be compiled here,
     with a log line saying why. One per model: engines over the same model share it (the graph holds no
-    engine state), so a second engine neither recompiles nor adds guards to check."""
+    engine state), so a second engine neither recompiles nor adds guards to check. With the checkpoint's
+    fingerprint, the step is saved for (and loaded by) the next start (runner/step_artefact.py)."""
     if model in _compiled:
         return _compiled[model]
     os.environ[CACHE_ENV] = str(cache_dir())  # inductor reads it on every use
@@ -192,15 +261,18 @@ def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None)
     if reason:
         log.warning("compile: %s; the step runs eagerly", reason)
         return None
-    step = CompiledStep(model)
     try:
+        step = CompiledStep(model, step_artefact.artefact_path(model, fingerprint, kv_dtype, INDUCTOR_OPTIONS))
         took = step.warm_up(block_size, kv_dtype)
     except Exception as exc:  # noqa: BLE001 - a failed compile costs speed, never the engine
         first = (str(exc).strip().splitlines() or [""])[0]
         log.warning("compile: compiling the step failed, it runs eagerly: %s: %s", type(exc).__name__, first)
         log.debug("compile: the failure in full", exc_info=True)
         return None
-    log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took, os.environ.get(CACHE_ENV))
+    if step.loaded:
+        log.info("compile: the step loaded in %.1f s (%s)", took, step.artefact)
+    else:
+        log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took, os.environ.get(CACHE_ENV))
     _compiled[model] = step
     return step
 

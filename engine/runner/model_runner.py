@@ -27,7 +27,7 @@ def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
-                 cascade: str = "auto", cascade_groups: str = "nested", compile: bool = False):
+                 cascade: str = "auto", cascade_groups: str = "nested", compile: bool = False, fingerprint: str = ""):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -44,7 +44,9 @@ class ModelRunner:
         self.keep_all_logits = False  # tests: keep every row's logits of the last step in last_logits
         self.last_logits: torch.Tensor | None = None
         # the model's step compiled here (start-up); None: eager (not asked for, or compiling failed)
-        self.compiled = compiled_step.compile_or_none(model, block_size, self.kv_cache.dtype) if compile else None
+        # (fingerprint: the checkpoint's, which keys the compiled step saved for the next start)
+        self.compiled = (compiled_step.compile_or_none(model, block_size, self.kv_cache.dtype, fingerprint)
+                         if compile else None)
 
     def build_metadata(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size

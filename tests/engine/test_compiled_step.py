@@ -1,29 +1,34 @@
 """The compiled step (runner/compiled_step.py) against eager on a tiny random Llama in fp32: the same greedy
 tokens and logits within float rounding over a mixed schedule (chunked prefill, decode batches of 1 to 6 rows,
 prefill and decode in one step, a shared prefix decoded as a cascade group), with no step needing a second graph
-after warm-up, and a request's tokens the same alone as among the others (batch invariance). One compile of a
-small model, so this stays a few seconds with a warm cache."""
+after warm-up, and a request's tokens the same alone as among the others (batch invariance). The step saved to
+disk (runner/step_artefact.py) loads in a fresh CompiledStep and gives the traced step's bits; a damaged file
+is compiled again. Compiles of a small model only, so this stays a few seconds with warm caches."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
-from kvloop.engine.runner import compiled_step
+from kvloop.engine.runner import compiled_step, step_artefact
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 TINY = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position=512)
 SHARED = [random.Random(1).randrange(512) for _ in range(70)]  # 4 blocks and a bit: past min_prefix_tokens
+compiles = pytest.mark.skipif(compiled_step.compiler_missing() is not None, reason="no C++ compiler for inductor")
 
 
 def schedule() -> dict[int, list[tuple[str, list[int], int]]]:
@@ -56,7 +61,7 @@ def run(eng: EngineCore, plan: dict[int, list[tuple[str, list[int], int]]]) -> t
     raise AssertionError("the schedule did not finish")
 
 
-@pytest.mark.skipif(compiled_step.compiler_missing() is not None, reason="no C++ compiler for inductor")
+@compiles
 @torch._dynamo.config.patch(disable=False)  # the suite turns torch.compile off for every other test (conftest)
 def test_compiled_step_equals_eager():
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.float32)
@@ -79,7 +84,90 @@ def test_compiled_step_equals_eager():
     assert compiled.runner.cascade_group_sizes, "no step decoded the shared prefix as a group"
 
 
-@pytest.mark.skipif(compiled_step.compiler_missing() is not None, reason="no C++ compiler for inductor")
+
+def prefill_then_decode(step, model: LlamaModel) -> list[torch.Tensor]:
+    """A 3-token prefill and a 1-token decode after it, through `step` (model.forward's signature)."""
+    kv = model.new_kv_cache(1, 16, torch.float32)
+    table = torch.zeros(1, 1, dtype=torch.long)
+    prefill = AttentionMetadata(torch.arange(3), 0, table[:0], torch.tensor([], dtype=torch.long),
+                                [PrefillChunk(0, 3, 3, table[0])])
+    decode = AttentionMetadata(torch.tensor([3]), 1, table, torch.tensor([4]), max_decode_context=4)
+    return [step(torch.tensor([5, 17, 300]), torch.arange(3), prefill, kv).clone(),
+            step(torch.tensor([42]), torch.tensor([3]), decode, kv).clone()]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> tuple[LlamaModel, Path, list[torch.Tensor]]:
+    """The tiny model's step compiled ahead of time and saved, and what it gives for N = 3 and N = 1: the same
+    bits as torch.compile's own (traced) path, which the engine takes where it saves no step."""
+    model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.float32)
+    artefact = tmp_path_factory.mktemp("steps") / "tiny.step"
+    outputs = []
+    for path in (artefact, None):
+        step = compiled_step.CompiledStep(model, path)
+        with torch._dynamo.config.patch(disable=False):
+            step.warm_up(16, torch.float32)
+            step.stance_when_warm = "fail_on_recompile"
+            outputs.append(prefill_then_decode(step, model))
+    assert artefact.exists() and not step.loaded
+    assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
+    return model, artefact, outputs[0]
+
+
+@compiles
+@torch._dynamo.config.patch(disable=False)
+def test_a_saved_step_loads_and_gives_the_traced_steps_bits(saved):
+    """A fresh CompiledStep loads the saved graph (no tracing) and, with the same unbacked N, serves N = 3 and
+    N = 1 without another graph, bit for bit as the traced one; both match eager."""
+    model, artefact, traced_out = saved
+    loaded = compiled_step.CompiledStep(model, artefact)
+    loaded.warm_up(16, torch.float32)
+    assert loaded.loaded
+    loaded.stance_when_warm = "fail_on_recompile"  # a step the loaded graph rejects fails the test
+    for got, want, eager in zip(prefill_then_decode(loaded, model), traced_out, prefill_then_decode(model.forward, model),
+                                strict=True):
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, eager, rtol=0, atol=1e-4)
+
+
+@compiles
+@torch._dynamo.config.patch(disable=False)
+def test_a_truncated_saved_step_is_compiled_again_with_a_warning(saved, tmp_path: Path, caplog):
+    model, artefact, traced_out = saved
+    bad = tmp_path / artefact.name
+    bad.write_bytes(artefact.read_bytes()[: artefact.stat().st_size // 2])  # as a crash mid-write would leave it
+    step = compiled_step.CompiledStep(model, bad)
+    with caplog.at_level(logging.WARNING, "kvloop.compile"):
+        step.warm_up(16, torch.float32)
+    assert not step.loaded and "unusable" in caplog.text
+    step_artefact.payload(bad)  # saved again, whole (its checksum holds)
+    assert all(torch.equal(a, b) for a, b in zip(prefill_then_decode(step, model), traced_out, strict=True))
+
+
+def test_the_saved_steps_key_follows_the_model_and_its_environment(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv(step_artefact.ENV, str(tmp_path))
+    fp32, bf16 = (LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), dtype) for dtype in (torch.float32,
+                                                                                               torch.bfloat16))
+    opts = compiled_step.INDUCTOR_OPTIONS
+
+    def path(model=fp32, fingerprint="ckpt", kv=torch.float32, options=opts):
+        return step_artefact.artefact_path(model, fingerprint, kv, options)
+
+    assert path() == path() and path().parent == tmp_path
+    assert len({path(), path(bf16), path(fingerprint="other"), path(kv=torch.bfloat16),
+                path(options={**opts, "size_asserts": True})}) == 5
+    threads, one_thread = torch.get_num_threads(), path()
+    torch.set_num_threads(threads + 1)  # inductor writes the thread count into its loops
+    try:
+        assert path() != one_thread
+    finally:
+        torch.set_num_threads(threads)
+    assert path(fingerprint="") is None  # a model built in-process: nothing tells its weights' layout
+    monkeypatch.setenv(step_artefact.ENV, "off")
+    assert path() is None
+
+
+@compiles
 @torch._dynamo.config.patch(disable=False)
 def test_two_models_in_one_process_run_their_own_graphs():
     """The step keeps no guards on the model (compiled_step.keep_guard): each CompiledStep compiles its own
