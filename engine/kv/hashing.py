@@ -11,7 +11,11 @@ ROOT = 0  # the parent of a sequence's first block
 
 
 def block_hash(parent: int, tokens: Sequence[int], extra: bytes) -> int:
-    data = parent.to_bytes(16, "little") + array("q", tokens).tobytes() + extra  # one update: same digest
+    return _packed_hash(parent, array("q", tokens).tobytes(), extra)
+
+
+def _packed_hash(parent: int, packed_tokens: bytes, extra: bytes) -> int:
+    data = parent.to_bytes(16, "little") + packed_tokens + extra  # one update: same digest
     return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
 
 
@@ -21,9 +25,14 @@ def chain_hashes(tokens: Sequence[int], block_size: int, extra: bytes, num_block
     end = len(tokens) // block_size
     if num_blocks is not None:
         end = min(end, start + num_blocks)
-    out = []
-    for i in range(start, end):
-        parent = block_hash(parent, tokens[i * block_size:(i + 1) * block_size], extra)
+    out: list[int] = []
+    if end <= start:
+        return out
+    # block_hash of each block, with the token ids packed once for them all
+    packed = array("q", tokens[start * block_size : end * block_size]).tobytes()
+    width = 8 * block_size  # bytes of a block's ids ("q": 8 each)
+    for i in range(end - start):
+        parent = _packed_hash(parent, packed[i * width : (i + 1) * width], extra)
         out.append(parent)
     return out
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
+from itertools import filterfalse, takewhile
 
 from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
@@ -146,7 +147,11 @@ class KVCacheManager(SwapMixin, PersistMixin):
         return max(0, cached - kept)
 
     def _holder_budget(self, seq: Sequence) -> int:
-        return self._evictable_budget(len(self.policy), self.num_referenced_blocks, len(set(seq.block_table)))
+        table, referenced = seq.block_table, self.num_referenced_blocks
+        # own blocks matter only when they could be all the referenced ones: a longer count than the table's
+        # settles that without counting distinct blocks (one per eviction, near a full pool)
+        own = len(set(table)) if referenced <= len(table) else len(table)
+        return self._evictable_budget(len(self.policy), referenced, own)
 
     # ---- lookup ---------------------------------------------------------------------------------
     def keys(self, seq: Sequence) -> list[int]:
@@ -189,8 +194,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         matched = self._matched_tiers(hashes, len(tokens))
         found = self._worth_using(matched)
         self.stats.lower_tier_recomputed += len(matched) - found
-        for h in hashes:
-            if self.index.slot_of(h) is None and self.regret.asked(h):
+        for h in filterfalse(self.index.slots.__contains__, hashes):  # not on the device
+            if self.regret.asked(h):
                 self.stats.eviction_regret += 1
         min_tokens = self.min_reusable_tokens
         if found == 0 or found * bs < min_tokens:
@@ -265,8 +270,10 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _matched_tiers(self, hashes: list[int], num_tokens: int) -> list[str]:
         """Tiers of the leading blocks the cache holds, never the block of the last token: at least that
         token is computed, so that one is sampled."""
-        tiers: list[str] = []
-        for h in hashes[: (num_tokens - 1) // self.block_size]:
+        usable = hashes[: (num_tokens - 1) // self.block_size]
+        # the leading run on the device (most matched blocks), found in C
+        tiers = ["device"] * len(list(takewhile(self.index.slots.__contains__, usable)))
+        for h in usable[len(tiers) :]:
             tier = self._tier_of(h)
             if tier is None:
                 break

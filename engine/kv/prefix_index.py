@@ -6,6 +6,8 @@ block names it as parent; only leaves are evicted, so no cached block is ever or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvloop.engine.kv.hashing import ROOT
 
 
@@ -20,6 +22,11 @@ class PrefixIndex:
 
     def slot_of(self, h: int) -> int | None:
         return self._slot_of.get(h)
+
+    @property
+    def slots(self) -> Mapping[int, int]:
+        """hash -> device block, read-only: loops over a prompt's blocks look hashes up without a call each."""
+        return self._slot_of
 
     def hash_of(self, slot: int) -> int | None:
         entry = self._entry.get(slot)

@@ -16,6 +16,10 @@ class SwapMixin:
     def is_swapped(self: KVCacheManager, seq: Sequence) -> bool:
         return id(seq) in self._swapped
 
+    @property
+    def num_swapped(self: KVCacheManager) -> int:
+        return len(self._swapped)
+
     def swap_out(self: KVCacheManager, seq: Sequence) -> bool:
         """Copies seq's blocks to pinned host slots and frees its device blocks; keeps its progress."""
         if self.host is None or not seq.block_table or self.is_swapped(seq):

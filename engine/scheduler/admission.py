@@ -29,13 +29,23 @@ class AdmissionGate:
 
     def target_blocks(self, seq: Sequence) -> int:
         """Blocks seq should be able to hold: its tokens plus the decode reserve, capped by max_tokens."""
-        final = seq.num_prompt_tokens + seq.params.max_tokens
-        return blocks_for(min(final, seq.num_tokens + self.reserve_tokens), self.kv.block_size)
+        final = len(seq.prompt_token_ids) + seq.params.max_tokens
+        return blocks_for(min(final, len(seq.token_ids) + self.reserve_tokens), self.kv.block_size)
 
     def outstanding(self, running: Iterable[Sequence]) -> int:
-        """Reserve blocks that running sequences may still take."""
-        kv = self.kv
-        return sum(max(0, self.target_blocks(s) - len(s.block_table)) for s in running if not kv.is_swapped(s))
+        """Reserve blocks that running sequences may still take (every step, over every running row: a
+        plain loop, swap state asked only of rows that would count)."""
+        kv, bs, reserve = self.kv, self.kv.block_size, self.reserve_tokens
+        swaps = kv.num_swapped > 0
+        total = 0
+        for s in running:
+            # target_blocks(s), inline: this loop is the gate's cost near saturation
+            target = len(s.token_ids) + reserve
+            final = len(s.prompt_token_ids) + s.params.max_tokens
+            left = ((final if final < target else target) + bs - 1) // bs - len(s.block_table)
+            if left > 0 and not (swaps and kv.is_swapped(s)):
+                total += left
+        return total
 
     def limit(self) -> int:
         """Blocks admission may commit: the pool less the watermark share (codesign keeps it back)."""

@@ -32,7 +32,7 @@ def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixVi
     priority = [s for s in waiting if s.num_preemptions or now - enqueued(s) >= aging_s]
     prio_ids = {id(s) for s in priority}
     first = sorted(priority, key=lambda s: (not s.num_preemptions, enqueued(s)))
-    prefilling = [r for r in running if r.num_computed_tokens < r.num_prompt_tokens]
+    prefilling = [r for r in running if r.num_computed_tokens < len(r.prompt_token_ids)]
     rest = []
     for s in waiting:
         if id(s) in prio_ids:

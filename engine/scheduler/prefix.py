@@ -41,19 +41,19 @@ class PrefixView:
             return PrefixHit()
         kv = self.kv
         match = kv.peek_prefix(seq)
-        hit = PrefixHit()
-        refs = kv.pool.ref_counts
+        shared = cached = lower = sharers = 0
+        refs, slots = kv.pool.ref_counts, kv.index.slots
         for h, tier in zip(match.hashes, match.tiers, strict=True):
             if tier != "device":
-                hit.lower += 1
+                lower += 1
                 continue
-            held = refs[kv.index.slot_of(h)]
+            held = refs[slots[h]]
             if held:
-                hit.shared += 1
-                hit.sharers = held
+                shared += 1
+                sharers = held
             else:
-                hit.cached += 1
-        return hit
+                cached += 1
+        return PrefixHit(shared, cached, lower, sharers)
 
     def common_blocks(self, a: Sequence, b: Sequence) -> int:
         """Leading full blocks two sequences share (equal chained keys)."""

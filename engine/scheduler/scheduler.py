@@ -236,8 +236,8 @@ class Scheduler:
         plan is reused while the rows (and the prefilling ones' lengths) are unchanged."""
         bs = self.kv.block_size
         rows = [s for s in self.running if s.block_table]
-        ctx = [min(s.num_tokens, len(s.block_table) * bs) for s in rows]
-        key = tuple((s.request_id, s.num_preemptions, c if s.num_computed_tokens < s.num_prompt_tokens else -1)
+        ctx = [min(len(s.token_ids), len(s.block_table) * bs) for s in rows]
+        key = tuple((s.request_id, s.num_preemptions, c if s.num_computed_tokens < len(s.prompt_token_ids) else -1)
                     for s, c in zip(rows, ctx, strict=True))
         sc = self.step_cost
         if self._planner is None:

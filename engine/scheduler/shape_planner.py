@@ -43,6 +43,7 @@ class ShapePlanner:
     def __init__(self, block_size: int, worth: Worth, nested: bool = True):
         self.block_size = block_size
         self.worth = worth
+        self._worth: dict[tuple[int, int], bool] = {}  # worth's answers (a pure function of its two ints)
         self.nested = nested
         self._key: tuple | None = None
         self._shapes: list[tuple[int, int]] = []
@@ -171,7 +172,7 @@ class ShapePlanner:
 
     # ---- the plan ---------------------------------------------------------------------------------
     def _groups(self, position: dict) -> list[tuple[int, int]]:
-        bs, worth = self.block_size, self.worth
+        bs, worth, known = self.block_size, self.worth, self._worth
         found: list[tuple[int, int, int, int]] = []  # (first token, first row, members, tokens)
         stack = [(self._root, 0)]
         while stack:
@@ -179,10 +180,18 @@ class ShapePlanner:
             members = len(node.rows)
             if members < 2:
                 continue
-            if node.end > covered and worth(members, (node.end - covered) * bs):
-                found.append((covered * bs, min(map(position.__getitem__, node.rows)), members,
-                              (node.end - covered) * bs))
-                covered = node.end
-            stack.extend((child, covered) for child in node.children.values() if len(child.rows) > 1)
+            if node.end > covered:
+                shape = (members, (node.end - covered) * bs)
+                pays = known.get(shape)
+                if pays is None:
+                    if len(known) >= 1 << 16:
+                        known.clear()  # a bound for a long-lived planner (shapes are few in practice)
+                    pays = known[shape] = worth(*shape)
+                if pays:
+                    found.append((covered * bs, min(map(position.__getitem__, node.rows)), *shape))
+                    covered = node.end
+            for child in node.children.values():
+                if len(child.rows) > 1:
+                    stack.append((child, covered))
         found.sort()
         return [(members, tokens) for _, _, members, tokens in found]

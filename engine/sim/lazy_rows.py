@@ -149,10 +149,9 @@ class LazyRows:
         seq, c = st.seq, st.computed(j)
         toks = seq.token_ids
         if len(toks) == c:  # one step behind (grouped admission writes every row every step)
-            toks.append(self.token(seq.request_id, c))
+            toks.append(self.token.at(st.base, c))
         elif len(toks) < c:
-            token, rid = self.token, seq.request_id
-            toks += [token(rid, p) for p in range(len(toks), c + 1)]
+            toks += self.token.tokens(st.base, len(toks), c + 1)
         seq.num_computed_tokens = c
         if j > st.j0:
             seq.last_token_time = now
@@ -161,7 +160,7 @@ class LazyRows:
     def materialize_all(self, j: int, now: float) -> None:
         """materialize for every steady row (grouped admission reads them all every step: kept tight, the
         sampled token computed inline as OutputTokens.at computes it)."""
-        at, stride, span = self.token.at, self.token.STRIDE, self.token.span
+        tokens, stride, span = self.token.tokens, self.token.STRIDE, self.token.span
         for st in self.steady.values():
             seq, c = st.seq, st.c0 + j - st.j0
             toks = seq.token_ids
@@ -169,7 +168,7 @@ class LazyRows:
             if have == c:
                 toks.append(100 + (st.base + stride * c) % span)
             elif have < c:
-                toks += [at(st.base, p) for p in range(have, c + 1)]
+                toks += tokens(st.base, have, c + 1)
             seq.num_computed_tokens = c
             if j > st.j0:
                 seq.last_token_time = now

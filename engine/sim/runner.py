@@ -14,6 +14,7 @@ from kvloop.engine.sim.cost import CostModel, StepCost
 from kvloop.engine.sim.workload import OutputTokens
 
 ROW_KEY = attrgetter("request_id", "num_preemptions")
+TABLE, COMMITTED = attrgetter("block_table"), attrgetter("block_hashes")
 
 
 class SimRunner:
@@ -66,7 +67,6 @@ class SimRunner:
         if key != self._key:
             self._key = key
             # a decode row's full blocks are committed (indexed): they stay while it runs
-            plan = self.planner.plan(key, [s.block_table for s in seqs], contexts,
-                                     [len(s.block_hashes) for s in seqs])
+            plan = self.planner.plan(key, list(map(TABLE, seqs)), contexts, list(map(len, map(COMMITTED, seqs))))
             self._shapes = self.decode.group_shapes(plan)
         return self._shapes

@@ -90,5 +90,10 @@ class OutputTokens:
     def at(self, base: int, position: int) -> int:
         return 100 + (base + self.STRIDE * position) % self.span
 
+    def tokens(self, base: int, start: int, stop: int) -> list[int]:
+        """at(base, p) for p in range(start, stop), in one loop (a row caught up after a window)."""
+        stride, span = self.STRIDE, self.span
+        return [100 + (base + stride * p) % span for p in range(start, stop)]
+
     def forget(self, request_id: str) -> None:
         self._bases.pop(request_id, None)
