@@ -8,12 +8,14 @@
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
   per-group scale and offset are rounded to bf16.
-- "int8": per-output-channel symmetric int8 (fp32 scales), arithmetic in fp32, through the CPU kernel
-  kernels/cpu/linear_int8w at every row count, keeping no dense copy: measured (1 thread, shared machine,
-  the model's shapes) 3-5x faster than torch's fp32 F.linear at M=1, 1.2-4x at M=16..64, and about on par
+- "int8": per-output-channel symmetric int8 (fp32 scales) through the CPU kernel kernels/cpu/linear_int8w
+  (activations quantized per 32 k's as llama.cpp's Q8_0 does, int32 dot products; K a multiple of 32) at
+  every row count, keeping no dense copy: measured (1 thread, shared machine, the model's shapes; fp32
+  activations then) 3-5x faster than torch's fp32 F.linear at M=1, 1.2-4x at M=16..64, and about on par
   with it and with the bf16 kernel at M=256..512 (0.84-2.7x; the few below 1 were within the noise), so
-  prefill does not need a dense copy. Without a built kernel (or off the CPU): torch's `_weight_int8pack_mm`
-  (bf16 activations, bf16 scales) for steps of up to `quant_max_rows` rows, dense weights above.
+  prefill does not need a dense copy; quantized activations kept M >= 16 within ~15% of that. Without a
+  built kernel (or off the CPU): torch's `_weight_int8pack_mm` (bf16 activations, bf16 scales) for steps of
+  up to `quant_max_rows` rows, dense weights above.
 
 For "int4" (and "int8" without its kernel) on this CPU (no native bf16) torch's quantized kernels stream
 weights several times faster than dense fp32/bf16 GEMV, but a dense fp32 GEMM wins once enough rows share
@@ -55,7 +57,8 @@ class Linear:
                  fmt: str = "none", quant_max_rows: int = 16):
         if fmt not in FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; choose from {FORMATS}")
-        int8_kernel = fmt == "int8" and int8_kernel_serves(device)  # any K; build.load logged why not
+        # the int8 kernel takes K a multiple of its block (else dense, below); build.load logged why not built
+        int8_kernel = fmt == "int8" and int8_kernel_serves(device) and weight.shape[1] % linear_int8w.QK == 0
         if fmt in ("int4", "int8") and not int8_kernel and (device.type != "cpu" or weight.shape[1] % GROUP):
             fmt = "none"  # torch's packed kernels used here are CPU kernels with K a multiple of the group
         if fmt == "bf16" and (device.type != "cpu" or not linear_bf16w.available()):

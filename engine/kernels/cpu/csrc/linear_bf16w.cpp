@@ -7,9 +7,9 @@
 // in the order SLOT_OF_COL, so that interleaving with zeros per 128-bit lane (unpacklo/unpackhi) yields
 // columns 0-7 and 8-15 as fp32 in natural order: one load and two shuffles per 16 weights.
 //
-// The tiles, the walk over them, the thread split and the argument checks are linear_tiles.h's, shared with
-// the int8 kernel: every output is one fp32 FMA chain over k in order, bias added last (no scale), so a
-// row's result does not depend on the batch it is in.
+// The tiles, the walk over them, the thread split and the argument checks are linear_tiles.h's: every
+// output is one fp32 FMA chain over k in order, bias added last (no scale), so a row's result does not
+// depend on the batch it is in.
 
 #include <torch/library.h>
 

@@ -1,4 +1,5 @@
-// The register-tiled linear kernel that linear_bf16w.cpp and linear_int8w.cpp share:
+// The register-tiled linear kernel of linear_bf16w.cpp, generic over the narrow weight type (linear_int8w.cpp
+// multiplies int8 by int8 in loops of its own):
 // y[M, N] = epilogue(x[M, K] (fp32) @ W[N, K]^T), W packed as [N/16 blocks][K][16] of a narrow weight type
 // (N padded with zero rows), fp32 arithmetic throughout.
 //
