@@ -33,16 +33,13 @@ class AdmissionGate:
         return blocks_for(min(final, len(seq.token_ids) + self.reserve_tokens), self.kv.block_size)
 
     def outstanding(self, running: Iterable[Sequence]) -> int:
-        """Reserve blocks that running sequences may still take (every step, over every running row: a
-        plain loop, swap state asked only of rows that would count)."""
-        kv, bs, reserve = self.kv, self.kv.block_size, self.reserve_tokens
+        """Reserve blocks that running sequences may still take (every step, over every running row: swap
+        state asked only when some sequence is swapped)."""
+        kv, target = self.kv, self.target_blocks
         swaps = kv.num_swapped > 0
         total = 0
         for s in running:
-            # target_blocks(s), inline: this loop is the gate's cost near saturation
-            target = len(s.token_ids) + reserve
-            final = len(s.prompt_token_ids) + s.params.max_tokens
-            left = ((final if final < target else target) + bs - 1) // bs - len(s.block_table)
+            left = target(s) - len(s.block_table)
             if left > 0 and not (swaps and kv.is_swapped(s)):
                 total += left
         return total

@@ -102,14 +102,15 @@ def saved(tmp_path_factory) -> tuple[LlamaModel, Path, list[torch.Tensor]]:
     bits as torch.compile's own (traced) path, which the engine takes where it saves no step."""
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.float32)
     artefact = tmp_path_factory.mktemp("steps") / "tiny.step"
-    outputs = []
+    outputs, steps = [], []
     for path in (artefact, None):
         step = compiled_step.CompiledStep(model, path)
         with torch._dynamo.config.patch(disable=False):
             step.warm_up(16, torch.float32)
             step.stance_when_warm = "fail_on_recompile"
             outputs.append(prefill_then_decode(step, model))
-    assert artefact.exists() and not step.loaded
+        steps.append(step)
+    assert artefact.exists() and not steps[0].loaded  # compiled ahead of time and saved, not loaded
     assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
     return model, artefact, outputs[0]
 

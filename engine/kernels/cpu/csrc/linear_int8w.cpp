@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "linear_operands.h"
 #include "simd.h"  // KVLOOP_AVX2 (AVX2 + FMA targeted), intrinsics
 
 namespace {
@@ -247,17 +248,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   TORCH_CHECK(K % QK == 0, "linear_int8w needs K a multiple of ", QK, " (x has ", K, " features)");
   TORCH_CHECK(packed.size(1) * QK == K, "x has ", K, " features, the weight ", packed.size(1) * QK);
   TORCH_CHECK(n > (groups - 1) * COLS && n <= groups * COLS, "n=", n, " does not match ", groups, " groups of 4");
-  TORCH_CHECK(scale.numel() == n, "scale must have n elements");
-  const auto xc = x.contiguous();
-  const auto wc = packed.contiguous();
-  const auto sc = scale.to(at::kFloat).contiguous();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias must have n elements");
-    bc = bias->to(at::kFloat).contiguous();
-  }
-  auto y = at::empty({M, n}, x.options());
-  if (M == 0 || K == 0) return M == 0 ? y : (bc.defined() ? bc.expand({M, n}).clone() : y.zero_());
+  TORCH_CHECK(scale.defined(), "linear_int8w needs the channel scales");
+  const auto o = kvloop::linear_operands::prepare(x, packed, scale, n, bias);
+  if (o.done) return o.y;
 
   // x quantized: q and |q| (K bytes each per row) and the block scales; on the stack for a few rows
   const int64_t row_bytes = 2 * K + 4 * (K / QK);
@@ -270,7 +263,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
     buf = heap.data_ptr<uint8_t>();
   }
   const QuantizedX xq{reinterpret_cast<int8_t*>(buf), buf + M * K, reinterpret_cast<float*>(buf + 2 * M * K), K};
-  const float* xp = xc.data_ptr<float>();
+  const float* xp = o.x.data_ptr<float>();
   auto quantize_rows = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       quantize_row<Portable>(xp + r * K, K, xq.q + r * K, xq.aq + r * K, xq.scale + r * (K / QK));
@@ -280,14 +273,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   else
     quantize_rows(0, M);
 
-  const auto* wp = static_cast<const int8_t*>(wc.data_ptr());
-  const float* sp = sc.data_ptr<float>();
-  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+  const auto* wp = static_cast<const int8_t*>(o.w.data_ptr());
+  const float* sp = o.scale.data_ptr<float>();
+  const float* bp = o.bias.defined() ? o.bias.data_ptr<float>() : nullptr;
+  float* yp = o.y.data_ptr<float>();
   // Threads take contiguous ranges of groups (at::parallel_for splits evenly over torch's thread count).
   at::parallel_for(0, groups, 1,
                    [&](int64_t g0, int64_t g1) { run_groups<Portable>(xq, M, wp, n, sp, bp, yp, g0, g1); });
-  return y;
+  return o.y;
 }
 
 at::Tensor linear_int8w(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n,

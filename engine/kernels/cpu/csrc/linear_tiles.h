@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "linear_operands.h"
 #include "simd.h"  // KVLOOP_AVX2 (AVX2 + FMA targeted), intrinsics
 
 namespace kvloop::linear_tiles {
@@ -178,24 +179,16 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
   TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
   TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
-  TORCH_CHECK(!scale.defined() || scale.numel() == n, "scale must have n elements");
-  const auto xc = x.contiguous();
-  const auto wc = packed.contiguous();
-  const auto sc = scale.defined() ? scale.to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor bc;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias must have n elements");
-    bc = bias->to(at::kFloat).contiguous();
-  }
-  auto y = at::empty({M, n}, x.options());
-  if (M == 0 || K == 0) return M == 0 ? y : (bc.defined() ? bc.expand({M, n}).clone() : y.zero_());
-  const float* xp = xc.data_ptr<float>();
-  const auto* wp = static_cast<const typename F::Weight*>(wc.data_ptr());
-  const Epilogue out{sc.defined() ? sc.data_ptr<float>() : nullptr, bc.defined() ? bc.data_ptr<float>() : nullptr};
-  float* yp = y.data_ptr<float>();
+  const auto o = linear_operands::prepare(x, packed, scale, n, bias);
+  if (o.done) return o.y;
+  const float* xp = o.x.data_ptr<float>();
+  const auto* wp = static_cast<const typename F::Weight*>(o.w.data_ptr());
+  const Epilogue out{o.scale.defined() ? o.scale.data_ptr<float>() : nullptr,
+                     o.bias.defined() ? o.bias.data_ptr<float>() : nullptr};
+  float* yp = o.y.data_ptr<float>();
   // Threads take contiguous ranges of blocks (at::parallel_for splits evenly over torch's thread count).
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) { run_blocks<F>(xp, M, K, wp, n, out, yp, b0, b1); });
-  return y;
+  return o.y;
 }
 
 }  // namespace kvloop::linear_tiles
