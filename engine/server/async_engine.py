@@ -291,7 +291,7 @@ class AsyncEngine:
     def _run(self, warmup: bool) -> None:
         try:
             if warmup:
-                self._warmup()
+                self.engine.warm_up()
             self._publish(force=True)
             self.ready = True
             self._loop_forever()
@@ -312,10 +312,6 @@ class AsyncEngine:
             logging.shutdown()
             os._exit(EXIT_ENGINE_DEAD)  # not sys.exit: that ends this thread only
 
-    def _warmup(self) -> None:
-        """One tiny request, so the first client does not pay for lazy initialisation."""
-        self.engine.add_request("__warmup__", [0, 1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
-        self.engine.drain(max_steps=100)
 
     def _loop_forever(self) -> None:
         eng = self.engine
