@@ -149,3 +149,27 @@ def test_the_fitted_margin_excludes_every_decode_measured_slower_and_no_more():
     assert cost.worth(4, 400) and not fitted.worth(4, 400)
     assert fitted.worth(16, 1888)
     assert replace(cost, min_gain=margin - 0.01).worth(4, 400)  # the smallest such step
+
+
+def test_decode_fit_recovers_the_cascade_terms_and_keeps_the_plain_ones():
+    """Whole decodes made from a known model give its cascade-only terms back; the plain terms (which price
+    every plain row) are the segments' fit, untouched."""
+    cc = load_calibration()
+    true = AttentionCost(call_us=0.5, row_us=0.4, token_us=0.1, token_row_us=0.03, merge_us=1.5, group_us=6.0,
+                         token_stack_us=0.02)
+    segments = replace(true, token_row_us=0.08, token_stack_us=0.0, group_us=80.0, merge_us=0.0)  # overpriced
+    decodes = []
+    for m, s in [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]:
+        plain = 20.0 + true.plain_us([s + 112] * m)
+        decodes.append((m, s, plain, plain - true.group_gain_us(m, s)))
+    fitted, worst = cc.fit_on_decodes(segments, decodes)
+    for field in ("token_row_us", "token_stack_us", "group_us", "merge_us"):
+        assert getattr(fitted, field) == pytest.approx(getattr(true, field), rel=1e-2, abs=1e-3), field
+    for field in ("call_us", "row_us", "token_us"):
+        assert getattr(fitted, field) == getattr(segments, field), field
+    assert worst < 1e-3
+    # a term the decodes push below zero is held at zero, and the rest still fit
+    noisy = [(m, s, p, c + (40.0 if m == 2 else 0.0)) for m, s, p, c in decodes]
+    refit, _ = cc.fit_on_decodes(segments, noisy)
+    assert min(refit.token_stack_us, refit.token_row_us, refit.group_us, refit.merge_us) >= 0
+    assert refit.token_stack_us + refit.token_row_us <= refit.token_us
