@@ -12,7 +12,9 @@ Subcommands:
             rates are 0.9x that. Writes bench/results/w5_capacity_<scale>_<engine>[_p50].json, which
             `--phase-rates auto` (the P99 file) or `--phase-rates FILE` reads. The GPU defaults in
             engine/bench/w5_workload.py come from the P50 (near-saturation) measurement: under the P99 SLO
-            the pool never binds and every system ties.
+            the pool never binds and every system ties. --system codesign (or any W5 system) measures another
+            system's capacity the same way (file name + _<system>): at W5's rates every system keeps up, so
+            output throughput ties by construction; the capacities say how much more load one carries.
 - report:   re-renders <name>.md/.png from a <name>.json.
 
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
@@ -53,10 +55,12 @@ WORKLOAD = {"gpu": "w5-gpu", "cpu": "w5"}
 PROFILE = {"gpu": "h200-70b-fp8", "cpu": "cpu"}
 STEM = {("sim", "gpu"): "w5_h200", ("sim", "cpu"): "w5_sim_cpu", ("cpu", "cpu"): "w5_cpu"}
 HEADROOM = 0.9  # W5's rates: this share of continuous+lru's capacity in each phase alone
+BASELINE = "continuous+lru"
 
 
-def capacity_file(scale: str, engine: str) -> Path:
-    return RESULTS / f"w5_capacity_{scale}_{engine}.json"
+def capacity_file(scale: str, engine: str, system: str = BASELINE) -> Path:
+    """continuous+lru's capacity sets W5's rates; another system's file carries its name."""
+    return RESULTS / f"w5_capacity_{scale}_{engine}{'' if system == BASELINE else '_' + system}.json"
 
 
 def resolve_rates(text: str | None, scale: str, engine: str) -> tuple[tuple[float, float], str]:
@@ -183,18 +187,18 @@ def run_engine(args, systems: list[str], rates, kw) -> dict[str, dict]:
 
 # ---- capacity ------------------------------------------------------------------------------------------
 def probe(kind: str, rate: float, args) -> dict:
-    """continuous+lru on W5 with every phase of `kind`, at `rate` requests/s."""
+    """args.system (continuous+lru by default) on W5 with every phase of `kind`, at `rate` requests/s."""
     kw = {**workload_kw(args), "kinds": (kind,)}
     kw["duration_s"] = args.probe_duration or 2 * (args.phase or W5_SCALES[WORKLOAD[args.scale]].phase_s)
     rates = (rate, rate)
     if args.engine == "sim":
-        r = sim_one("continuous+lru", args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration)
+        r = sim_one(args.system, args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration)
     else:
         import torch
 
         torch.set_num_threads(args.threads)
         wl = w5(WORKLOAD["cpu"], rates, **kw)
-        r = engine_one("continuous+lru", wl, engine_sizing(wl), args, SLO(args.ttft_bound, args.tpot_bound or 1e9))
+        r = engine_one(args.system, wl, engine_sizing(wl), args, SLO(args.ttft_bound, args.tpot_bound or 1e9))
     w = r["whole"]
     meets = (not w["failed"] and _le(w[f"ttft_p{args.ttft_pct}_s"], args.ttft_bound)
              and (args.tpot_bound is None or _le(w["tpot_p99_s"], args.tpot_bound)))
@@ -246,13 +250,13 @@ def cmd_capacity(args) -> int:
     found = {kind: capacity_search(kind, args.start or starts.rate(kind), args.iters, args) for kind in (CHAT, RAG)}
     chosen = {k: round(HEADROOM * d["capacity_req_s"], 3) if d["capacity_req_s"] else None for k, d in found.items()}
     dur = args.probe_duration or 2 * (args.phase or starts.phase_s)
-    how = (f"continuous+lru on each phase kind alone ({dur:g} s of arrivals, then the drain; "
+    how = (f"{args.system} on each phase kind alone ({dur:g} s of arrivals, then the drain; "
            f"{args.engine}), capacity = the highest rate with TTFT P{args.ttft_pct} <= {args.ttft_bound:g} s"
            + (f" and TPOT P99 <= {args.tpot_bound:g} s" if args.tpot_bound else "")
            + f" and no failures ({args.iters} bisections after bracketing); rates = {HEADROOM:g} x capacity")
-    out = {"scale": args.scale, "engine": args.engine, "how": how, "capacity": found, "chosen_rates": chosen,
+    out = {"scale": args.scale, "engine": args.engine, "system": args.system, "how": how, "capacity": found, "chosen_rates": chosen,
            "command": "bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
-    path = Path(args.out) / capacity_file(args.scale, args.engine).name
+    path = Path(args.out) / capacity_file(args.scale, args.engine, args.system).name
     if args.ttft_pct != 99:
         path = path.with_name(f"{path.stem}_p{args.ttft_pct}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--name", default=None, help="file stem (default w5_h200 / w5_sim_cpu / w5_cpu)")
         p.add_argument("--note", action="append", default=[])
         p.set_defaults(func=cmd_run)
-    p = sub.add_parser("capacity", parents=[common], help="continuous+lru's capacity per phase kind")
+    p = sub.add_parser("capacity", parents=[common], help="a system's capacity per phase kind")
+    p.add_argument("--system", default=BASELINE, help="the W5 system probed (continuous+lru sets W5's rates)")
     p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
     p.add_argument("--engine", choices=("sim", "real"), default="sim")
     p.add_argument("--start", type=float, default=None, help="first rate tried (default: the scale's rate)")
