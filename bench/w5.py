@@ -297,7 +297,8 @@ def cmd_run(args) -> int:
                 "throughput: output tokens / makespan (first send to last finish); per phase: output tokens of the "
                 "requests that finished in the phase's window / the window (the last runs to the last finish)",
                 "latencies per phase: of the requests sent in it; server counters: deltas over the window",
-                "best fixed cap: the highest output throughput (ties: lower TTFT P99) among the codesign@capN runs"]}
+                ("best fixed cap: the highest output throughput (ties: lower TTFT P99) among the codesign@capN runs that "
+                 f"kept up there (TTFT P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s; all where none did)")]}
     if engine == "real":
         from kvloop.engine.bench.machine import machine_info
 

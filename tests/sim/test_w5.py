@@ -86,3 +86,19 @@ def test_simulate_cli_w5(tmp_path, capsys):
     assert [r["system"] for r in data["runs"]] == ["continuous+lru", "codesign@cap32"]
     assert all(len(r["phases"]) == 2 and "by_kind" in r and "timeline" in r for r in data["runs"])
     assert W5_GPU.phase_s == 300  # the CLI's --phase did not change the preset
+
+
+def test_a_cap_that_fell_behind_is_not_a_phase_best():
+    """A cap whose median request waited past the SLO drains a backlog in the next phase: its window throughput
+    there is the backlog's, so it does not count as that phase's best while another cap kept up."""
+    def fixed(tput: float, rag_tput: float, rag_p50: float) -> dict:
+        phase = {"kind": "rag", "index": 0, "throughput_tok_s": rag_tput, "ttft_p99_s": 3 * rag_p50,
+                 "ttft_p50_s": rag_p50}
+        return {"whole": {"output_throughput_tok_s": tput, "ttft_p99_s": 5.0, "ttft_p50_s": 0.5},
+                "by_kind": {"rag": {k: v for k, v in phase.items() if k not in ("kind", "index")}}, "phases": [phase]}
+
+    runs = {"codesign@cap16": fixed(470.0, 477.0, 115.0), "codesign@cap64": fixed(521.0, 354.0, 0.6)}
+    assert w5_report.best_fixed(runs)["rag"]["system"] == "codesign@cap64"
+    assert w5_report.best_fixed_per_phase(runs)[0]["system"] == "codesign@cap64"
+    runs["codesign@cap64"] = fixed(521.0, 354.0, 40.0)  # nobody kept up: all compete, the highest wins
+    assert w5_report.best_fixed(runs)["rag"]["system"] == "codesign@cap16"
