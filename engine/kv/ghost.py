@@ -35,7 +35,7 @@ class GhostTable:
                     seen.popitem(last=False)
                 continue
             seen.move_to_end(h)
-            if request_id not in ids and len(ids) < max_count:
+            if len(ids) < max_count and request_id not in ids:  # a hot block's count is full: no id compared
                 seen[h] = (*ids, request_id)
 
     def count(self, h: int) -> int:

@@ -44,7 +44,7 @@ from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.disk_tier import DiskTier
 from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
-from kvloop.engine.kv.hashing import ROOT, chain_hashes
+from kvloop.engine.kv.hashing import ROOT, ChainHasher
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.load_or_recompute import TierCosts
@@ -85,6 +85,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.mover: Mover = NullMover()
         self.tier_costs = TierCosts()
         self._extra = extra_key.encode()
+        self._hasher = ChainHasher(block_size, self._extra)  # block keys, each distinct block hashed once
         self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
@@ -162,8 +163,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             memo = self._keys[seq] = []
         done = len(memo)
         if done < len(seq.token_ids) // self.block_size:
-            memo += chain_hashes(seq.token_ids, self.block_size, self._extra, parent=memo[-1] if done else ROOT,
-                                 start=done)
+            memo += self._hasher(seq.token_ids, parent=memo[-1] if done else ROOT, start=done)
         return memo
 
     def lookup_prefix(self, seq: Sequence) -> int:
@@ -201,10 +201,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
         if found == 0 or found * bs < min_tokens:
             self.stats.short_prefix_misses += found > 0
             return 0
-        by_tier: dict[str, int] = {}
+        # the leading run held on the device is shared in one pass (most of a hit); the rest block by block
+        shared = len(list(takewhile("device".__eq__, matched[:found])))
+        if shared:
+            self._share_indexed(seq, hashes[:shared])
+        by_tier: dict[str, int] = {"device": shared * bs} if shared else {}
         from_disk: list[int] = []
-        parent = ROOT
-        for h in hashes[:found]:
+        parent = hashes[shared - 1] if shared else ROOT
+        for h in hashes[shared:found]:
             tier = self._attach(seq, h, parent)
             if tier is None:
                 break
@@ -241,7 +245,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             num_tokens = len(tokens)
             usable = max(0, num_tokens - 1) // self.block_size
             cached = self.config.prefix_cache
-            hashes = chain_hashes(tokens, self.block_size, self._extra, usable) if cached else []
+            hashes = self._hasher(tokens, usable) if cached else []
         tiers = self._leading_tiers(hashes, num_tokens)
         if not tiers or len(tiers) * self.block_size < self.min_reusable_tokens:
             return PrefixMatch()
@@ -324,11 +328,24 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.pool.decref(block)
         self.pool.put_free(block)
 
+    def _share_indexed(self, seq: Sequence, hashes: list[int]) -> None:
+        """Appends the device blocks indexed under these hashes (seq's next ones) to seq's table, shared."""
+        blocks = list(map(self.index.slots.__getitem__, hashes))
+        self._ref_indexed_all(blocks)
+        seq.block_table += blocks
+        seq.block_hashes += hashes
+
     def _ref_indexed(self, block: int) -> None:
-        if self.pool.ref_counts[block] == 0:
-            self.policy.remove(block)
-        self.pool.incref(block)
-        self.policy.hit(block)
+        self._ref_indexed_all((block,))
+
+    def _ref_indexed_all(self, blocks: Iterable[int]) -> None:
+        """One more reference to each of these indexed blocks (one that was cached leaves the eviction order)."""
+        refs, incref, policy = self.pool.ref_counts, self.pool.incref, self.policy
+        for block in blocks:
+            if refs[block] == 0:
+                policy.remove(block)
+            incref(block)
+            policy.hit(block)
 
     # ---- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:

@@ -20,19 +20,24 @@ reused while the key (the decode set) is unchanged."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from itertools import repeat
+from itertools import compress
+from operator import itemgetter, ne
 
 from kvloop.engine.runner.cascade_plan import Worth, build_plan, common_run
 
 
 class _Node:
-    __slots__ = ("start", "end", "edge", "rows", "ends", "children")
+    __slots__ = ("start", "end", "edge", "rows", "ends", "children", "shared")
 
-    def __init__(self, start: int, edge: list[int], rows: set, ends: set, children: dict | None = None):
+    def __init__(self, start: int, edge: list[int], rows: set, ends: set, children: dict | None = None,
+                 shared: dict | None = None):
         self.start, self.end, self.edge = start, start + len(edge), edge  # blocks [start, end), their ids
         self.rows = rows  # every row whose full blocks pass through start (its subtree's rows)
         self.ends = ends  # the rows whose full blocks end at `end`
         self.children: dict[int, _Node] = children if children is not None else {}  # by the block at `end`
+        # the children that two or more rows pass through (the only ones a group can be found under): the plan
+        # walks these, not every row's leaf
+        self.shared: dict[int, _Node] = shared if shared is not None else {}
 
 
 class ShapePlanner:
@@ -48,7 +53,8 @@ class ShapePlanner:
         self._key: tuple | None = None
         self._shapes: list[tuple[int, int]] = []
         self._full: dict[Hashable, list[int]] = {}  # each row's full blocks, as the tree holds them
-        self._sealed: set[Hashable] = set()  # rows whose held blocks cannot change (see plan's `fixed`)
+        # rows whose held blocks cannot change (see plan's `fixed`) -> how many they hold
+        self._sealed: dict[Hashable, int] = {}
         self._end: dict[Hashable, _Node] = {}  # the node each row's blocks end at
         self._root = _Node(0, [], set(), set())
         self.builds = 0
@@ -64,8 +70,11 @@ class ShapePlanner:
         position = dict(zip(key, range(len(key)), strict=True)) if self.nested else {}
         if not self.nested or len(position) != len(key):
             # the prefix common to every row alone (one look at each row), or two rows with one identity
-            self._full, self._sealed, self._end = {}, set(), {}
+            self._full, self._sealed, self._end = {}, {}, {}
             self._root = _Node(0, [], set(), set())
+            if not self.nested and self._nothing_common(tables, context_lens):
+                self._shapes = []  # build_plan's answer, told without its walk (mixed traffic: most steps)
+                return self._shapes
             plan = build_plan(tables, context_lens, self.block_size, self.worth, self.nested)
             self._shapes = [] if plan is None else [(len(g.rows), g.num_tokens) for g in plan.groups]
             return self._shapes
@@ -73,18 +82,26 @@ class ShapePlanner:
         self._shapes = self._groups(position)
         return self._shapes
 
+    def _nothing_common(self, tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> bool:
+        """Whether no full block is common to every row, so that the common scope has no group: fewer than two
+        rows, a row with no full block, or two rows whose first blocks differ (told in C)."""
+        return (len(tables) < 2 or min(context_lens) <= self.block_size
+                or len(set(map(itemgetter(0), tables))) > 1)
+
     # ---- the tree ---------------------------------------------------------------------------------
     def _update(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
                 fixed: Sequence[int] | None) -> None:
         bs, held, sealed = self.block_size, self._full, self._sealed
         for row in held.keys() - key:  # rows that left
             self._remove(row, held.pop(row))
-            sealed.discard(row)
-        for row, table, n, fix in zip(key, tables, context_lens, fixed or repeat(0, len(key)), strict=True):
-            full = (n - 1) // bs if n > 0 else 0  # blocks filled before the step (build_plan's)
+            sealed.pop(row, None)
+        fulls = [(n - 1) // bs if n > 0 else 0 for n in context_lens]  # blocks filled before the step (build_plan's)
+        fixed = fixed or [0] * len(key)
+        # the most common row, sealed and holding `full` blocks already (nothing new, nothing that can have
+        # changed), is passed over without a Python step of its own: only the others are looked at
+        for i in compress(range(len(key)), map(ne, map(sealed.get, key), fulls)):
+            row, table, full, fix = key[i], tables[i], fulls[i], fixed[i]
             old = held.get(row)
-            if old is not None and len(old) == full and row in sealed:
-                continue  # the most common row: nothing new, nothing that can have changed
             if old is None:
                 held[row] = blocks = list(table[:full])
                 self._insert(row, blocks)
@@ -98,9 +115,9 @@ class ShapePlanner:
                         held[row] = blocks = list(table[:full])
                         self._insert(row, blocks)
             if fix >= full:
-                sealed.add(row)
+                sealed[row] = len(held[row])
             else:
-                sealed.discard(row)
+                sealed.pop(row, None)
 
     def _grow(self, row: Hashable, table: Sequence[int], full: int) -> bool:
         """Extends a row that ends alone at a leaf of its own (its blocks so far unchanged): the leaf's edge
@@ -120,12 +137,15 @@ class ShapePlanner:
         if not node.rows:
             self._root = self._end[row] = _Node(0, blocks[:], {row}, {row})
             return
+        parent: _Node | None = None
         while True:
             stop = min(node.end, len(blocks))
             matched = node.start + common_run(node.edge, 0, blocks, node.start, stop - node.start)
             if matched < node.end:
                 self._split(node, matched)
             node.rows.add(row)
+            if parent is not None and len(node.rows) == 2:
+                parent.shared[node.edge[0]] = node
             if len(blocks) == node.end:
                 node.ends.add(row)
                 self._end[row] = node
@@ -135,13 +155,14 @@ class ShapePlanner:
                 leaf = node.children[blocks[node.end]] = _Node(node.end, blocks[node.end :], {row}, {row})
                 self._end[row] = leaf
                 return
-            node = child
+            parent, node = node, child
 
     def _split(self, node: _Node, at: int) -> None:
         """Cuts node's edge at `at`: the rest, with node's children and ending rows, becomes its only child."""
         cut = at - node.start
-        tail = _Node(at, node.edge[cut:], set(node.rows), node.ends, node.children)
+        tail = _Node(at, node.edge[cut:], set(node.rows), node.ends, node.children, node.shared)
         node.edge, node.end, node.ends, node.children = node.edge[:cut], at, set(), {tail.edge[0]: tail}
+        node.shared = {tail.edge[0]: tail} if len(tail.rows) > 1 else {}
         for row in tail.ends:
             self._end[row] = tail
 
@@ -158,6 +179,8 @@ class ShapePlanner:
             node = node.children[blocks[node.end]]
         for i in range(len(path) - 1, -1, -1):
             node = path[i]
+            if i and len(node.rows) == 1:  # one row left: no longer shared
+                del path[i - 1].shared[node.edge[0]]
             if not node.rows:
                 if i:
                     del path[i - 1].children[node.edge[0]]
@@ -166,7 +189,7 @@ class ShapePlanner:
             elif not node.ends and len(node.children) == 1:  # nobody parts or ends here: one node with its child
                 (child,) = node.children.values()
                 node.edge, node.end = node.edge + child.edge, child.end
-                node.ends, node.children = child.ends, child.children
+                node.ends, node.children, node.shared = child.ends, child.children, child.shared
                 for moved in node.ends:
                     self._end[moved] = node
 
@@ -190,8 +213,7 @@ class ShapePlanner:
                 if pays:
                     found.append((covered * bs, min(map(position.__getitem__, node.rows)), *shape))
                     covered = node.end
-            for child in node.children.values():
-                if len(child.rows) > 1:
-                    stack.append((child, covered))
+            for child in node.shared.values():
+                stack.append((child, covered))
         found.sort()
         return [(members, tokens) for _, _, members, tokens in found]

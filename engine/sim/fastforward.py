@@ -25,6 +25,9 @@ scheduler or KV manager is changed; tests check that results match step-by-step 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import repeat
+from operator import add
 
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.sim.lazy_rows import LazyRows, Steady, allocation_due
@@ -109,16 +112,24 @@ class FastForward:
         rows, j = self.rows, self.rows.j
         if not (rows.changed or self._stale or singles):
             return
-        if singles:
-            rank = rows.rank
-            merged = sorted([*zip(rows.ranks, rows.order, rows.bases, strict=True),
-                             *((rank[s], s, start + 1 - j) for s, start in singles.items())], key=lambda x: x[0])
-            self._order, self._bases = [s for _, s, _ in merged], [b for _, _, b in merged]
+        if singles:  # each put in its place by rank (ranks are distinct): a copy of the steady rows, not a sort
+            order, bases, ranks = rows.order[:], rows.bases[:], rows.ranks[:]
+            for s, start in singles.items():
+                r = rows.rank[s]
+                at = bisect_left(ranks, r)
+                ranks.insert(at, r)
+                order.insert(at, s)
+                bases.insert(at, start + 1 - j)
+            self._order, self._bases = order, bases
         else:
             self._order, self._bases = rows.order, rows.bases
-        self._groups = self.sim.runner.plan_rows(self._order, [b + j for b in self._bases])
+        self._groups = self.sim.runner.plan_rows(self._order, self._contexts(j))
         rows.changed = False
         self._stale = bool(singles)
+
+    def _contexts(self, j: int) -> list[int]:
+        """The decode rows' contexts at step j (base + j each, in C: every step of every row)."""
+        return list(map(add, self._bases, repeat(j)))
 
     # ---- windows --------------------------------------------------------------------------------------------
     def _window(self) -> int | None:
@@ -130,7 +141,7 @@ class FastForward:
         deadline = sim._deadline(arrivals=not take)
         j0, n = rows.j, len(sched.running)
         self._decode_rows({})
-        bases, groups = self._bases, self._groups
+        groups = self._groups
         cost, decode = runner.cost, runner.decode
         times: list[float] = []
         starts: list[float] = []
@@ -152,7 +163,7 @@ class FastForward:
                     break
             if failed:
                 break
-            decode_us = decode.decode_us([b + j for b in bases], groups)
+            decode_us = decode.decode_us(self._contexts(j), groups)
             dt = cost.step(n, n, n, 0.0, 0.0, decode_us=decode_us).seconds + sim.charge_moves()
             times.append(dt)
             starts.append(t)
@@ -231,7 +242,7 @@ class FastForward:
             return IDLE
         singles = {row: start for _, row, start, n in placed if n == 1}
         self._decode_rows(singles)
-        contexts = [b + j for b in self._bases]
+        contexts = self._contexts(j)
         groups = self._groups
         if admitted.decodes:
             contexts += [it.start + 1 for it in admitted.decodes]

@@ -66,7 +66,9 @@ class SimRunner:
         key = tuple(map(ROW_KEY, seqs))  # the runner's key: (request id, preemptions) per row
         if key != self._key:
             self._key = key
-            # a decode row's full blocks are committed (indexed): they stay while it runs
-            plan = self.planner.plan(key, list(map(TABLE, seqs)), contexts, list(map(len, map(COMMITTED, seqs))))
+            # a decode row's full blocks are committed (indexed): they stay while it runs (only the nested scope's
+            # tree reads that)
+            fixed = list(map(len, map(COMMITTED, seqs))) if self.planner.nested else None
+            plan = self.planner.plan(key, list(map(TABLE, seqs)), contexts, fixed)
             self._shapes = self.decode.group_shapes(plan)
         return self._shapes

@@ -130,7 +130,7 @@ def serve(kv: KVCacheManager, rid: str, ids: list[int]) -> int:
 
 def manager_state(kv) -> object:
     """The KV manager's whole state in plain, order-sensitive form (LRU order and CLOCK hands count), for
-    checking that a read changed nothing. The mover and the memo of block keys are left out."""
+    checking that a read changed nothing. The mover and the memos of block keys are left out."""
 
     def plain(x):
         if isinstance(x, dict):
@@ -141,4 +141,4 @@ def manager_state(kv) -> object:
             return (type(x).__name__, plain(vars(x)))
         return x
 
-    return plain({k: v for k, v in vars(kv).items() if k not in ("mover", "_keys", "config")})
+    return plain({k: v for k, v in vars(kv).items() if k not in ("mover", "_keys", "_hasher", "config")})
