@@ -68,6 +68,11 @@ class AttentionBackend(ABC):
         self.write_kv(k, v.contiguous(), k_cache, v_cache, meta)
         return self.forward(q, k_cache, v_cache, meta, scale)
 
+    def bind(self, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> LayerFn:
+        """One step's layer(index, q, k, v) = self.layer(index, q, k, v, kv_cache, meta, scale); the model binds
+        once per step, so a backend may prepare here what every layer of the step shares."""
+        return lambda index, q, k, v: self.layer(index, q, k, v, kv_cache, meta, scale)
+
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
         """The whole step, q [N, heads, hd] → [N, heads, hd]: decode rows, then prefill rows."""
@@ -83,6 +88,7 @@ class AttentionBackend(ABC):
 
 
 DecodeFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor", "AttentionMetadata", float], "torch.Tensor"]
+LayerFn = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]  # a bound step's layer
 
 
 class WithDecode(AttentionBackend):

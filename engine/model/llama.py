@@ -7,13 +7,13 @@ plain object rather than nn.Module: a step is a straight sequence of tensor ops 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
-from kvloop.engine.kernels.backend import get_backend
+from kvloop.engine.kernels.backend import LayerFn, get_backend
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.linear import Linear
 from kvloop.engine.model.zeroed import zeros
@@ -102,16 +102,15 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor) -> torch.Tensor:
         """One flattened step: input_ids/positions [N] → final hidden states [N, hidden]."""
-        return self.layers_forward(input_ids, positions,
-                                   lambda i, q, k, v: self.attend(i, q, k, v, meta, kv_cache))
+        return self.layers_forward(input_ids, positions, self.bind_attention(meta, kv_cache))
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
-               kv_cache: torch.Tensor) -> torch.Tensor:
-        """Layer `layer`'s attention: the step's new K/V into the pages, then q over them → [N, heads, hd]."""
-        return self.attention.layer(layer, q, k, v, kv_cache, meta, self.scale)
+    def bind_attention(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> LayerFn:
+        """The step's attention, attend(layer, q, k, v): the step's new K/V into the layer's pages, then q over
+        them → [N, heads, hd]. Bound once per step, so the backend prepares what every layer shares once."""
+        return self.attention.bind(kv_cache, meta, self.scale)
 
     def layers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                       attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                       attend: LayerFn) -> torch.Tensor:
         """The step's tensor ops, with each layer's attention delegated to attend(layer, q, k, v): no metadata
         in here, so the compiled step (runner/compiled_step.py) traces this with attention as one opaque op."""
         cfg = self.cfg

@@ -42,6 +42,7 @@ import torch
 
 from kvloop.engine.cache_root import cache_root
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
+from kvloop.engine.kernels.backend import LayerFn
 from kvloop.engine.runner import step_artefact
 
 log = logging.getLogger("kvloop.compile")
@@ -54,9 +55,7 @@ INDUCTOR_OPTIONS = {"size_asserts": False, "alignment_asserts": False}
 
 
 class _Bound(threading.local):
-    model = None
-    meta: AttentionMetadata | None = None
-    kv_cache: torch.Tensor | None = None
+    attend: LayerFn | None = None  # the model's attention bound to the step's metadata and KV cache
 
 
 _bound = _Bound()  # the step being run: what the attention operator reads
@@ -65,7 +64,8 @@ _bound = _Bound()  # the step being run: what the attention operator reads
 def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """Layer `layer` of the bound step: writes k, v into its pages and attends q over them. Mutates only the
     bound KV cache, which is not a graph input: the graph orders it by data (the output feeds the next op)."""
-    return _bound.model.attend(layer, q, k, v, _bound.meta, _bound.kv_cache).contiguous()
+    out = _bound.attend(layer, q, k, v)
+    return out if out.is_contiguous() else out.contiguous()
 
 
 def _attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
@@ -141,7 +141,7 @@ class CompiledStep:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_cache: torch.Tensor) -> torch.Tensor:
-        _bound.model, _bound.meta, _bound.kv_cache = self.model, meta, kv_cache
+        _bound.attend = self.model.bind_attention(meta, kv_cache)
         try:
             with torch.inference_mode():
                 if self._graph is None:
@@ -150,7 +150,7 @@ class CompiledStep:
                     return self._graph(input_ids, positions)
                 return self._eagerly(input_ids, positions)
         finally:
-            _bound.meta = _bound.kv_cache = None
+            _bound.attend = None
 
     def _traced(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Without an artefact: through torch.compile's own path, traced at warm-up (inductor's caches serve

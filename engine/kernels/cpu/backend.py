@@ -30,11 +30,20 @@ class CpuBackend(WithDecode):
     def layer(self, index, q, k, v, kv_cache, meta, scale):
         if meta.prefills:
             return super().layer(index, q, k, v, kv_cache, meta, scale)
-        decode = self._decode
-        work = decode.work(meta, kv_cache.shape[3])
-        return torch.ops.kvloop_cpu.decode_layer(q, k, v, kv_cache, index, meta.slot_mapping, work.blocks,
-                                                 work.block_start, work.tokens, work.rows_ptr, work.rows,
-                                                 float(scale), decode.split_tokens)
+        return self.bind(kv_cache, meta, scale)(index, q, k, v)
+
+    def bind(self, kv_cache, meta, scale):
+        """A decode-only step's layers call the operator directly, with the step's work list and arguments made
+        once. Between memory-bound linears (caches cold) each Python call per layer costs far more than in a
+        warm loop: dropping three calls per layer took a batch-1 int8 step from ~28-36 to ~26-32 ms of CPU time
+        (1 thread, context 128, 30 layers; measured on a shared machine, so rough)."""
+        if meta.prefills:
+            return super().bind(kv_cache, meta, scale)
+        work = self._decode.work(meta, kv_cache.shape[3])
+        step = (meta.slot_mapping, work.blocks, work.block_start, work.tokens, work.rows_ptr, work.rows, float(scale),
+                self._decode.split_tokens)
+        op = torch.ops.kvloop_cpu.decode_layer.default  # the overload itself: no overload resolution per call
+        return lambda index, q, k, v: op(q, k, v, kv_cache, index, *step)
 
 
 def create(device: torch.device | str) -> AttentionBackend:
