@@ -17,7 +17,7 @@ partial results as they are), and fits
 plain ones the call's fixed cost (the same with or without cascade: left out of the model) and call_us per
 segment, the plain slopes per row token_us, the stacked slopes of 2 rows and more a line in M
 (token_stack_us, token_row_us), the merge's line group_us and merge_us. A group's segment timed alone
-overprices stacked rows (few work items for 2 threads), so the terms only cascade uses (token_stack_us,
+priced stacked rows about 2x above whole decodes here, so the terms only cascade uses (token_stack_us,
 token_row_us, group_us, merge_us) are then refitted on whole decodes with and without the group (MARGIN
 points), and the margin fitted on the same decodes. It then checks the model's decision
 (worth) against the measured faster path, the kernel's whole decode with and without the group
@@ -299,9 +299,9 @@ def nonnegative_least_squares(columns: list[list[float]], target: list[float]) -
 
 def fit_on_decodes(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> tuple[AttentionCost, float]:
     """The cascade-only terms refitted on whole decodes, and the worst |modelled - measured gain| / plain time.
-    A group's segment measured alone runs on few work items (3 KV heads on 2 threads), while in a whole decode
-    its items share the threads with the rows' own parts: single-segment calls overprice stacked rows (by about
-    2x on 2 threads), so the terms that only cascade uses (token_stack_us, token_row_us, group_us, merge_us)
+    Single-segment calls priced a stacked row's token at about twice what whole decodes show on 2 threads (a
+    likely cause, not measured apart: a segment alone is few work items, 3 KV heads, for the threads, while in a
+    whole decode they share the threads with the rows' own parts), so the terms that only cascade uses (token_stack_us, token_row_us, group_us, merge_us)
     come from whole decodes, and the plain terms (call_us, row_us, token_us) stay the segments' fit. Each
     decode gives, per layer, m * s * token_us - gain - call_us - row_us * m = s * token_stack_us
     + s * m * token_row_us + group_us + m * merge_us, weighted by 1 / plain time (relative errors). Where the
