@@ -43,7 +43,9 @@ namespace {
 // Tokens per tile: the tile's K and V (all of an item's heads, widened to fp32) stay in L1/L2 while every
 // query of the item uses them.
 constexpr int64_t kTile = 16;
-constexpr int64_t kMinTokenHeadsPerThread = 2048;  // about 50 us of work: below that, one thread
+// Work is counted in (token, KV head, member) triples: a stacked segment's token is read once but scored for
+// every member, and the scoring, not the reading, is most of an item's time once the K/V sit in cache.
+constexpr int64_t kMinWorkPerThread = 2048;  // about 50 us of work: below that, one thread
 
 struct Item {
   int64_t seg, h0, h1, t0, t1;  // KV heads [h0, h1) over tokens [t0, t1) of the segment
@@ -269,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 
   // Every index is checked before any thread reads it.
   int64_t base_items = 0, max_members = 1;  // base items: (segment, context split) pairs
-  int64_t token_heads = 0;                    // K/V rows to read, a measure of the call's work
+  int64_t work = 0, largest = 0;              // the call's work, and its largest base item's (see kMinWorkPerThread)
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     TORCH_CHECK(members >= 0 && n >= 0, "segment ", s, ": negative size");
@@ -280,12 +282,14 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     if (members == 0) continue;
     max_members = std::max(max_members, members);
     base_items += std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens);
-    token_heads += n * sh.kv_heads;
+    work += n * sh.kv_heads * members;
+    largest = std::max(largest, std::min(n, split_tokens) * sh.kv_heads * members);
   }
   // An item reads all KV heads of its tokens (whole cache lines, in order) unless that leaves too few items
-  // to keep every thread busy; then one KV head each. Either way the arithmetic is the same.
-  const int64_t want = 4 * static_cast<int64_t>(at::get_num_threads());
-  const int64_t per_item = base_items >= want ? sh.kv_heads : 1;
+  // to keep every thread busy, or one item (a stacked segment's split) more than a thread's share of the work,
+  // which the threads could not even out: then one KV head each. Either way the arithmetic is the same.
+  const int64_t nt = at::get_num_threads();
+  const int64_t per_item = base_items >= 4 * nt && largest * nt <= work ? sh.kv_heads : 1;
 
   // Partial results per output: a pair's context splits, and per row those of every pair naming it.
   const int64_t outputs = per_row ? q.size(0) : pairs;
@@ -351,7 +355,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   const int64_t n_items = static_cast<int64_t>(items.size()), n_merges = static_cast<int64_t>(merges.size());
   // A small call runs on one thread: waking the others costs more than it saves (and on a loaded machine a
   // barrier can wait a whole time slice for a descheduled thread).
-  const int64_t useful = std::max<int64_t>(1, token_heads / kMinTokenHeadsPerThread);
+  const int64_t useful = std::max<int64_t>(1, work / kMinWorkPerThread);
   const int threads =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({at::get_num_threads(), n_items, useful})));
 
