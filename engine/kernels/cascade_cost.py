@@ -80,18 +80,20 @@ _FP32 = AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row
                       copy_max_tokens=8192)
 
 # The C++ CPU kernel (kernels/cpu/paged_decode.py; backend "cpu"): one call per step, a segment per row and
-# per group. STALE in merge_us and group_us: measured when the merges ran in torch after the call (about 80 us
-# per group and layer); the kernel now merges inside the call (a few us per group), so these entries cascade
-# less than they could (never where it is slower) until recalibrated on a quiet machine. Measured with
-# `bench/calibrate_cascade.py --backend cpu --threads 2` on an AMD EPYC with AVX2 (no AVX-512), quiet machine
-# (bench/results/cascade_calibration_cpu.json): fit within 57% (bf16) / 55% (fp32) at worst; break-even shared
-# tokens 6,640 for 2 sharers, 2,384 for 4, 672 for 16 (bf16); on held-out points the model picks the
-# measured-slower path (by > 5%) at 2 of 35 (bf16) and 3 of 35 (fp32) points (the goal of 0 is missed: the
-# torch merge's fixed cost did not shrink with threads).
-_CPU_BF16 = AttentionCost(call_us=2.002, row_us=0.6793, token_us=0.06399, token_row_us=0.050237,
-                          merge_us=2.652, copy_max_tokens=512, group_us=82.602, token_stack_us=0.01375)
-_CPU_FP32 = AttentionCost(call_us=3.419, row_us=0.7361, token_us=0.07522, token_row_us=0.054102,
-                          merge_us=2.652, copy_max_tokens=512, group_us=82.602, token_stack_us=0.02112)
+# per group, merged inside the call. Measured with `bench/calibrate_cascade.py --backend cpu --threads 2` on an
+# AMD EPYC with AVX2 (no AVX-512), quiet machine (bench/results/cascade_calibration_cpu.json), after the kernel
+# stopped running cascade calls on one thread: the plain terms from single segments, the cascade-only terms
+# (token_stack_us, token_row_us, group_us, merge_us) from whole decodes with and without the group, which they
+# fit within 11% (bf16) / 8% (fp32) of a plain step. Break-even shared tokens: 192 for 2 sharers, 128 for 4, 80
+# for 16 (bf16); 112, 80, 64 (fp32): far below the published 256-512, which are GPU figures. On the 35 held-out
+# decodes the model cascades where cascade measured slower at none; it stays plain at 2 (bf16) / 4 (fp32) points
+# of 48 shared tokens where cascade was 7-15% faster.
+_CPU_BF16 = AttentionCost(call_us=3.106, row_us=1.4141, token_us=0.05871, token_row_us=0.036745,
+                          merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.01292,
+                          min_gain=0.0)
+_CPU_FP32 = AttentionCost(call_us=2.047, row_us=1.7709, token_us=0.07751, token_row_us=0.037584,
+                          merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.02851,
+                          min_gain=0.0)
 
 # Per attention backend (backend.py's names), per KV dtype.
 COSTS: dict[str, dict[str, AttentionCost]] = {
