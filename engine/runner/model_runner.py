@@ -106,8 +106,8 @@ class ModelRunner:
             logits = self.last_logits[rows]
         elif not rows:
             return StepResult({})
-        else:
-            logits = self.model.logits(hidden[rows])
+        else:  # every row sampled (a decode-only step): rows is 0..N-1, and indexing would copy for nothing
+            logits = self.model.logits(hidden if len(rows) == hidden.shape[0] else hidden[rows])
         if not rows:
             return StepResult({})
         return self._sample(logits, sampling)
