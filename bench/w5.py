@@ -259,6 +259,11 @@ def cmd_capacity(args) -> int:
     path = Path(args.out) / capacity_file(args.scale, args.engine, args.system).name
     if args.ttft_pct != 99:
         path = path.with_name(f"{path.stem}_p{args.ttft_pct}.json")
+    base_file = path.with_name(path.name.replace(f"_{args.system}", "")) if args.system != BASELINE else None
+    baseline = ({k: d["capacity_req_s"] for k, d in json.loads(base_file.read_text())["capacity"].items()}
+                if base_file is not None and base_file.exists() else None)
+    out["goals"] = w5_report.capacity_goals(args.system, {k: d["capacity_req_s"] for k, d in found.items()},
+                                            {k: starts.rate(k) for k in found}, baseline)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({"chosen_rates": chosen, "capacity": {k: d["capacity_req_s"] for k, d in found.items()}}))

@@ -146,6 +146,23 @@ def goals(runs: dict[str, dict], scale: str) -> list[dict]:
     return out
 
 
+def capacity_goals(system: str, capacity: dict[str, float | None], rates: dict[str, float],
+                   baseline: dict[str, float | None] | None) -> list[dict]:
+    """A capacity file's goals, per phase kind. continuous+lru's: W5's rate stays below its capacity (WORKLOADS.md
+    sets it at ~90%). Another system's, with continuous+lru's capacity at hand: issue 16's 1.3x throughput goal
+    read as the load carried under the same SLO (at W5's rates every system that keeps up ties)."""
+    out = []
+    for kind, cap in capacity.items():
+        if system == BASELINE:
+            value = rates[kind] / cap if cap else None
+            out.append(goal(f"W5's {kind} rate / continuous+lru's {kind} capacity", value, "<=", 1.0))
+        else:
+            ref = (baseline or {}).get(kind)
+            value = cap / ref if cap and ref else None
+            out.append(goal(f"{system} / continuous+lru {kind} capacity", value, ">=", 1.3))
+    return out
+
+
 def build(runs: dict[str, dict], meta: dict, scale: str) -> dict:
     return {"meta": meta, "scale": scale, "systems": runs, "best_fixed_cap": best_fixed(runs),
             "best_fixed_cap_per_phase": best_fixed_per_phase(runs), "goals": goals(runs, scale)}

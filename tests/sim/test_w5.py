@@ -102,3 +102,13 @@ def test_a_cap_that_fell_behind_is_not_a_phase_best():
     assert w5_report.best_fixed_per_phase(runs)[0]["system"] == "codesign@cap64"
     runs["codesign@cap64"] = fixed(521.0, 354.0, 40.0)  # nobody kept up: all compete, the highest wins
     assert w5_report.best_fixed(runs)["rag"]["system"] == "codesign@cap16"
+
+
+def test_capacity_goals():
+    rates = {"chat": 2.7, "rag": 1.09}
+    base = w5_report.capacity_goals("continuous+lru", {"chat": 3.0, "rag": 1.2}, rates, None)
+    assert [(g["value"], g["op"], g["bound"], g["met"]) for g in base] == [(0.9, "<=", 1.0, True),
+                                                                           (pytest.approx(1.09 / 1.2), "<=", 1.0, True)]
+    other = w5_report.capacity_goals("codesign", {"chat": 3.9, "rag": 1.3}, rates, {"chat": 3.0, "rag": 1.2})
+    assert [g["met"] for g in other] == [True, False] and other[0]["value"] == pytest.approx(1.3)
+    assert w5_report.capacity_goals("codesign", {"chat": 3.9}, rates, None)[0]["value"] is None  # no baseline file
