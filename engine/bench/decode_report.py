@@ -28,9 +28,12 @@ def _median(xs: list) -> float | None:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Medians over repetitions. Start-up: the first start may fill a cold disk cache (compiled kernels,
+    """Medians over repetitions (single-stream decode: over every stream of every repetition). Start-up: the first start may fill a cold disk cache (compiled kernels,
     the OS page cache), so `startup_s` is the median of the later starts when there are any."""
     out: dict = {k: _median([r.get(k) for r in runs]) for k in SCALARS}
+    streams = [x for r in runs for x in r.get("single_streams_tok_s") or []]
+    if streams:  # every stream of every start pooled: a start's own median is a median of few
+        out["single_stream_tok_s"] = _median(streams)
     concurrencies = sorted({c for r in runs for c in (r.get("tpot_ms") or {})}, key=int)
     out["tpot_ms"] = {c: _median([(r.get("tpot_ms") or {}).get(c) for r in runs]) for c in concurrencies}
     starts = [r.get("startup_s") for r in runs]
@@ -167,8 +170,9 @@ def markdown(report: dict) -> str:
         lines.append(f"| {g['name']} | {value} | {g['op']} {g['bound']} | {'yes' if g['met'] else 'no'} |")
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{n} ({w})" for n, w in report["skipped"].items()) + "."]
+    streams = sizes.get("single_streams", 1)
     lines += ["", f"Sizes: single stream {sizes['single_tokens']} tokens after a {sizes['short_prompt']}-token prompt "
-              f"(tok/s between the first and last streamed token); prefill = a fresh random {sizes['prefill']}-token "
+              f"(tok/s between the first and last streamed token, median of {streams} per start); prefill = a fresh random {sizes['prefill']}-token "
               "prompt per repetition, max_tokens=1, time to first token over HTTP for servers (no prefix cache can "
               f"help); TPOT = median over {'/'.join(conc)} concurrent requests with {sizes['context']}-token contexts "
               f"({sizes['per_doc']} per shared document, documents sent once first), {sizes['tpot_tokens']} tokens each; "

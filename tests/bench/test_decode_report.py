@@ -35,6 +35,12 @@ def test_medians_and_warm_start_up():
     assert decode_report.summarize([run(single=5)])["prefill_tok_s"] is None  # missing stays missing
 
 
+def test_single_stream_pools_every_stream_of_every_start():
+    # one start's median of its streams is 50, the other's 90; pooled, the median of all five streams is 60
+    runs = [{**run(single=50), "single_streams_tok_s": [40, 50, 60]}, {**run(single=90), "single_streams_tok_s": [90, 95]}]
+    assert decode_report.summarize(runs)["single_stream_tok_s"] == 60
+
+
 def test_goals_against_the_strongest_peer_variant():
     report = decode_report.build_report(RUNS, {}, {"llama.cpp-q8_0": "model-q8_0.gguf not converted"}, META)
     g = by_name(report["goals"])
