@@ -307,28 +307,35 @@ def fit_on_decodes(cost: AttentionCost, decodes: list[tuple[int, int, float, flo
     + s * m * token_row_us + group_us + m * merge_us, weighted by 1 / plain time (relative errors). Where the
     fit puts a group's stacked cost per token below token_us, reading bounds it (the model's max): its tokens
     cost s * token_us instead, and the fit is solved again until that split no longer changes."""
-    fitted, read_bound = cost, None
-    for _ in range(len(decodes) + 1):
-        now = [m > 1 and fitted.token_stack_us + fitted.token_row_us * m < cost.token_us and read_bound is not None
-               for m, _, _, _ in decodes]
+    read_bound = [False] * len(decodes)  # the first fit prices every group's tokens as stacked
+    fitted = _fit_cascade_terms(cost, decodes, read_bound)
+    for _ in range(len(decodes)):
+        now = [m > 1 and fitted.token_stack_us + fitted.token_row_us * m < cost.token_us for m, _, _, _ in decodes]
         if now == read_bound:
             break
         read_bound = now
-        columns: list[list[float]] = [[], [], [], []]
-        target = []
-        for (m, s, plain_us, cascade_us), bound in zip(decodes, read_bound, strict=True):
-            w = 1.0 / plain_us
-            for column, value in zip(columns, (0 if bound else s, 0 if bound else s * m, 1.0, float(m)), strict=True):
-                column.append(value * w)
-            y = m * s * cost.token_us - (plain_us - cascade_us) - cost.call_us - cost.row_us * m
-            target.append((y - (s * cost.token_us if bound else 0.0)) * w)
-        stack, per_row, group, merge = nonnegative_least_squares(columns, target)
-        per_row = min(per_row, cost.token_us)  # a stacked row never costs more per token than reading alone
-        fitted = replace(cost, token_stack_us=round(min(stack, cost.token_us - per_row), 5),
-                         token_row_us=round(per_row, 6), group_us=round(group, 3), merge_us=round(merge, 3))
+        fitted = _fit_cascade_terms(cost, decodes, read_bound)
     worst = max(abs(fitted.group_gain_us(m, s) - (plain_us - cascade_us)) / plain_us
                 for m, s, plain_us, cascade_us in decodes)
     return fitted, worst
+
+
+def _fit_cascade_terms(cost: AttentionCost, decodes: list[tuple[int, int, float, float]],
+                       read_bound: list[bool]) -> AttentionCost:
+    """One least-squares fit of the cascade-only terms (fit_on_decodes), with the groups in read_bound priced
+    as bound by reading their tokens."""
+    columns: list[list[float]] = [[], [], [], []]
+    target = []
+    for (m, s, plain_us, cascade_us), bound in zip(decodes, read_bound, strict=True):
+        w = 1.0 / plain_us
+        for column, value in zip(columns, (0 if bound else s, 0 if bound else s * m, 1.0, float(m)), strict=True):
+            column.append(value * w)
+        y = m * s * cost.token_us - (plain_us - cascade_us) - cost.call_us - cost.row_us * m
+        target.append((y - (s * cost.token_us if bound else 0.0)) * w)
+    stack, per_row, group, merge = nonnegative_least_squares(columns, target)
+    per_row = min(per_row, cost.token_us)  # a stacked row never costs more per token than reading alone
+    return replace(cost, token_stack_us=round(min(stack, cost.token_us - per_row), 5),
+                   token_row_us=round(per_row, 6), group_us=round(group, 3), merge_us=round(merge, 3))
 
 
 def fit_margin(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> float:

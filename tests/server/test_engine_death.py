@@ -16,7 +16,7 @@ from kvloop.engine.server.async_engine import EXIT_ENGINE_DEAD
 SERVER = """
 import argparse, sys, torch, uvicorn
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.engine_core import WARMUP_REQUEST_ID, EngineCore
 from kvloop.engine.server.launch import build_server
 
 torch.set_num_threads(1)
@@ -24,7 +24,7 @@ engine = EngineCore(EngineConfig(dtype="float32", progress=False, kv_cache_token
 schedule = engine.scheduler.schedule
 
 def broken():  # the warm-up request goes through; the first client request meets a scheduler bug
-    if any(s.request_id != "__warmup__" for s in engine.scheduler.waiting):
+    if any(s.request_id != WARMUP_REQUEST_ID for s in engine.scheduler.waiting):
         raise RuntimeError("scheduler bug")
     return schedule()
 
