@@ -6,7 +6,10 @@ What varies per step stays outside the graph. The graph's inputs are the step's 
 opaque operator, kvloop_step::attention, that reads the metadata and the KV cache from the step being run
 (bound by CompiledStep.__call__), as vLLM's piecewise graphs do. So a new batch size, context length,
 block table or cascade plan never recompiles: there is one graph for every N (N = 1 included, so a row's
-arithmetic does not depend on the batch it is in).
+arithmetic does not depend on the batch it is in). The operator's kernel is Python (step_attention: the
+model's bound attention), except where the backend's library serves the step itself: the CPU attention
+kernel's library has a C++ kernel for CPU tensors that runs a bound decode-only step's layer without a call
+back into Python (bound per step through the LayerFn's `native_step`) and otherwise calls the Python one.
 
 Compiling happens in `warm_up` (the engine's start-up), over a scratch KV cache of one block; afterwards a
 step that would need another graph runs eagerly rather than compiling on a user's request. With the
@@ -65,7 +68,8 @@ _bound = _Bound()  # the step being run: what the attention operator reads
 
 def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     """Layer `layer` of the bound step: writes k, v into its pages and attends q over them. Mutates only the
-    bound KV cache, which is not a graph input: the graph orders it by data (the output feeds the next op)."""
+    bound KV cache, which is not a graph input: the graph orders it by data (the output feeds the next op).
+    The operator's Python kernel; a step bound in C++ (the LayerFn's `native_step`) never reaches it."""
     out = _bound.attend(layer, q, k, v)
     return out if out.is_contiguous() else out.contiguous()
 
@@ -143,8 +147,13 @@ class CompiledStep:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_cache: torch.Tensor) -> torch.Tensor:
-        _bound.attend = self.model.bind_attention(meta, kv_cache)
+        attend = _bound.attend = self.model.bind_attention(meta, kv_cache)
+        # (bind, unbind) where the backend's library serves the operator itself for this step (the CPU kernel's,
+        # decode-only): bound for the step only, so that no other step (nor another call) runs it
+        native = getattr(attend, "native_step", None)
         try:
+            if native is not None:
+                native[0]()
             with torch.inference_mode():
                 if self._graph is None:
                     return self._traced(input_ids, positions)
@@ -153,6 +162,8 @@ class CompiledStep:
                 return self._eagerly(input_ids, positions)
         finally:
             _bound.attend = None
+            if native is not None:
+                native[1]()
 
     def _traced(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Without an artefact: through torch.compile's own path, traced at warm-up (inductor's caches serve

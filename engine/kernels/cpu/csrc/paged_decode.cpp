@@ -469,6 +469,42 @@ at::Tensor decode_layer(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
 }
 
+// The compiled step (runner/compiled_step.py) calls each layer's attention as kvloop_step::attention(q, k, v,
+// layer), an operator defined in Python whose Python kernel calls back into decode_layer. For a decode-only step
+// of the CPU backend that crossing (dispatcher -> Python -> pybind -> here, 30 times a step) is a measurable part
+// of a batch-1 step, so its arguments after `layer` are bound here for the step (per thread, as the Python
+// binding is) and the operator's CPU kernel below calls decode_layer directly.
+struct BoundStep {
+  bool bound = false;
+  at::Tensor kv_cache, slots, blocks, block_start, tokens, rows_ptr, rows;
+  double scale = 0;
+  int64_t split_tokens = 0;
+};
+thread_local BoundStep bound_step;
+
+void bind_decode_step(const at::Tensor& kv_cache, const at::Tensor& slots, const at::Tensor& blocks,
+                      const at::Tensor& block_start, const at::Tensor& tokens, const at::Tensor& rows_ptr,
+                      const at::Tensor& rows, double scale, int64_t split_tokens) {
+  bound_step = {true, kv_cache, slots, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens};
+}
+
+void unbind_decode_step() { bound_step = {}; }  // drops the tensors: the step's cache and work list
+
+// kvloop_step::attention on CPU tensors: the bound step's decode_layer, else (no step bound: prefill or mixed
+// steps, the torch backend) the operator's Python kernel. A backend's own kernel hides the
+// CompositeExplicitAutograd one from that backend's slot, but the dispatcher keeps it in the Undefined slot
+// too, which an empty key set (what the alias key converts to) reaches.
+at::Tensor step_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t layer) {
+  const BoundStep& s = bound_step;
+  if (s.bound)
+    return decode_layer(q, k, v, s.kv_cache, layer, s.slots, s.blocks, s.block_start, s.tokens, s.rows_ptr, s.rows,
+                        s.scale, s.split_tokens);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvloop_step::attention", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
+  return op.redispatch(c10::DispatchKeySet(c10::DispatchKey::CompositeExplicitAutograd), q, k, v, layer);
+}
+
 std::string simd() { return isa(); }
 
 }  // namespace
@@ -485,6 +521,11 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def(
       "decode_layer(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slots, Tensor blocks, "
       "Tensor block_start, Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> Tensor");
+  m.def(
+      "bind_decode_step(Tensor kv_cache, Tensor slots, Tensor blocks, Tensor block_start, Tensor tokens, "
+      "Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> ()",
+      &kvloop::bind_decode_step);
+  m.def("unbind_decode_step() -> ()", &kvloop::unbind_decode_step);
   m.def("simd() -> str", &kvloop::simd);
 }
 
@@ -494,3 +535,7 @@ TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("write_kv", &kvloop::write_kv);
   m.impl("decode_layer", &kvloop::decode_layer);
 }
+
+// The operator is defined from Python (runner/compiled_step.py); an implementation may be registered before its
+// definition, so either may be loaded first.
+TORCH_LIBRARY_IMPL(kvloop_step, CPU, m) { m.impl("attention", &kvloop::step_attention); }
