@@ -147,8 +147,14 @@ def run_server(name: str, spec: dict, sizes: Sizes, threads: int, seed: int, tpo
 
     out: dict = {}
 
-    def tpot_round(target, c: int) -> None:
-        r = measure_tpot(target, c, sizes.per_doc, seed + c, sizes.context, sizes.tpot_tokens)
+    def tpot_round(target, c: int, start: bool = False) -> None:
+        try:
+            if start:
+                target.start()
+            r = measure_tpot(target, c, sizes.per_doc, seed + c, sizes.context, sizes.tpot_tokens)
+        except Exception as e:  # noqa: BLE001 - one concurrency failing (a peer's server dying) keeps the other numbers
+            out.setdefault("tpot_errors", {})[str(c)] = f"{type(e).__name__}: {e}"[:500]
+            return
         out.setdefault("tpot_ms", {})[str(c)] = round(r["tpot_ms_p50"], 2)
         out.setdefault("tpot_other_cores", {})[str(c)] = round(r["noise"]["other_cores_mean"], 3)
 
@@ -176,8 +182,7 @@ def run_server(name: str, spec: dict, sizes: Sizes, threads: int, seed: int, tpo
         for c in sizes.concurrencies:
             target = make_server(name, spec, sizes, threads, kvloop_args, parallel=c)
             try:
-                target.start()
-                tpot_round(target, c)
+                tpot_round(target, c, start=True)
             finally:
                 target.close()
     return out

@@ -133,6 +133,16 @@ def _f(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def _failures(runs: dict[str, list[dict]]):
+    """A line per failed run (its error) and per failed TPOT concurrency within a run."""
+    for name, reps in runs.items():
+        for i, r in enumerate(reps):
+            if r.get("error"):
+                yield f"{name}, repetition {i + 1}: {r['error']}"
+            for c, why in sorted((r.get("tpot_errors") or {}).items(), key=lambda cw: int(cw[0])):
+                yield f"{name}, repetition {i + 1}, TPOT @{c}: {why}"
+
+
 def markdown(report: dict) -> str:
     sizes, summary = report["sizes"], report["systems"]
     conc = [str(c) for c in sizes["concurrencies"]]
@@ -170,6 +180,9 @@ def markdown(report: dict) -> str:
         lines.append(f"| {g['name']} | {value} | {g['op']} {g['bound']} | {'yes' if g['met'] else 'no'} |")
     if report["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{n} ({w})" for n, w in report["skipped"].items()) + "."]
+    failures = list(_failures(report.get("runs", {})))
+    if failures:
+        lines += ["", "Failed (their numbers are missing above, never zero):", *(f"- {f}" for f in failures)]
     streams = sizes.get("single_streams", 1)
     lines += ["", f"Sizes: single stream {sizes['single_tokens']} tokens after a {sizes['short_prompt']}-token prompt "
               f"(tok/s between the first and last streamed token, median of {streams} per start); prefill = a fresh random {sizes['prefill']}-token "

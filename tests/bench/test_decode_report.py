@@ -90,3 +90,13 @@ def test_cpu_flags_keep_what_decides_the_kernels():
     info = cpu_flags("model name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile\n")
     assert info == {"model": "Some CPU", "flags": ["amx_tile", "avx2", "avx512_bf16", "avx512f", "fma"],
                     "native_bf16": True}
+
+
+def test_failures_are_listed_and_their_numbers_stay_missing():
+    runs = {"kvloop": [{**run(50, 900, {"8": 30}), "tpot_errors": {"16": "RemoteProtocolError: server died"}}],
+            "llama.cpp-bf16": [{"error": "RuntimeError: no token came back"}]}
+    report = decode_report.build_report(runs, {}, {}, META)
+    assert report["systems"]["kvloop"]["tpot_ms"] == {"8": 30}  # the failed concurrency is absent, not zero
+    text = decode_report.markdown(report)
+    assert "- kvloop, repetition 1, TPOT @16: RemoteProtocolError: server died" in text
+    assert "- llama.cpp-bf16, repetition 1: RuntimeError: no token came back" in text
