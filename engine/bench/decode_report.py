@@ -139,6 +139,8 @@ def _failures(runs: dict[str, list[dict]]):
         for i, r in enumerate(reps):
             if r.get("error"):
                 yield f"{name}, repetition {i + 1}: {r['error']}"
+            if r.get("prefill_error"):
+                yield f"{name}, repetition {i + 1}, prefill: {r['prefill_error']}"
             for c, why in sorted((r.get("tpot_errors") or {}).items(), key=lambda cw: int(cw[0])):
                 yield f"{name}, repetition {i + 1}, TPOT @{c}: {why}"
 

@@ -94,9 +94,12 @@ def test_cpu_flags_keep_what_decides_the_kernels():
 
 def test_failures_are_listed_and_their_numbers_stay_missing():
     runs = {"kvloop": [{**run(50, 900, {"8": 30}), "tpot_errors": {"16": "RemoteProtocolError: server died"}}],
-            "llama.cpp-bf16": [{"error": "RuntimeError: no token came back"}]}
+            "llama.cpp-bf16": [{"error": "RuntimeError: no token came back"}],
+            "llama.cpp-q8_0": [{**run(60), "prefill_error": "RuntimeError: prefill-2000: no token came back"}]}
     report = decode_report.build_report(runs, {}, {}, META)
     assert report["systems"]["kvloop"]["tpot_ms"] == {"8": 30}  # the failed concurrency is absent, not zero
     text = decode_report.markdown(report)
     assert "- kvloop, repetition 1, TPOT @16: RemoteProtocolError: server died" in text
     assert "- llama.cpp-bf16, repetition 1: RuntimeError: no token came back" in text
+    assert "- llama.cpp-q8_0, repetition 1, prefill: RuntimeError: prefill-2000: no token came back" in text
+    assert report["systems"]["llama.cpp-q8_0"]["single_stream_tok_s"] == 60  # kept though its prefill failed
