@@ -6,26 +6,17 @@ loaded in either order."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 from kernel_ref import new_generator
-from test_cpu_paged_decode import BS, meta_for
+from test_cpu_paged_decode import BS, kernel, meta_for  # noqa: F401 - kernel: its autouse build-or-skip fixture
 
-from kvloop.engine.kernels.cpu import backend, build
+from kvloop.engine.kernels.cpu import backend
 from kvloop.engine.runner import compiled_step
 from kvloop.engine.runner.cascade_plan import build_plan
-
-
-@pytest.fixture(scope="module", autouse=True)
-def kernel() -> None:
-    if not build.load(build=True):
-        if shutil.which("c++") is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ toolchain here: {build.unavailable_reason()}")
-        pytest.fail(f"the CPU kernel did not build: {build.unavailable_reason()}")
 
 
 class Recording:
