@@ -9,6 +9,7 @@ from collections import Counter
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.cpu_features import cpu_has_native_bf16
 from kvloop.engine.kernels.cpu import linear_bf16w
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.tier_mover import TierMover
@@ -31,17 +32,6 @@ from kvloop.engine.tokenizer.tokenizer import Tokenizer
 log = logging.getLogger("kvloop.engine")
 WARMUP_REQUEST_ID = "__warmup__"
 PRICE_MIN_PREFILL_TOKENS = 64  # a step with fewer prefill tokens does not price recomputing (too noisy)
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 FMA in hardware (AVX512-BF16 or AMX). Without it, oneDNN emulates bf16 GEMM and is ~3x slower
-    than fp32 (measured on this machine), so fp32 is the faster choice."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:

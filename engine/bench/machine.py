@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from kvloop.engine.cpu_features import cpuinfo_flags, has_native_bf16
+
 T = TypeVar("T")
 
 # the flags that decide which kernels are fast: AVX2/FMA everywhere, AVX-512 families, AMX tiles
@@ -31,16 +33,15 @@ def cpu_flags(cpuinfo: str | None = None) -> dict:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
-    flags: set[str] = set()
+    flags = cpuinfo_flags(cpuinfo)
     model = platform.processor() or platform.machine()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags" and not flags:
-            flags = set(value.split())
-        elif key.strip() == "model name":
+        if key.strip() == "model name":
             model = value.strip()
+            break
     kept = sorted(f for f in flags if f in _NAMED or f.startswith(_PREFIXES))
-    return {"model": model, "flags": kept, "native_bf16": "avx512_bf16" in flags or "amx_bf16" in flags}
+    return {"model": model, "flags": kept, "native_bf16": has_native_bf16(flags)}
 
 
 def machine_info() -> dict:

@@ -155,6 +155,27 @@ def test_16bit_kv_write_and_prefill():
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-6, msg=lambda m: f"seed {seed}: {m}")
 
 
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["sdpa", "matmul_softmax"])
+def test_bf16_prefill_both_paths(monkeypatch, native_bf16):
+    """A bf16 model's prefill chunk over a paged prefix: SDPA's fused kernel (CPUs with native bf16) and the
+    matmul + fp32 softmax path (CPUs without) both match float64 within bf16's tolerance."""
+    monkeypatch.setattr(torch_backend, "cpu_has_native_bf16", lambda: native_bf16)
+    gen, seed = new_generator()
+    seq_len, q_len = 150, 40  # the chunk's last 40 tokens: causal over a 110-token prefix, ending mid-block
+    k = torch.randn(seq_len, N_KV, HD, generator=gen).bfloat16()
+    v = torch.randn(seq_len, N_KV, HD, generator=gen).bfloat16()
+    q = torch.randn(q_len, HEADS, HD, generator=gen).bfloat16()
+    cache = Cache(12, torch.bfloat16, gen, True)
+    table = cache.take(-(-seq_len // BS))
+    slots = torch.tensor([table[i // BS] * BS + i % BS for i in range(seq_len)])
+    torch_backend.write_kv(k, v, cache.k, cache.v, slots)
+    out = torch_backend.prefill_attention(q, cache.k, cache.v, torch.tensor(table), seq_len, HD ** -0.5)
+    ref = reference.attention(q, k, v, HD ** -0.5, first_pos=seq_len - q_len)
+    atol, rtol = TOL[torch.bfloat16]
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+
+
 def test_long_rows_are_read_in_place_and_short_ones_bucketed(monkeypatch):
     """Rows longer than the cost model's copy limit never go through the copying path; copied rows are
     bucketed so that a bucket's padding stays small."""
