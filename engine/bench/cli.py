@@ -104,6 +104,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from kvloop.engine.bench import report
+    from kvloop.engine.bench.machine import machine_info
     from kvloop.engine.bench.suite import run_suite
     from kvloop.engine.bench.systems import Sizing
 
@@ -129,7 +130,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "num_requests": probe.num_requests, "rates": rates, "main_rate": args.rate, "reps": args.reps,
             "sizing": dataclasses.asdict(sizing), "wall_s": round(time.time() - t0, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-            "commands": [command_line(args)], "notes": args.note,
+            "commands": [command_line(args)], "notes": args.note, "machine": machine_info(),
             "throughput_definition": "output tokens / makespan (first send to last finish)"}
     out = report.write(suite, meta, Path(args.out), args.name or probe.name.lower(), slo)
     print(report.markdown(out, []).split("## Plots")[0])

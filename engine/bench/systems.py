@@ -22,6 +22,13 @@ from kvloop.engine.scheduler.policy import policy_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_DIR = Path(os.environ.get("KVLOOP_LLAMA_DIR", ROOT / ".tools" / "llama.cpp"))
+VLLM_KV_GIB = 2  # vLLM-CPU's KV space (GiB; VLLM_CPU_KVCACHE_SPACE, which takes whole GiB) unless set
+
+
+def vllm_kv_gib() -> int:
+    return int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", VLLM_KV_GIB))
+
+
 VLLM_DIR = Path(os.environ.get("KVLOOP_VLLM_DIR", ROOT / ".tools" / "vllm-cpu"))
 
 
@@ -153,8 +160,7 @@ class VllmCpuTarget(ServerProcessTarget):
                "--served-model-name", "default", "--dtype", dtype, "--max-model-len", str(max(sizing.max_context, 2048)),
                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
                "--port", str(port)]
-        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_KVCACHE_SPACE": os.environ.get(
-            "VLLM_CPU_KVCACHE_SPACE", "2")}
+        env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_KVCACHE_SPACE": str(vllm_kv_gib())}
         super().__init__(name, cmd, port, flavor="openai", env=env)
         self.dtype = dtype
 

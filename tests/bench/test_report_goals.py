@@ -23,3 +23,19 @@ def test_missing_family_is_reported_not_run_with_its_reason():
                                               {"vllm-cpu-bf16": "vLLM CPU backend not installed"})}
     g = out["codesign throughput / vllm-cpu-bf16"]
     assert g["status"] == "not run" and "not installed" in g["why"]
+
+
+def test_static_goals_cover_ttft_and_issue_16s_tpot():
+    systems = {"codesign": _sys(120.0, ttft=2.0, tpot=0.05), "static": _sys(60.0, ttft=10.0, tpot=0.04)}
+    out = {g["name"]: g for g in report.goals(systems, report.ratios(systems), {})}
+    assert out["codesign ttft_p99 / static"]["value"] == 0.2 and out["codesign ttft_p99 / static"]["met"]
+    tpot = out["codesign tpot_p50 / static"]
+    assert tpot["bound"] == 1.2 and tpot["op"] == "<=" and abs(tpot["value"] - 1.25) < 1e-12 and not tpot["met"]
+
+
+def test_markdown_names_the_machine_when_recorded():
+    machine = {"model": "Some Xeon", "cores": 2, "native_bf16": True, "flags": ["amx_bf16", "avx512_bf16"],
+               "torch": "2.13.0"}
+    assert report.machine_lines(None) == []
+    line = report.machine_lines(machine)[0]
+    assert "Some Xeon" in line and "native bf16: yes" in line and "amx_bf16 avx512_bf16" in line
