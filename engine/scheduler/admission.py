@@ -35,11 +35,13 @@ class AdmissionGate:
     def outstanding(self, running: Iterable[Sequence]) -> int:
         """Reserve blocks that running sequences may still take (every step, over every running row: swap
         state asked only when some sequence is swapped)."""
-        kv, target = self.kv, self.target_blocks
+        kv, reserve, bs = self.kv, self.reserve_tokens, self.kv.block_size
         swaps = kv.num_swapped > 0
         total = 0
-        for s in running:
-            left = target(s) - len(s.block_table)
+        for s in running:  # target_blocks(s) inline: this runs over every running row every step
+            final = len(s.prompt_token_ids) + s.params.max_tokens
+            tokens = len(s.token_ids) + reserve
+            left = (min(final, tokens) + bs - 1) // bs - len(s.block_table)
             if left > 0 and not (swaps and kv.is_swapped(s)):
                 total += left
         return total

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from sched_helpers import kv_config, make, req, run_all, toks
+from sched_helpers import kv_config, make, req, run_all, step, toks
 
 from kvloop.engine.control.hook import apply_targets
 from kvloop.engine.control.records import Targets
@@ -86,3 +86,20 @@ def test_batch_cap_is_live_and_the_control_hook_uses_the_setter():
     s.schedule()
     assert len(s.running) == 4 and s.num_preemptions == 0
     run_all(s)
+
+
+def test_outstanding_is_the_sum_of_each_rows_target_less_its_blocks():
+    """outstanding() inlines target_blocks for speed (every running row, every step): the two agree at every
+    step of a run with decodes crossing blocks, rows reaching max_tokens and new rows joining."""
+    s = make(num_blocks=256, kv=kv_config())
+    for i in range(6):
+        s.add(req(f"r{i}", toks(200 + i, 5 + 7 * i), 3 + 5 * i))
+    gate, checked = s.gate, 0
+    for _ in range(500):
+        if not s.has_work():
+            break
+        step(s)
+        expected = sum(max(0, gate.target_blocks(r) - len(r.block_table)) for r in s.running)
+        assert gate.outstanding(s.running) == expected
+        checked += expected > 0
+    assert checked and not s.has_work()
