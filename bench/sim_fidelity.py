@@ -12,14 +12,22 @@ so the seeds here exclude it. Real runs are saved on their own (sim_fidelity_rea
 seed), so that the simulated side can be recomputed after a new calibration without rerunning the
 engine (--sim-only). Writes sim_fidelity.json, .md and .png (pooled TTFT CDFs, real against simulated).
 
+--w5 [REAL_JSON] checks W5 at CPU scale instead (sim_fidelity_w5.py): the real engine's runs in a bench/w5.py cpu
+results file (default bench/results/w5_cpu.json; read, not rerun) against the simulator on the same workload and
+sizing, per system; writes sim_fidelity_w5.json (goals: simulated output throughput within 15% of the real
+engine's, per system), .md and .png. --modes, --seeds, --rerun, --threads and --sim-only are W1's.
+
     .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3,4,5] [--sim-only] [--rerun]
+    .venv/bin/python bench/sim_fidelity.py --w5 [bench/results/w5_cpu.json] [--systems a,b] [--jobs 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +41,13 @@ KEYS = (("throughput_tok_s", "output_throughput_tok_s"), ("ttft_p50_s", "ttft_p5
 SCALE = 0.25
 SEEDS = (0, 2, 3, 4, 5)
 GOAL = 0.15
+
+
+def rel_error(sim: float | None, real: float | None) -> float | None:
+    """(sim - real) / real; None where either is missing or NaN, or real is 0."""
+    if not all(isinstance(x, int | float) and not math.isnan(x) for x in (sim, real)) or not real:
+        return None
+    return (sim - real) / real
 
 
 def workload(seed: int = 0) -> bw.Workload:
@@ -156,7 +171,7 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
                "real_noise_other_cores": max(saved[m][str(s)]["noise"].get("other_cores_mean") or 0 for s in have)}
         row["ttfts"] = {"real": sorted(t for r in runs for t in r["ttfts"]),
                         "sim": sorted(t for x in sims for t in x["ttfts"])}
-        row["rel_error"] = {k: (row["sim"][k] - row["real"][k]) / row["real"][k] for k, _ in KEYS}
+        row["rel_error"] = {k: rel_error(row["sim"][k], row["real"][k]) for k, _ in KEYS}
         row["within_goal"] = all(abs(e) <= GOAL for e in row["rel_error"].values())
         table[m] = row
         print(f"{m:15s} " + "  ".join(f"{k} real {row['real'][k]:.3f} sim {row['sim'][k]:.3f} "
@@ -172,7 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--sim-only", action="store_true", help="reuse the saved real runs")
     ap.add_argument("--calibration", default=None)
+    ap.add_argument("--w5", nargs="?", const=str(RESULTS / "w5_cpu.json"), default=None, metavar="REAL_JSON",
+                    help="W5 instead of W1: a bench/w5.py cpu results file (default bench/results/w5_cpu.json)")
+    ap.add_argument("--systems", default=None, help="--w5: comma list of the file's systems (default: all)")
+    ap.add_argument("--jobs", type=int, default=1, help="--w5: systems simulated in parallel processes")
+    ap.add_argument("--out", default=str(RESULTS), help="--w5: output folder")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
+    if args.w5:
+        from sim_fidelity_w5 import run_w5  # bench/ is on sys.path when run as a script
+
+        return run_w5(args.w5, args.systems, args.calibration, args.jobs, args.out, argv)
     modes = [m for m in args.modes.split(",") if m]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     real_file = RESULTS / "sim_fidelity_real.json"

@@ -4,10 +4,22 @@ percentiles of 160 requests can."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from sim_fidelity import rel_error  # bench/ is on sys.path when run as a script
+
+from kvloop.engine.bench.report import _f, machine_lines
 
 LABELS = (("throughput_tok_s", "throughput tok/s", "{:.1f}"), ("ttft_p50_s", "TTFT P50 s", "{:.2f}"),
           ("ttft_p99_s", "TTFT P99 s", "{:.2f}"))
+
+
+def pair(real: float | None, sim: float | None, fmt: str) -> str:
+    """A table cell 'real / sim (+x%)'; a dash for a missing number, no percentage without both."""
+    err = rel_error(sim, real)
+    cells = [fmt.format(x) if isinstance(x, int | float) else "—" for x in (real, sim)]
+    return " / ".join(cells) + (f" ({err:+.0%})" if err is not None else "")
 
 
 def write_report(results: Path, report: dict) -> None:
@@ -20,8 +32,7 @@ def write_report(results: Path, report: dict) -> None:
              + " | within goal | other cores (max over runs) |",
              "|---|" + "---|" * len(LABELS) + "---|---|"]
     for mode, row in modes.items():
-        cells = [f"{fmt.format(row['real'][k])} / {fmt.format(row['sim'][k])} ({row['rel_error'][k]:+.0%})"
-                 for k, _, fmt in LABELS]
+        cells = [pair(row["real"][k], row["sim"][k], fmt) for k, _, fmt in LABELS]
         lines.append(f"| {mode} | " + " | ".join(cells) + f" | {'yes' if row['within_goal'] else 'no'} | "
                      f"{row['real_noise_other_cores']:.2f} |")
     lines += ["", "Per-seed medians (the statistic before TTFTs were pooled):", "",
@@ -29,8 +40,7 @@ def write_report(results: Path, report: dict) -> None:
               "|---|" + "---|" * len(LABELS)]
     for mode, row in modes.items():
         med = row["median_over_seeds"]
-        cells = [f"{fmt.format(med['real'][k])} / {fmt.format(med['sim'][k])} "
-                 f"({(med['sim'][k] - med['real'][k]) / med['real'][k]:+.0%})" for k, _, fmt in LABELS]
+        cells = [pair(med["real"][k], med["sim"][k], fmt) for k, _, fmt in LABELS]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     lines += ["", "Engine busy seconds (summed step time) real / sim, median over seeds: " + "; ".join(
         f"{m} {r['busy_s']['real']:.1f} / {r['busy_s']['sim']:.1f}" for m, r in modes.items()) + ".",
@@ -60,3 +70,89 @@ def _plot(results: Path, modes: dict) -> None:
     fig.tight_layout()
     fig.savefig(results / "sim_fidelity.png", dpi=80)
     plt.close(fig)
+
+
+# ---- W5 (sim_fidelity_w5.py) ----------------------------------------------------------------------------
+W5_WHOLE = (("output_throughput_tok_s", "out tok/s", "{:.1f}"), ("ttft_p50_s", "TTFT P50 s", "{:.2f}"),
+            ("ttft_p99_s", "TTFT P99 s", "{:.2f}"), ("preemptions", "preemptions", "{:.0f}"),
+            ("hit_rate_total", "hit rate", "{:.2f}"))
+W5_KIND = (("throughput_tok_s", "out tok/s", "{:.1f}"), ("ttft_p50_s", "TTFT P50 s", "{:.2f}"),
+           ("ttft_p99_s", "TTFT P99 s", "{:.2f}"), ("preemptions", "preemptions", "{:.0f}"))
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def w5_markdown(report: dict, plots: list[str]) -> str:
+    m, systems = report["meta"], report["systems"]
+    w, cal = m["workload"], m["calibration"]
+    goals = {g["system"]: g for g in report["goals"]}
+    lines = [f"# {m['title']}", "",
+             f"Real runs: `{m['real_file']}` (engine: {m['real_engine']}, started {m.get('real_started')}, torch "
+             f"threads {m.get('real_threads') or 'not recorded'}), read, not rerun. Simulated on the same workload "
+             f"({w['name']}, phase rates {json.dumps(w['phase_rates'])} req/s, phases of {w['phase_s']:g} s over "
+             f"{w['duration_s']:g} s, seed {w['seed']}, {w['num_requests']} requests) with the real engine's sizing, "
+             f"profile `{report['profile']}`, calibration `{cal['path']}`"
+             + (f" (fitted with {cal.get('threads')} threads on {cal.get('machine')}, {cal.get('dtype')})."
+                if cal.get("exists") else " (missing: placeholder efficiencies).")
+             + f" Goal (issue 16): simulated output throughput within {report['goal_rel_error']:.0%} of the "
+             "real engine's, per system.", "", *machine_lines(m.get("real_machine")),
+             "## Whole run (real / sim)", ""]
+    lines += _table(["system", *(label for _, label, _ in W5_WHOLE), "within goal", "other cores (real)"],
+                    [[n, *(pair(r["real"][k], r["sim"][k], fmt) for k, _, fmt in W5_WHOLE),
+                      "yes" if goals[n]["met"] else "no", _f(r.get("real_noise_other_cores"))]
+                     for n, r in systems.items()])
+    lines += ["", "## Per phase kind (real / sim)", ""]
+    lines += _table(["system", "phases", *(label for _, label, _ in W5_KIND)],
+                    [[n, kind, *(pair(d["real"].get(k), d["sim"].get(k), fmt) for k, _, fmt in W5_KIND)]
+                     for n, r in systems.items() for kind, d in r["by_kind"].items()])
+    sizings: dict[str, list[str]] = {}  # systems with one sizing share a line
+    for n, r in systems.items():
+        sizings.setdefault(f"{r['sizing_from']}: {json.dumps(r['sizing'])}", []).append(n)
+    lines += ["", "## Sizing (before a fixed cap)", ""] + [f"- {', '.join(ns)}: {s}" for s, ns in sizings.items()]
+    lines += ["", "## Goals", ""] + ["- " + json.dumps(g, default=str) for g in report["goals"]]
+    lines += ["", *(f"![{Path(p).stem}]({Path(p).name})" for p in plots)]
+    lines += ["", "## Notes", ""] + [f"- {n}" for n in m["notes"]]
+    lines += ["", "## Commands", ""] + [f"    {c}" for c in m["commands"]]
+    lines += ["", "The real runs':", ""] + [f"    {c}" for c in m["real_commands"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_w5_report(out: Path, report: dict, stem: str) -> list[str]:
+    """<stem>.md and <stem>.png; returns the plots' file names."""
+    plots = _plot_w5(out, report, stem)
+    (out / f"{stem}.md").write_text(w5_markdown(report, plots))
+    return plots
+
+
+def _plot_w5(out: Path, report: dict, stem: str) -> list[str]:
+    """Output throughput real against simulated per system: the whole run, then each phase kind."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    systems = report["systems"]
+    kinds = list(dict.fromkeys(k for r in systems.values() for k in r["by_kind"]))
+    panels = [("whole run", lambda r, side: r[side]["output_throughput_tok_s"])] + [
+        (f"{k} phases", lambda r, side, k=k: r["by_kind"].get(k, {}).get(side, {}).get("throughput_tok_s"))
+        for k in kinds]
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.2 + (1 + 0.9 * len(systems)) * len(panels), 4),
+                             squeeze=False, sharey=True)
+    xs, width = range(len(systems)), 0.4
+    for ax, (title, value) in zip(axes[0], panels, strict=True):
+        for i, side in enumerate(("real", "sim")):
+            ax.bar([x + (i - 0.5) * width for x in xs], [value(r, side) or 0 for r in systems.values()], width,
+                   label=side)
+        ax.set_xticks(list(xs), list(systems), rotation=25, ha="right", fontsize=7)
+        ax.set_title(title)
+    axes[0][0].set_ylabel("output tokens/s")
+    axes[0][0].legend()
+    fig.suptitle(report["meta"]["title"])
+    fig.tight_layout()
+    fig.savefig(out / f"{stem}.png", dpi=80)
+    plt.close(fig)
+    return [f"{stem}.png"]

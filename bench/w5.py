@@ -40,6 +40,7 @@ from pathlib import Path
 from kvloop.engine.bench import phases as ph
 from kvloop.engine.bench import w5_report
 from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
+from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.w5_variants import (
     FIXED_CAPS,
     PERIODS,
@@ -92,8 +93,10 @@ def workload_kw(args) -> dict:
 
 # ---- the simulator -------------------------------------------------------------------------------------
 def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile_name: str,
-            calibration: str | None = None, sample_every_s: float = 1.0) -> dict:
-    """One system through W5 in the simulator -> its summary (runs in a worker process)."""
+            calibration: str | None = None, sample_every_s: float = 1.0, base_sizing: Sizing | None = None) -> dict:
+    """One system through W5 in the simulator -> its summary (runs in a worker process). base_sizing: the
+    sizing before the variant's cap (default: the profile's, with the pool the workload prescribes); the
+    fidelity check (sim_fidelity.py --w5) passes the real engine's."""
     from kvloop.engine.sim.profiles import get_profile
     from kvloop.engine.sim.scenarios import sizing_for
     from kvloop.engine.sim.simulator import SimConfig, Simulator
@@ -105,7 +108,7 @@ def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile
     gc.freeze()  # the prompts live all run: keep the cyclic GC from walking them again and again
     prof = get_profile(profile_name, calibration)
     v = parse_variant(name)
-    sizing = sized(v, sizing_for(prof, wl.params.get("kv_cache_tokens")))
+    sizing = sized(v, base_sizing or sizing_for(prof, wl.params.get("kv_cache_tokens")))
     fb, events = coordinator_settings(v, None, max(FIXED_CAPS[scale]))
     sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sizing, feedback=fb,
                                                        sample_every_s=sample_every_s))
@@ -118,16 +121,19 @@ def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile
     return out
 
 
-def run_sim(args, systems: list[str], rates, kw) -> dict[str, dict]:
-    jobs = [(n, args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration) for n in systems]
+def run_sim(systems: list[str], scale: str, rates, kw: dict, profile: str, calibration: str | None = None,
+            jobs: int = 1, sizings: dict[str, Sizing] | None = None) -> dict[str, dict]:
+    """Each system through W5 in the simulator, `jobs` at a time; sizings: base sizing per system (default: the
+    profile's)."""
+    jobs_args = [(n, scale, rates, kw, profile, calibration, 1.0, (sizings or {}).get(n)) for n in systems]
     runs: dict[str, dict] = {}
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            for n, res in zip(systems, pool.map(sim_one, *zip(*jobs, strict=True)), strict=True):
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            for n, res in zip(systems, pool.map(sim_one, *zip(*jobs_args, strict=True)), strict=True):
                 runs[n] = res
                 log_run(res)
     else:
-        for job in jobs:
+        for job in jobs_args:
             runs[job[0]] = sim_one(*job)
             log_run(runs[job[0]])
     return runs
@@ -161,12 +167,13 @@ def engine_one(name: str, wl, sizing, args, slo: SLO) -> dict:
                                  feedback=feedback,
                                  event_path=events if feedback is not None else None, info=info,
                                  noise={k: v for k, v in (res.noise.as_dict() if res.noise else {}).items()
-                                        if k != "series"}, wall_s=res.wall_s)
+                                        if k != "series"}, wall_s=res.wall_s,
+                                 sizing=asdict(sized(parse_variant(name), sizing)))
 
 
-def engine_sizing(wl):
-    from kvloop.engine.bench.sizing import Sizing
-
+def engine_sizing(wl) -> Sizing:
+    """The real engine's sizing at CPU scale: the defaults with W5's device pool (the simulator's CPU sizing, but
+    for max_context, which only peers with per-slot contexts read)."""
     longest = max([len(r.prompt) + r.max_tokens for r in wl.requests] + [
         len(s.system) + s.num_turns * (len(s.user_turns[0]) + s.reply_tokens) for s in wl.sessions] + [1])
     return Sizing(kv_cache_tokens=wl.params["kv_cache_tokens"], max_context=(longest // 256 + 1) * 256)
@@ -287,7 +294,8 @@ def cmd_run(args) -> int:
         parse_variant(s)  # fail before hours of running
     probe_wl = w5(WORKLOAD[scale], rates, **kw)
     t0 = time.time()
-    runs = run_sim(args, systems, rates, kw) if engine == "sim" else run_engine(args, systems, rates, kw)
+    runs = (run_sim(systems, scale, rates, kw, args.profile or PROFILE[scale], args.calibration, args.jobs)
+            if engine == "sim" else run_engine(args, systems, rates, kw))
     p = probe_wl.params
     meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale ({'simulator, ' if engine == 'sim' else ''}"
                      f"{args.profile or PROFILE[scale] if engine == 'sim' else 'real engine, embedded SmolLM2-135M'})",
@@ -307,7 +315,7 @@ def cmd_run(args) -> int:
     if engine == "real":
         from kvloop.engine.bench.machine import machine_info
 
-        meta["machine"] = machine_info()
+        meta.update(machine=machine_info(), threads=args.threads)
     report = w5_report.build(runs, meta, scale)
     w5_report.write(report, Path(args.out), args.name or STEM[(args.cmd, scale)])
     for g in report["goals"]:
