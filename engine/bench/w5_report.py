@@ -60,8 +60,22 @@ def _ok(x) -> bool:
     return isinstance(x, int | float) and not math.isnan(x)
 
 
+def fixed_caps(runs: dict[str, dict]) -> dict[str, int]:
+    """Each fixed-cap run's cap, in ascending order: the mode@capN runs, and a plain run of a swept mode
+    (coordinator off) at its default cap (its recorded sizing's max_num_seqs) where the sweep has no run at
+    that cap: it is the same engine (at CPU scale `codesign` is `codesign@cap64`), so it need not run twice."""
+    caps = {n: v.cap for n in runs if (v := parse_variant(n)).cap}
+    swept = {parse_variant(n).mode for n in caps}
+    for n, r in runs.items():
+        v, default = parse_variant(n), (r.get("sizing") or {}).get("max_num_seqs")
+        if (v.mode in swept and not v.cap and not v.coordinator and default
+                and default not in {c for m, c in caps.items() if parse_variant(m).mode == v.mode}):
+            caps[n] = default
+    return dict(sorted(caps.items(), key=lambda x: x[1]))
+
+
 def fixed_cap_runs(runs: dict[str, dict]) -> dict[str, dict]:
-    return {n: r for n, r in runs.items() if parse_variant(n).cap}
+    return {n: runs[n] for n in fixed_caps(runs)}
 
 
 TIE = 0.005  # throughputs this close (relative) tie; the lower TTFT P99 then wins
@@ -100,7 +114,7 @@ def best_fixed(runs: dict[str, dict]) -> dict:
                 scored.append((v, where.get("ttft_p99_s"), name, where.get("ttft_p50_s")))
         if scored:
             v, name = _pick(scored)
-            out[key] = {"system": name, "cap": parse_variant(name).cap, "throughput_tok_s": v}
+            out[key] = {"system": name, "cap": fixed_caps(runs)[name], "throughput_tok_s": v}
     return out
 
 
@@ -116,7 +130,7 @@ def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
                   for n, r in fixed.items() if i < len(r["phases"]) and _ok((p := r["phases"][i])["throughput_tok_s"])]
         if scored:
             v, name = _pick(scored)
-            out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": parse_variant(name).cap,
+            out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": fixed_caps(runs)[name],
                         "throughput_tok_s": v})
     return out
 
@@ -203,7 +217,7 @@ def markdown(report: dict, plots: list[str]) -> str:
                          f"{_f(d['ttft_p99_s'])} | {_f(d['tpot_p50_s'], 0, 1000)} | {_f(d['tpot_p99_s'], 0, 1000)} | "
                          f"{_f(d['preemptions'], 0)} | {_hits(d)} | {_f(d['kv_use_mean'])} |")
     best = report["best_fixed_cap"]
-    fixed = fixed_cap_runs(runs)
+    fixed, caps = fixed_cap_runs(runs), fixed_caps(runs)
     if fixed:
         kinds = [k for k in best if k != "whole"]
         lines += ["", "## Fixed caps through the same phases (coordinator off)", "",
@@ -214,7 +228,8 @@ def markdown(report: dict, plots: list[str]) -> str:
                                                        else "")]
             cells += [_f(_value(r, f"{k}_throughput"), 1) + (" **best**" if best[k]["system"] == name else "")
                       for k in kinds]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {_f(r['whole']['ttft_p99_s'])} | "
+            label = name if parse_variant(name).cap or name not in fixed else f"{name} (its cap: {caps[name]})"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {_f(r['whole']['ttft_p99_s'])} | "
                          f"{_f(r['whole']['preemptions'], 0)} |")
         lines += ["", f"Best fixed cap (among the caps that kept up there: TTFT P50 <= {KEEPS_UP_TTFT_P50_S:g} s): " + ", ".join(f"{k}: cap {v['cap']} ({_f(v['throughput_tok_s'], 1)} tok/s)"
                                                     for k, v in best.items())]
@@ -298,7 +313,7 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
     fixed = fixed_cap_runs(runs)
     if fixed:
         kinds = [k for k in report["best_fixed_cap"] if k != "whole"]
-        caps = [parse_variant(n).cap for n in fixed]
+        caps = list(fixed_caps(runs).values())
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for key in ["whole", *kinds]:
             metric = "throughput" if key == "whole" else f"{key}_throughput"

@@ -104,6 +104,24 @@ def test_a_cap_that_fell_behind_is_not_a_phase_best():
     assert w5_report.best_fixed(runs)["rag"]["system"] == "codesign@cap16"
 
 
+def test_the_plain_mode_counts_as_its_default_cap():
+    """`codesign` with the coordinator off is `codesign@cap64` where 64 is its recorded max_num_seqs: the sweep
+    counts it as that cap instead of running the same engine twice; a run at that cap takes precedence."""
+    def run(tput: float, cap: int | None = None) -> dict:
+        return {"whole": {"output_throughput_tok_s": tput, "ttft_p99_s": 5.0, "ttft_p50_s": 0.5},
+                **({"sizing": {"max_num_seqs": cap}} if cap else {})}
+
+    runs = {"continuous+lru": run(90.0, 64), "codesign": run(120.0, 64), "codesign@cap16": run(100.0, 16),
+            "codesign+coord@5s+events": run(110.0, 9)}
+    assert w5_report.fixed_caps(runs) == {"codesign@cap16": 16, "codesign": 64}
+    assert w5_report.best_fixed(runs)["whole"] == {"system": "codesign", "cap": 64, "throughput_tok_s": 120.0}
+    runs["codesign@cap64"] = run(119.0, 64)
+    assert w5_report.fixed_caps(runs) == {"codesign@cap16": 16, "codesign@cap64": 64}
+    del runs["codesign"]["sizing"]  # not recorded (older files): not a fixed cap
+    del runs["codesign@cap64"]
+    assert w5_report.fixed_caps(runs) == {"codesign@cap16": 16}
+
+
 def test_capacity_goals():
     rates = {"chat": 2.7, "rag": 1.09}
     base = w5_report.capacity_goals("continuous+lru", {"chat": 3.0, "rag": 1.2}, rates, None)
