@@ -89,12 +89,12 @@ def decode_seconds(cost: CostModel, row: dict) -> float:
     return 1e-6 * cost.decode.decode_us(decode_contexts(items), [tuple(g) for g in row.get("groups", ())])
 
 
-def fit(rows: list[dict], model, kv_dtype: str) -> dict:
+def fit(rows: list[dict], model, kv_dtype: str, backend: str = "torch") -> dict:
     """The CPU form of the cost model: a weights/matmul roofline, plus prefill KV traffic and attention run
     serially, plus the decode attention of the step-cost function, plus fixed, per-sequence, per-token and
     per-prefill-chunk overheads. A grid over the roofline's two efficiencies; non-negative least squares
     (relative error) for the rest."""
-    cost = CostModel(model, THIS_CPU, Efficiency(bw=1.0, flops=1.0), cost_for(kv_dtype))
+    cost = CostModel(model, THIS_CPU, Efficiency(bw=1.0, flops=1.0), cost_for(kv_dtype, backend))
     f = np.array([features(cost, r["items"]) for r in rows])
     known = np.array([decode_seconds(cost, r) for r in rows])
     y = np.array([r["seconds"] for r in rows])
@@ -163,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.refit:
         result = json.loads(Path(args.out).read_text())
         result["fit"] = fit(result["rows"], replace(SMOLLM2_135M, dtype_bytes=result["dtype_bytes"]),
-                            result.get("kv_dtype", "float32"))
+                            result.get("kv_dtype", "float32"), result.get("attention_backend", "torch"))
         Path(args.out).write_text(dump(result))
         print(json.dumps(result["fit"], indent=1))
         return 0
     from kvloop.engine.config import EngineConfig
-    from kvloop.engine.engine_core import EngineCore
+    from kvloop.engine.engine_core import EngineCore, resolve_quantization
     from kvloop.engine.kv.config import KVConfig
     from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
@@ -178,15 +178,24 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineCore(cfg)
     dtype = str(engine.dtype).removeprefix("torch.")
     kv_dtype = str(engine.kv_dtype).removeprefix("torch.")  # the profile prices decode attention with it
-    model = replace(SMOLLM2_135M, dtype_bytes=4 if dtype == "float32" else 2)
+    backend = engine.model.attention.name  # ... on this decode path's cost entry (the C++ kernel where built)
+    # the bytes a step streams are the weights' storage, not the arithmetic's: on CPUs without native bf16
+    # the default is bf16 weights with float32 arithmetic (2 bytes, where dtype says float32)
+    weights = resolve_quantization(cfg.quantization, cfg.dtype, cfg.device)
+    dense = 4 if dtype == "float32" else 2
+    model = replace(SMOLLM2_135M, dtype_bytes={"bf16": 2, "int8": 1, "int4": 1}.get(weights, dense))
     run_shapes(engine, [(1, 32), (4, 64)], 4, seed=99)  # warm-up, not fitted
     guard = NoiseGuard()
     with guard:
         rows = run_shapes(engine, SHAPES, args.decode_steps)
         del engine
         rows += run_workload_steps([m for m in args.modes.split(",") if m], args.threads)
-    result = {"machine": THIS_CPU.name, "dtype": dtype, "kv_dtype": kv_dtype, "threads": args.threads,
-              "model": model.name, "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model, kv_dtype),
+    from kvloop.engine.bench.machine import machine_info
+
+    # the machine as the benchmarks record it: step costs differ severalfold between CPUs (native bf16 or not)
+    result = {"machine": machine_info(), "profile": THIS_CPU.name, "dtype": dtype, "weights": weights, "kv_dtype": kv_dtype,
+              "attention_backend": backend, "threads": args.threads,
+              "model": model.name, "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model, kv_dtype, backend),
               "noise": guard.report().as_dict(),
               "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
