@@ -223,8 +223,11 @@ def _le(x, bound: float) -> bool:
 
 def capacity_search(kind: str, start: float, iters: int, args) -> dict:
     """The highest rate that meets the bound: double (or halve) from `start` until it is bracketed, then
-    bisect geometrically `iters` times."""
+    bisect geometrically `iters` times. Halving stops where the bound is out of reach at any rate: a miss whose
+    TTFT did not fall with the load (a request alone misses it, e.g. a cold RAG prefill on a slow CPU) or a
+    probe with no request done; the capacity is then None and `unattainable` says why."""
     probes: dict[float, dict] = {}
+    pct = f"ttft_p{args.ttft_pct}_s"
 
     def ok(rate: float) -> bool:
         rate = round(rate, 4)
@@ -233,6 +236,7 @@ def capacity_search(kind: str, start: float, iters: int, args) -> dict:
         return probes[rate]["meets"]
 
     lo = hi = None
+    unattainable = None
     rate = start
     for _ in range(12):
         if ok(rate):
@@ -241,6 +245,12 @@ def capacity_search(kind: str, start: float, iters: int, args) -> dict:
                 break
             rate *= 2
         else:
+            ttft, before = probes[round(rate, 4)][pct], probes.get(round(2 * rate, 4), {}).get(pct)
+            if lo is None and (not _le(ttft, math.inf) or (before is not None and ttft >= 0.95 * before)):
+                unattainable = (f"TTFT P{args.ttft_pct} {ttft:.2f} s at {rate:.4g} req/s, not below "
+                                f"{before if before is not None else float('nan'):.2f} s at twice the rate: not "
+                                f"load-bound, the {args.ttft_bound:g} s bound is out of reach at any rate")
+                break
             hi = rate
             if lo is not None:
                 break
@@ -248,7 +258,7 @@ def capacity_search(kind: str, start: float, iters: int, args) -> dict:
     for _ in range(iters if lo and hi else 0):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return {"capacity_req_s": lo, "first_miss_req_s": hi,
+    return {"capacity_req_s": lo, "first_miss_req_s": hi, "unattainable": unattainable,
             "probes": [probes[r] for r in sorted(probes)]}
 
 
@@ -274,7 +284,11 @@ def cmd_capacity(args) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({"chosen_rates": chosen, "capacity": {k: d["capacity_req_s"] for k, d in found.items()}}))
-    print(f"use: --phase-rates {chosen[CHAT]},{chosen[RAG]}   ({path})")
+    for k, d in found.items():
+        if d["unattainable"]:
+            print(f"{k}: no capacity: {d['unattainable']}")
+    if all(chosen.values()):
+        print(f"use: --phase-rates {chosen[CHAT]},{chosen[RAG]}   ({path})")
     return 0
 
 
