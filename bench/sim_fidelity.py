@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 from kvloop.engine.bench import workloads as bw
+from kvloop.engine.bench.goals import goal
+from kvloop.engine.bench.machine import machine_info
 from kvloop.engine.bench.metrics import percentile
 from kvloop.engine.scheduler.policy import policy_names
 from kvloop.engine.sim.modes import Sizing
@@ -119,6 +121,7 @@ def run_real(mode: str, seed: int, threads: int | None) -> dict:
     print(f"real {mode:15s} seed {seed}: {c['output_throughput_tok_s']:8.1f} tok/s TTFT p50 {c['ttft_p50_s']:.3f} "
           f"p99 {c['ttft_p99_s']:.3f} other cores {res.noise.other_cores_mean:.2f}", flush=True)
     return {"client": c, "server": server, "noise": res.noise.as_dict() | {"series": []}, "info": res.info,
+            "machine": machine_info(),
             "wall_s": res.wall_s, "engine_steps": busy.steps, "engine_busy_s": busy.seconds,
             "ttfts": ttfts(res.records)}
 
@@ -179,6 +182,19 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
     return table
 
 
+def real_machine(saved: dict, modes: list[str]) -> dict | None:
+    """The machine the compared real runs ran on (None where a run did not record it, or they differ)."""
+    machines = [run.get("machine") for m in modes for run in saved.get(m, {}).values()]
+    return machines[0] if machines and all(x == machines[0] for x in machines) else None
+
+
+def w1_goals(table: dict) -> list[dict]:
+    """Per mode, |simulated / real - 1| of throughput, TTFT P50 and P99 (the table's within_goal: all three)."""
+    return [goal(f"{m}: simulated / real {k} - 1 (abs)", abs(e) if (e := row["rel_error"][k]) is not None else None,
+                 "<=", GOAL, values=[row["sim"][k], row["real"][k]])
+            for m, row in table.items() for k, _ in KEYS]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default=",".join(policy_names()))
@@ -216,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                            "seeds": seeds, "sizing": sim_sizing().__dict__},
               "statistic": "throughput: median over seeds; TTFT P50/P99: over all seeds' requests pooled "
                            "(median_over_seeds has the per-seed medians); real and simulated alike",
-              "calibration": str(args.calibration or "bench/results/sim_calibration.json")}
+              "calibration": str(args.calibration or "bench/results/sim_calibration.json"),
+              "goals": w1_goals(table), "machine": real_machine(saved, modes)}
     (RESULTS / "sim_fidelity.json").write_text(json.dumps(report, indent=1) + "\n")
     from sim_fidelity_report import write_report  # bench/ is on sys.path when run as a script
 

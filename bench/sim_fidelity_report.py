@@ -45,6 +45,10 @@ def write_report(results: Path, report: dict) -> None:
     lines += ["", "Engine busy seconds (summed step time) real / sim, median over seeds: " + "; ".join(
         f"{m} {r['busy_s']['real']:.1f} / {r['busy_s']['sim']:.1f}" for m, r in modes.items()) + ".",
         "", "![TTFT CDFs](sim_fidelity.png)", ""]
+    if report.get("machine"):
+        lines[1:1] = ["", *machine_lines(report["machine"])]
+    if report.get("goals"):
+        lines += ["## Goals", "", *("- " + json.dumps(g, default=str) for g in report["goals"]), ""]
     (results / "sim_fidelity.md").write_text("\n".join(lines))
     _plot(results, modes)
 
