@@ -124,7 +124,9 @@ def part_gate(args) -> dict:
 def part_speed(args) -> dict:
     """One simulated hour per mode and rate (or `--sim-seconds` of arrivals, scaled to an hour by the run's
     virtual seconds, drain included); CPU time of building the workload and of the run."""
-    out: dict = {"runs": {}, "sim_seconds": args.sim_seconds}
+    from kvloop.engine.bench.machine import machine_info
+
+    out: dict = {"runs": {}, "sim_seconds": args.sim_seconds, "machine": machine_info()}
     for rate in args.rates:
         for mode in args.modes:
             cpu = time.process_time()

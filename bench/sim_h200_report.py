@@ -271,11 +271,14 @@ through schedule(), so the CPU cost of an hour grows with the requests in it (an
 single runs on a shared VM whose speed drifts: the same 300-second run measured 7.7 s and 12.0 s of
 CPU minutes apart, so read each figure as ±30%.
 
-The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual seconds), measured on
-a machine shared with other jobs (load about 4 on 2 cores: wall time twice to three times the CPU
-time), with gate-under-pressure codesign, which serves every request at 80 req/s where plain LRU
-rejects some. The goal of 120 CPU s per simulated hour is missed by 4.5x (continuous+lru) and 13x
-(codesign). Near saturation almost every step admits a request, so windows are a step or two long
+The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual seconds), one mode at a
+time on a quiet machine (the speed part's file records which: CPUs differ in Python speed; the same
+runs on an Intel Xeon took 431 and 1,358 CPU s), with gate-under-pressure codesign, which serves every
+request at 80 req/s where plain LRU rejects some. The goal of 120 CPU s per simulated hour is missed
+(the goals below). At 80 req/s an hour is ~200,000 steps with ~275 running rows each, so the goal means
+about 0.6 ms per step: a few microseconds per running row, less than the per-row bookkeeping of one
+Python pass. Meeting it takes a step loop that does no per-row work in a step (decode rows as aggregates,
+admission from running totals), not a faster version of this one. Near saturation almost every step admits a request, so windows are a step or two long
 and the cost is per step and per request: in a profile of codesign, grouped admission takes half the
 time (each step prices the running rows' cascade plan past the cap, scans every running row's
 reserve for the gate's headroom, and peeks the prefix cache for each waiting request), the two
