@@ -175,7 +175,7 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
         row["ttfts"] = {"real": sorted(t for r in runs for t in r["ttfts"]),
                         "sim": sorted(t for x in sims for t in x["ttfts"])}
         row["rel_error"] = {k: rel_error(row["sim"][k], row["real"][k]) for k, _ in KEYS}
-        row["within_goal"] = all(abs(e) <= GOAL for e in row["rel_error"].values())
+        row["within_goal"] = all(e is not None and abs(e) <= GOAL for e in row["rel_error"].values())
         table[m] = row
         print(f"{m:15s} " + "  ".join(f"{k} real {row['real'][k]:.3f} sim {row['sim'][k]:.3f} "
                                       f"({row['rel_error'][k]:+.0%})" for k, _ in KEYS), flush=True)

@@ -84,6 +84,11 @@ W5_KIND = (("throughput_tok_s", "out tok/s", "{:.1f}"), ("ttft_p50_s", "TTFT P50
            ("ttft_p99_s", "TTFT P99 s", "{:.2f}"), ("preemptions", "preemptions", "{:.0f}"))
 
 
+def _machine_name(machine: dict | str | None) -> str:
+    """A calibration's machine: machine_info's model (newer files), or the profile name older files wrote."""
+    return machine.get("model", "?") if isinstance(machine, dict) else str(machine)
+
+
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -98,7 +103,8 @@ def w5_markdown(report: dict, plots: list[str]) -> str:
              f"({w['name']}, phase rates {json.dumps(w['phase_rates'])} req/s, phases of {w['phase_s']:g} s over "
              f"{w['duration_s']:g} s, seed {w['seed']}, {w['num_requests']} requests) with the real engine's sizing, "
              f"profile `{report['profile']}`, calibration `{cal['path']}`"
-             + (f" (fitted with {cal.get('threads')} threads on {cal.get('machine')}, {cal.get('dtype')})."
+             + (f" (fitted with {cal.get('threads')} threads on {_machine_name(cal.get('machine'))}, "
+                f"{cal.get('dtype')})."
                 if cal.get("exists") else " (missing: placeholder efficiencies).")
              + f" Goal (issue 16): simulated output throughput within {report['goal_rel_error']:.0%} of the "
              "real engine's, per system.", "", *machine_lines(m.get("real_machine")),
