@@ -101,7 +101,8 @@ def _pick(scored: list[tuple[float, float | None, str, float | None]]) -> tuple[
 def best_fixed(runs: dict[str, dict]) -> dict:
     """The fixed cap with the highest output throughput over the whole run and in each phase kind (by the
     phases' window throughput) among those that kept up there; near-ties (TIE) go to the lower P99 TTFT."""
-    fixed = fixed_cap_runs(runs)
+    caps = fixed_caps(runs)  # once: it parses every run's name
+    fixed = {n: runs[n] for n in caps}
     kinds = list(dict.fromkeys(k for r in fixed.values() for k in (r.get("by_kind") or {})))
     out: dict = {}
     for key in ["whole", *kinds]:
@@ -114,14 +115,15 @@ def best_fixed(runs: dict[str, dict]) -> dict:
                 scored.append((v, where.get("ttft_p99_s"), name, where.get("ttft_p50_s")))
         if scored:
             v, name = _pick(scored)
-            out[key] = {"system": name, "cap": fixed_caps(runs)[name], "throughput_tok_s": v}
+            out[key] = {"system": name, "cap": caps[name], "throughput_tok_s": v}
     return out
 
 
 def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
     """Phase by phase: the fixed cap with the highest window throughput among those that kept up (ties: lower
     TTFT P99)."""
-    fixed = {n: r for n, r in fixed_cap_runs(runs).items() if r.get("phases")}
+    caps = fixed_caps(runs)
+    fixed = {n: runs[n] for n in caps if runs[n].get("phases")}
     if not fixed:
         return []
     out = []
@@ -130,7 +132,7 @@ def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
                   for n, r in fixed.items() if i < len(r["phases"]) and _ok((p := r["phases"][i])["throughput_tok_s"])]
         if scored:
             v, name = _pick(scored)
-            out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": fixed_caps(runs)[name],
+            out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": caps[name],
                         "throughput_tok_s": v})
     return out
 
