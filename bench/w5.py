@@ -15,6 +15,9 @@ Subcommands:
             the pool never binds and every system ties. --system codesign (or any W5 system) measures another
             system's capacity the same way (file name + _<system>): at W5's rates every system keeps up, so
             output throughput ties by construction; the capacities say how much more load one carries.
+- load:     the simulator at multiples of W5's rates (--factors), continuous+lru, codesign and the coordinator
+            by default -> bench/results/w5_h200_load.*: at W5's rates throughput ties by construction; issue 16's
+            1.3x throughput goal is read at the highest load, where both systems are past capacity (w5_load.py)
 - report:   re-renders <name>.md/.png from a <name>.json.
 
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
@@ -22,6 +25,7 @@ Subcommands:
     .venv/bin/python bench/w5.py capacity --scale cpu --engine real --ttft-pct 50   # quiet machine, ~1 h
     .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
+    .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvloop.engine.bench import phases as ph
-from kvloop.engine.bench import w5_report
+from kvloop.engine.bench import w5_load, w5_report
 from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
 from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.w5_variants import (
@@ -337,9 +341,43 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_load(args) -> int:
+    """The simulator at multiples of W5's rates (`--factors`): where the systems' throughputs part (w5_load.py)."""
+    rates, how = resolve_rates(args.phase_rates, args.scale, "sim")
+    kw = workload_kw(args)
+    systems = args.systems.split(",")
+    for s in systems:
+        parse_variant(s)
+    factors = sorted(float(f) for f in args.factors.split(","))
+    t0 = time.time()
+    loads = []
+    for f in factors:
+        scaled = (rates[0] * f, rates[1] * f)
+        print(f"load x{f:g}: chat {scaled[0]:.3f}, rag {scaled[1]:.3f} req/s", file=sys.stderr, flush=True)
+        runs = run_sim(systems, args.scale, scaled, kw, args.profile or PROFILE[args.scale], args.calibration,
+                       args.jobs)
+        loads.append(w5_load.load_entry(f, {CHAT: scaled[0], RAG: scaled[1]}, runs))
+    p = w5(WORKLOAD[args.scale], rates, **kw).params
+    meta = {"title": f"W5 {args.scale.upper()} scale under rising load (simulator, {args.profile or PROFILE[args.scale]})",
+            "base_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "factors": factors,
+            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
+            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
+            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); rejected: "
+                                  "requests refused at a full queue (they count in no throughput)"]}
+    report = w5_load.build(loads, meta)
+    w5_load.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_load")
+    for g in report["goals"]:
+        print(json.dumps(g, default=str))
+    return 0
+
+
 def cmd_report(args) -> int:
     path = Path(args.json)
     report = json.loads(path.read_text())
+    if "loads" in report:  # a `load` sweep's file
+        w5_load.write(w5_load.build(report["loads"], report["meta"]), path.parent, path.stem)
+        return 0
     report.update(w5_report.build(report["systems"], report["meta"], report["scale"]))
     w5_report.write(report, path.parent, path.stem)
     return 0
@@ -376,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--name", default=None, help="file stem (default w5_h200 / w5_sim_cpu / w5_cpu)")
         p.add_argument("--note", action="append", default=[])
         p.set_defaults(func=cmd_run)
+    p = sub.add_parser("load", parents=[common], help="the simulator at multiples of W5's rates")
+    p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument("--jobs", type=int, default=1, help="systems simulated in parallel processes")
+    p.add_argument("--factors", default="1,1.2,1.4,1.7,2", help="multiples of the base rates (--phase-rates)")
+    p.add_argument("--systems", default=f"{BASELINE},codesign,codesign+coord")
+    p.add_argument("--name", default=None, help="file stem (default w5_h200_load / w5_sim_cpu_load)")
+    p.add_argument("--note", action="append", default=[])
+    p.set_defaults(func=cmd_load)
     p = sub.add_parser("capacity", parents=[common], help="a system's capacity per phase kind")
     p.add_argument("--system", default=BASELINE, help="the W5 system probed (continuous+lru sets W5's rates)")
     p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
@@ -388,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="99: WORKLOADS.md's capacity SLO; 50: near saturation (the median request barely queues)")
     p.add_argument("--tpot-bound", type=float, default=None)
     p.set_defaults(func=cmd_capacity)
-    p = sub.add_parser("report", help="re-render the markdown and plots of a W5 JSON")
+    p = sub.add_parser("report", help="re-render the markdown and plots of a W5 (or W5 load sweep) JSON")
     p.add_argument("json")
     p.set_defaults(func=cmd_report)
     args = ap.parse_args(argv)
