@@ -17,7 +17,7 @@ Subcommands:
             output throughput ties by construction; the capacities say how much more load one carries.
 - load:     the simulator at multiples of W5's rates (--factors), continuous+lru, codesign and the coordinator
             by default -> bench/results/w5_h200_load.*: at W5's rates throughput ties by construction; issue 16's
-            1.3x throughput goal is read at the highest load, where both systems are past capacity (w5_load.py)
+            1.3x throughput goal is read at the lowest load where both systems are past capacity (w5_load.py)
 - report:   re-renders <name>.md/.png from a <name>.json.
 
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
@@ -348,7 +348,12 @@ def cmd_load(args) -> int:
     systems = args.systems.split(",")
     for s in systems:
         parse_variant(s)
-    factors = sorted(float(f) for f in args.factors.split(","))
+    try:
+        factors = sorted(float(f) for f in args.factors.split(","))
+    except ValueError:
+        raise SystemExit(f"--factors wants a comma list of numbers, got {args.factors!r}") from None
+    if not factors or factors[0] <= 0:
+        raise SystemExit(f"--factors wants positive multiples of the rates, got {args.factors!r}")
     t0 = time.time()
     loads = []
     for f in factors:

@@ -61,3 +61,13 @@ def test_the_command_sweeps_the_rates_and_writes_its_files(tmp_path, monkeypatch
     assert w5.main(["report", str(tmp_path / "load.json")]) == 0  # re-rendered from the file alone
     assert json.loads((tmp_path / "load.json").read_text())["goals"] == rep["goals"]
     assert (tmp_path / "load.md").exists()
+
+
+@pytest.mark.parametrize("factors", ["0,1", "x", "-1"])
+def test_bad_factors_stop_with_a_message(tmp_path, monkeypatch, factors):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import w5
+
+    with pytest.raises(SystemExit, match="--factors"):
+        w5.main(["load", "--scale", "cpu", "--factors", factors, "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
