@@ -14,9 +14,9 @@ file and the table, so the reader sees how they grow from the tie and what the h
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from kvloop.engine.bench import w5_report
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.w5_report import BASELINE, CODESIGN, KEEPS_UP_TTFT_P50_S, _f, _ok
 
@@ -101,14 +101,9 @@ def markdown(report: dict, plots: list[str]) -> str:
 
 
 def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: writing the report without plots", file=sys.stderr)
+    plt = w5_report.pyplot()
+    if plt is None:
         return []
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     loads = report["loads"]
     systems = list(dict.fromkeys(n for e in loads for n in e["systems"]))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -128,9 +123,4 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
 
 
 def write(report: dict, out_dir: Path, stem: str) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pngs = plot(report, out_dir, stem)
-    report["plots"] = [Path(p).name for p in pngs]
-    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (out_dir / f"{stem}.md").write_text(markdown(report, pngs))
-    return report
+    return w5_report.write(report, out_dir, stem, plot, markdown)

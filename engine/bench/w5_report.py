@@ -286,15 +286,23 @@ def _shade(ax, phases: list[dict]) -> None:
             ax.axvspan(p["start_s"], p["end_s"], color="0.9", lw=0)
 
 
-def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (said once on stderr) where matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
         print("matplotlib is not installed: writing the report without plots", file=sys.stderr)
-        return []
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
+    plt = pyplot()
+    if plt is None:
+        return []
     runs, plan = report["systems"], report["meta"].get("phases") or []
     files = []
     shown = [n for n in runs if not parse_variant(n).cap]  # fixed caps are flat lines: in the second plot
@@ -345,7 +353,8 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
     return files
 
 
-def write(report: dict, out_dir: Path, stem: str) -> dict:
+def write(report: dict, out_dir: Path, stem: str, plots=plots, markdown=markdown) -> dict:
+    """<stem>.json, .md and .png(s) of a report, drawn and rendered by `plots` and `markdown` (W5's by default)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plots(report, out_dir, stem)
     report["plots"] = [Path(p).name for p in pngs]
