@@ -26,6 +26,8 @@ Subcommands:
     .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
     .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
+    .venv/bin/python bench/w5.py cpu --load 1.2 --phase-rates bench/results/w5_capacity_cpu_sim_p50.json \
+        --systems continuous+lru,codesign --name w5_cpu_load1.2    # the real engine past continuous+lru's capacity
 """
 
 from __future__ import annotations
@@ -84,6 +86,28 @@ def resolve_rates(text: str | None, scale: str, engine: str) -> tuple[tuple[floa
         return rates, "given on the command line (--phase-rates)"
     p = W5_SCALES[WORKLOAD[scale]]
     return (p.chat_rate, p.rag_rate), "the scale's defaults in engine/bench/w5_workload.py"
+
+
+def positive_factors(text: str, flag: str) -> list[float]:
+    """A comma list of positive multiples of W5's rates (--factors, --load), sorted; stops with a message."""
+    try:
+        factors = sorted(float(f) for f in text.split(","))
+    except ValueError:
+        raise SystemExit(f"{flag} wants a comma list of numbers, got {text!r}") from None
+    if not factors or factors[0] <= 0 or not all(math.isfinite(f) for f in factors):
+        raise SystemExit(f"{flag} wants positive multiples of the rates, got {text!r}")
+    return factors
+
+
+def loaded_rates(rates: tuple[float, float], how: str, load: str | None) -> tuple[tuple[float, float], str, float]:
+    """W5's rates times --load (one factor): past continuous+lru's capacity, where the systems' throughputs can part
+    (at W5's own rates every system that keeps up delivers the offered load)."""
+    if load is None:
+        return rates, how, 1.0
+    f = positive_factors(load, "--load")
+    if len(f) != 1:
+        raise SystemExit(f"--load wants one factor, got {load!r}")
+    return (rates[0] * f[0], rates[1] * f[0]), f"{f[0]:g} x W5's rates ({rates[0]:g}/{rates[1]:g} req/s: {how})", f[0]
 
 
 def workload_kw(args) -> dict:
@@ -301,7 +325,7 @@ def cmd_run(args) -> int:
     engine = "sim" if args.cmd == "sim" else "real"
     scale = args.scale if args.cmd == "sim" else "cpu"
     args.scale = scale
-    rates, how = resolve_rates(args.phase_rates, scale, engine)
+    rates, how, load = loaded_rates(*resolve_rates(args.phase_rates, scale, engine), args.load)
     kw = workload_kw(args)
     # the real engine's default leaves the period sweep out (issue 16 asks it of the simulator; 15 min each)
     default = PERIODS if engine == "sim" else ()
@@ -318,7 +342,7 @@ def cmd_run(args) -> int:
     meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale ({'simulator, ' if engine == 'sim' else ''}"
                      f"{args.profile or PROFILE[scale] if engine == 'sim' else 'real engine, embedded SmolLM2-135M'})",
             "workload": probe_wl.name, "engine": engine, "profile": (args.profile or PROFILE[scale]) if engine == "sim"
-            else "embedded SmolLM2-135M", "phase_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how,
+            else "embedded SmolLM2-135M", "phase_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load,
             "phase_s": p["phase_s"], "duration_s": p["duration_s"], "requests": len(probe_wl.requests),
             "sessions": len(probe_wl.sessions), "num_requests": probe_wl.num_requests,
             "phases": p["phases"], "workload_params": {k: v for k, v in p.items() if k != "phases"},
@@ -348,12 +372,7 @@ def cmd_load(args) -> int:
     systems = args.systems.split(",")
     for s in systems:
         parse_variant(s)
-    try:
-        factors = sorted(float(f) for f in args.factors.split(","))
-    except ValueError:
-        raise SystemExit(f"--factors wants a comma list of numbers, got {args.factors!r}") from None
-    if not factors or factors[0] <= 0:
-        raise SystemExit(f"--factors wants positive multiples of the rates, got {args.factors!r}")
+    factors = positive_factors(args.factors, "--factors")
     t0 = time.time()
     loads = []
     for f in factors:
@@ -416,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--periods", default=None, help="coordinator periods of the sweep with the event path on "
                        "(default: sim 1,5,10,30,60; cpu none, '' none)")
         p.add_argument("--caps", default=None, help="fixed caps (default GPU 16..512, CPU 4..64)")
+        p.add_argument("--load", default=None, help="run at this multiple of the rates (--phase-rates); the file "
+                       "records it (default 1: W5's own rates)")
         p.add_argument("--name", default=None, help="file stem (default w5_h200 / w5_sim_cpu / w5_cpu)")
         p.add_argument("--note", action="append", default=[])
         p.set_defaults(func=cmd_run)

@@ -71,3 +71,25 @@ def test_bad_factors_stop_with_a_message(tmp_path, monkeypatch, factors):
     with pytest.raises(SystemExit, match="--factors"):
         w5.main(["load", "--scale", "cpu", "--factors", factors, "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_one_run_at_a_multiple_of_the_rates_records_it(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import w5
+
+    assert w5.main(["sim", "--scale", "cpu", "--duration", "20", "--phase", "10", "--phase-rates", "0.4,0.2",
+                    "--load", "1.5", "--systems", "continuous+lru,codesign", "--out", str(tmp_path),
+                    "--name", "x"]) == 0
+    meta = json.loads((tmp_path / "x.json").read_text())["meta"]
+    assert meta["load"] == 1.5 and meta["phase_rates"] == pytest.approx({"chat": 0.6, "rag": 0.3})
+    assert meta["rates_how"].startswith("1.5 x W5's rates (0.4/0.2 req/s")
+
+
+@pytest.mark.parametrize("load", ["0", "x", "1,2"])
+def test_a_bad_load_stops_with_a_message(tmp_path, monkeypatch, load):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import w5
+
+    with pytest.raises(SystemExit, match="--load"):
+        w5.main(["sim", "--scale", "cpu", "--phase-rates", "0.4,0.2", "--load", load, "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
