@@ -174,8 +174,10 @@ def spec_schema() -> dict[str, Any]:
         "disk": disk,
         "admitMinRequests": i("Distinct requests a block needs to earn its place in the device pool (under "
                               "pressure, blocks that have not earned it are evicted first).", 1, 64, 3),
-        "hostAdmitMinRequests": i("Distinct requests a block needs for its copy to the host pool (written "
-                                  "lazily, when the device evicts it).", 1, 64, 2),
+        "hostAdmitMinRequests": i("Distinct requests a block needs to keep its place in the host pool under "
+                                  "pressure (blocks evicted from the device are copied there lazily; while "
+                                  "it has room, all of them; when full, blocks below this displace only "
+                                  "each other and leave first).", 1, 64, 2),
         "minPrefixTokens": i("Shorter prefix matches are treated as misses.", 0, 65536, 64),
         "retentionWatermark": n("Initial share of the device pool kept for cached blocks.", 0.0, 1.0, 0.3, True),
     }, default={}, rules=[("self.hostAdmitMinRequests <= self.admitMinRequests",

@@ -23,7 +23,8 @@ class KVConfig:
                                           "it keeps its place under pressure (others are evicted first)")
     host_admit_min_requests: int = option(2, setting="kv_cache.host_admit_min_requests",
                                           help="host tier gate, in the same unit: a block evicted from the "
-                                               "device is copied to the host only past it")
+                                               "device is copied to the host while it has room; when full, "
+                                               "blocks below it displace only each other and leave first")
     disk_admit_min_requests: int = 2  # the same for the disk tier (device or host evictions)
     min_prefix_tokens: int = option(64, setting="kv_cache.min_prefix_tokens",
                                     help="shorter prefix matches are misses (codesign only)")

@@ -75,8 +75,12 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.ghost = GhostTable(cfg.ghost_entries, max(cfg.admit_min_requests, cfg.host_admit_min_requests,
                                                        cfg.disk_admit_min_requests))
         host_slots = cfg.host_cache_tokens // block_size
-        # The host tier exists in every mode for swapping; only codesign also caches into it.
-        self.host = HostTier(host_slots, make_policy(cfg.eviction, cfg.gclock_max)) if host_slots else None
+        # The host tier exists in every mode for swapping; only codesign also caches into it, with the heat
+        # gate's two classes there too (host_tier.py)
+        host_order = make_policy(cfg.eviction, cfg.gclock_max)
+        gated = cfg.cache_policy.heat_gated
+        self.host = HostTier(host_slots, TwoClass(host_order) if gated else host_order,
+                             self._host_earned) if host_slots else None
         disk_slots = cfg.disk_cache_tokens // block_size
         with_disk = cfg.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
         self.disk = DiskTier(disk_slots) if with_disk else None
@@ -467,11 +471,13 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
-        """Copies a block evicted from the device to each lower tier whose threshold its hash passes (the
-        only copy down: lazy, so blocks reused on the device never cost a copy)."""
+        """Copies a block evicted from the device down (the only copy down: lazy, so blocks reused on the device
+        never cost a copy): to the host as its gate allows (host_tier.py), to the disk past its threshold."""
         count = self.ghost.count(h)
-        if self.host is not None and count >= self.config.host_admit_min_requests and not self.host.has(h):
-            slot = self.host.acquire(self._host_evicted)
+        if self.host is not None and self.host.has(h):
+            self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
+        elif self.host is not None:
+            slot = self.host.acquire(self._host_evicted, self._host_earned(h))
             if slot is not None:
                 self.mover.device_to_host(block, slot)
                 self.host.insert(h, slot, parent)
@@ -481,6 +487,10 @@ class KVCacheManager(SwapMixin, PersistMixin):
                 self._disk_batch.append((h, block))
             else:
                 self._disk_write(h, "device", block)
+
+    def _host_earned(self, h: int) -> bool:
+        """Whether a host copy keeps its place under pressure: offered by host_admit_min_requests requests."""
+        return self.ghost.count(h) >= self.config.host_admit_min_requests
 
     def _host_evicted(self, slot: int, h: int) -> None:
         self.stats.host_evictions += 1

@@ -1,6 +1,7 @@
 """The heat gate under pressure (DESIGN §2, issue 16): every full block is cached on the device at once;
 blocks that have not earned their place are evicted first (two classes over GCLOCK, leaves first); the
-copy to host is lazy (on eviction, for blocks offered twice); protected prefixes cool with protected
+copy to host is lazy (on eviction; every block while the host has room, under pressure blocks offered
+once displace only each other and leave first); protected prefixes cool with protected
 traffic only; the retention watermark keeps back earned blocks only; hits count once per request."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from kv_helpers import ONE_TOKEN, fake_manager, serve
 
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.eviction import LRU, GClock
+from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.two_class import TwoClass
 from kvloop.engine.scheduler.sequence import Sequence
@@ -90,18 +92,58 @@ def test_one_offs_cannot_cool_a_hot_prefix_but_other_protected_traffic_does():
     assert serve(kv, "other-last", OTHER + [9]) == len(OTHER)
 
 
-def test_the_host_copy_is_lazy_and_needs_two_offers():
+def test_the_host_copy_is_lazy_and_takes_every_block_while_the_host_has_room():
     kv = make(blocks=16, host_cache_tokens=64 * BS)
-    serve(kv, "once", one_off(1))  # offered once
     serve(kv, "twice-a", HOT + [1])
     serve(kv, "twice-b", HOT + [2])  # offered twice
     assert kv.host.num_used == 0 and kv.stats.demotions_host == 0  # nothing copied while on the device
-    serve(kv, "flood", one_off(2, 16 * BS))  # evicts all: only the twice-offered blocks are copied down
-    assert kv.stats.evictions == 16 and kv.stats.demotions_host == 8 and kv.host.num_used == 8
+    serve(kv, "flood", one_off(1, 16 * BS))  # evicts HOT's blocks: the host has room, all go down
+    assert kv.stats.evictions == kv.stats.demotions_host == kv.host.num_used == 8
     assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)
+    # again's blocks pushed the flood's (offered once) out of the device: into the host too, while it has room
+    assert kv.stats.demotions_host == kv.stats.evictions > 8
     kv.mover.check([])
 
 
+def test_under_host_pressure_blocks_offered_once_only_displace_each_other():
+    kv = make(blocks=16, host_cache_tokens=12 * BS)  # a host of 12 slots
+    serve(kv, "flood", one_off(1, 16 * BS))
+    serve(kv, "flood2", one_off(2, 16 * BS))  # 16 blocks offered once go down: 12 fit, the last 4 displace others
+    assert kv.host.num_used == 12 and kv.host.policy.num_earned == 0 and kv.stats.demotions_host == 16
+    serve(kv, "twice-a", HOT + [1])
+    serve(kv, "twice-b", HOT + [2])
+    serve(kv, "flood3", one_off(3, 16 * BS))  # HOT (offered twice) goes down and pushes out 8 blocks offered once
+    assert kv.host.num_used == 12 and kv.host.policy.num_earned == 8
+    used = kv.stats.demotions_host
+    serve(kv, "flood4", one_off(4, 16 * BS))  # 16 blocks offered once churn through the 4 slots of their kind
+    assert kv.host.policy.num_earned == 8 and kv.stats.demotions_host == used + 16 and kv.host.num_used == 12
+    assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)  # one-offs did not flush it
+    kv.check_integrity([])
+
+
+def test_host_tier_classes_follow_the_hash_as_of_now_and_unused_copies_cool():
+    offers = {10: 1, 11: 1, 12: 2, 13: 2}
+    host = HostTier(2, TwoClass(GClock(3)), lambda h: offers[h] >= 2)
+    gone: list[int] = []
+
+    def put(h: int) -> int | None:
+        slot = host.acquire(lambda s, old: gone.append(old), earned=offers[h] >= 2)
+        if slot is not None:
+            host.insert(h, slot)
+        return slot
+
+    assert put(10) is not None and put(12) is not None  # free room takes anything
+    assert put(11) is not None and gone == [10]  # offered once: displaces only its own kind
+    offers[11] = 2
+    host.hit(host.slot_of(11))  # used again: it has earned its place now
+    assert host.policy.num_earned == 2
+    assert host.acquire(lambda s, old: gone.append(old), earned=False) is None  # no room for a block offered once
+    assert put(13) is not None and len(gone) == 2  # an earned block may push out an earned one
+    for _ in range(4):  # 11 keeps being used; 13, unused, spends its credit and cools back to probation
+        host.hit(host.slot_of(11))
+    assert not host.policy.is_earned(host.slot_of(13)) and host.policy.is_earned(host.slot_of(11))
+    assert put(10) is not None and gone[-1] == 13  # now a block offered once may take its place
+    host.check([0, 0])
 def test_the_watermark_keeps_back_earned_blocks_only_and_lets_go_when_they_cool():
     kv = make(blocks=32, watermark=0.5)
     make_hot(kv, HOT, "hot")  # 8 earned blocks
