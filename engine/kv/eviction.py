@@ -53,6 +53,10 @@ class EvictionPolicy(ABC):
     def victim(self, can_evict: Callable[[int], bool]) -> int | None:
         return self.pick(self._ring, can_evict)
 
+    def victim_unearned(self, can_evict: Callable[[int], bool]) -> int | None:
+        """A victim to make room for content that has not earned a place (a single-class order ignores the class)."""
+        return self.victim(can_evict)
+
     @abstractmethod
     def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:
         """Removes and returns the first slot of `ring`, in this order, for which can_evict holds."""

@@ -3,7 +3,7 @@
 A slot is free, pinned (held by swapped-out sequences; may also be indexed) or cached (indexed,
 unpinned, evictable). Cached slots are evicted by the same policy classes as the device pool.
 
-With a two-class policy the heat gate applies here as on the device, under pressure only: a block that has not
+With a two-class policy (kv.two_class) the heat gate applies here as on the device, under pressure only: a block that has not
 earned its place (`earned(hash)` false) is copied in while a slot is free or another such block can make
 room, and such blocks leave first; a block that has earned it may push out any cached slot. So one-off
 prompts churn among themselves and cannot flush hot documents, while a tier with room still takes every block
@@ -16,7 +16,6 @@ from collections import deque
 from collections.abc import Callable
 
 from kvloop.engine.kv.eviction import EvictionPolicy
-from kvloop.engine.kv.two_class import TwoClass
 
 
 def _always(h: int) -> bool:
@@ -27,8 +26,7 @@ class HostTier:
     def __init__(self, num_slots: int, policy: EvictionPolicy, earned: Callable[[int], bool] = _always):
         self.num_slots = num_slots
         self.policy = policy
-        self.earned = earned  # hash -> whether it keeps its place under pressure (two-class policies only)
-        self._gated = isinstance(policy, TwoClass)
+        self.earned = earned  # hash -> whether it keeps its place under pressure (a single-class order ignores it)
         self._free: deque[int] = deque(range(num_slots))
         self.pins = [0] * num_slots
         self._slot_of: dict[int, int] = {}
@@ -58,10 +56,7 @@ class HostTier:
         that has not earned its place may only take a free slot or push out other such content (None else)."""
         if self._free:
             return self._free.popleft()
-        if earned or not self._gated:
-            slot = self.policy.victim(_always)
-        else:
-            slot = self.policy.victim_unearned(_always)
+        slot = self.policy.victim(_always) if earned else self.policy.victim_unearned(_always)
         if slot is None:
             return None
         h = self._hash_of.pop(slot)
@@ -77,25 +72,18 @@ class HostTier:
         self._slot_of[h] = slot
         self._hash_of[slot] = h
         self._parent[h] = parent
-        if self._gated and self.earned(h):
+        earned = self.earned(h)
+        if earned:
             self.policy.hit(slot)  # the offers that earned it count as one use: it survives one sweep of the hand
         if self.pins[slot] == 0:
-            self._add(slot, h)
-
-    def _add(self, slot: int, h: int) -> None:
-        """slot becomes (or stays) evictable, in its class as of now, at the recent end of its order."""
-        if self._gated:
-            self.policy.add(slot, self.earned(h))
-        else:
-            self.policy.add(slot)
+            self.policy.add(slot, earned)
 
     def entries(self) -> dict[int, tuple[int, int | None]]:
         """hash -> (slot, parent hash) of every indexed slot."""
         return {h: (slot, self._parent.get(h)) for h, slot in self._slot_of.items()}
 
     def hit(self, slot: int) -> None:
-        if self._gated:
-            self.policy.cool(1)  # a use of the tier ages its protected class (two_class.py): unused copies cool
+        self.policy.cool(1)  # a use of the tier ages its protected class (two_class.py): unused copies cool
         self.policy.hit(slot)
         self.refresh(slot)
 
@@ -103,7 +91,7 @@ class HostTier:
         """An evictable slot moves to the recent end of its order (LRU; harmless for GCLOCK), in its class as of
         now (its hash may have earned its place since it came in)."""
         if slot in self.policy:
-            self._add(slot, self._hash_of[slot])
+            self.policy.add(slot, self.earned(self._hash_of[slot]))
 
     def pin(self, slot: int) -> None:
         if self.pins[slot] == 0:
@@ -117,7 +105,7 @@ class HostTier:
             return
         h = self._hash_of.get(slot)
         if h is not None:
-            self._add(slot, h)
+            self.policy.add(slot, self.earned(h))
         else:
             self._free.append(slot)
 

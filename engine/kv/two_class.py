@@ -67,7 +67,8 @@ class TwoClass(EvictionPolicy):
         return slot if slot is not None else self.order.pick(self._ring, can_evict)
 
     def victim_unearned(self, can_evict: Callable[[int], bool]) -> int | None:
-        """A victim from probation only (None when none can go): room for content that has not earned a place."""
+        """A victim from probation only (None when none can go): content that has not earned a place displaces
+        only its own kind."""
         return self.order.pick(self._probation, can_evict)
 
     def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:

@@ -50,6 +50,7 @@ def test_two_class_order_evicts_probation_first_leaves_first_and_keeps_plain_ord
     lru = LRU()
     lru.add(0, earned=False)
     assert lru.num_earned == 1  # a single-class order ignores the class
+    assert lru.victim_unearned(lambda s: True) == 0 and two.victim_unearned(lambda s: True) is None
 
 
 def test_protected_blocks_cool_with_protected_traffic_only():
