@@ -215,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=None, help="--w5: comma list of the file's systems (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="--w5: systems simulated in parallel processes")
     ap.add_argument("--out", default=str(RESULTS), help="--w5: output folder")
+    ap.add_argument("--name", default="sim_fidelity_w5", help="--w5: file stem (one per real file compared)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.w5:
         from sim_fidelity_w5 import run_w5  # bench/ is on sys.path when run as a script
 
-        return run_w5(args.w5, args.systems, args.calibration, args.jobs, args.out, argv)
+        return run_w5(args.w5, args.systems, args.calibration, args.jobs, args.out, argv, args.name)
     modes = [m for m in args.modes.split(",") if m]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     real_file = RESULTS / "sim_fidelity_real.json"

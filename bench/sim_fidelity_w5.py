@@ -7,6 +7,7 @@ run's summary, else computed as bench/w5.py's engine_sizing does), and compares 
 |simulated / real - 1| of each system's output throughput <= 0.15), .md and .png.
 
     .venv/bin/python bench/sim_fidelity.py --w5 [bench/results/w5_cpu.json] [--systems a,b] [--calibration F]
+        [--name sim_fidelity_w5_load1.6]
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def report_meta(real: dict, path: str, calibration: str | None, argv: list[str])
 
 
 def run_w5(real_path: str, systems: str | None, calibration: str | None, jobs: int, out: str,
-           argv: list[str]) -> int:
+           argv: list[str], stem: str = STEM) -> int:
     real = json.loads(Path(real_path).read_text())
     report = {"meta": report_meta(real, real_path, calibration, argv),
               **simulate(real, real_path, systems, calibration, jobs)}
@@ -213,8 +214,8 @@ def run_w5(real_path: str, systems: str | None, calibration: str | None, jobs: i
     out_dir.mkdir(parents=True, exist_ok=True)
     from sim_fidelity_report import write_w5_report
 
-    report["plots"] = write_w5_report(out_dir, report, STEM)
-    path = out_dir / f"{STEM}.json"
+    report["plots"] = write_w5_report(out_dir, report, stem)
+    path = out_dir / f"{stem}.json"
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     print_goals(report["goals"], path)
     return 0

@@ -63,6 +63,17 @@ def test_the_simulator_matches_itself(bench, fake_real, tmp_path):
     assert (tmp_path / "sim_fidelity_w5.png").exists() == bool(report["plots"])
 
 
+def test_name_sets_the_files_stem(bench, fake_real, tmp_path):
+    """One fidelity file per real file compared: --name keeps them apart (json, md and its plot)."""
+    assert bench.fidelity.main(["--w5", str(fake_real), "--out", str(tmp_path), "--systems", "continuous+lru",
+                                "--name", "sim_fidelity_w5_load2"]) == 0
+    assert not (tmp_path / "sim_fidelity_w5.json").exists()
+    report = json.loads((tmp_path / "sim_fidelity_w5_load2.json").read_text())
+    assert list(report["systems"]) == ["continuous+lru"] and report["goals"]
+    md = (tmp_path / "sim_fidelity_w5_load2.md").read_text()
+    assert "sim_fidelity_w5_load2.png" in md or not report["plots"]
+
+
 def test_goals_come_from_the_numbers_in_the_file(bench, fake_real, tmp_path):
     report = fidelity(bench, fake_real, tmp_path, "--systems", "continuous+lru")
     (g,) = report["goals"]
