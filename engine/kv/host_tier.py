@@ -8,7 +8,8 @@ earned its place (`earned(hash)` false) is copied in while a slot is free or ano
 room, and such blocks leave first; a block that has earned it may push out any cached slot. So one-off
 prompts churn among themselves and cannot flush hot documents, while a tier with room still takes every block
 (a gate in front of free room only loses: the next request for that document would recompute it). Each hit
-moves the protected class's aging hand one slot, so a copy nobody asks for any more cools back to probation."""
+moves the protected class's aging hand one slot (after the lookup's promotions), so a copy nobody asks for any
+more cools back to probation."""
 
 from __future__ import annotations
 
@@ -83,9 +84,14 @@ class HostTier:
         return {h: (slot, self._parent.get(h)) for h, slot in self._slot_of.items()}
 
     def hit(self, slot: int) -> None:
-        self.policy.cool(1)  # a use of the tier ages its protected class (two_class.py): unused copies cool
         self.policy.hit(slot)
         self.refresh(slot)
+
+    def cool(self, hits: int) -> None:
+        """Uses of the tier age its protected class (two_class.py), one slot per hit: copies nobody asks for
+        cool. Called once a lookup's promotions are done, not per hit: a chain promoted block by block would
+        otherwise cool its own later blocks, which the same promotion's evictions could then displace."""
+        self.policy.cool(hits)
 
     def refresh(self, slot: int) -> None:
         """An evictable slot moves to the recent end of its order (LRU; harmless for GCLOCK), in its class as of

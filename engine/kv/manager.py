@@ -223,6 +223,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
             parent = h
         if from_disk:
             self.disk.touch_chain(from_disk)
+        if by_tier.get("host"):
+            self.host.cool(by_tier["host"] // bs)
         hit = len(seq.block_table) * bs
         if hit < min_tokens:  # promotion fell short (no room, bad disk file): give the blocks back
             self._unref_all(seq.block_table)

@@ -142,6 +142,7 @@ def test_host_tier_classes_follow_the_hash_as_of_now_and_unused_copies_cool():
     assert put(13) is not None and len(gone) == 2  # an earned block may push out an earned one
     for _ in range(4):  # 11 keeps being used; 13, unused, spends its credit and cools back to probation
         host.hit(host.slot_of(11))
+        host.cool(1)
     assert not host.policy.is_earned(host.slot_of(13)) and host.policy.is_earned(host.slot_of(11))
     assert put(10) is not None and gone[-1] == 13  # now a block offered once may take its place
     host.check([0, 0])
