@@ -479,8 +479,10 @@ class KVCacheManager(SwapMixin, PersistMixin):
         if self.host is not None and self.host.has(h):
             self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
         elif self.host is not None:
-            slot = self.host.acquire(self._host_evicted, self._host_earned(h))
-            if slot is not None:
+            slot = self.host.acquire(self._host_evicted, count >= self.config.host_admit_min_requests)
+            if slot is None:
+                self.stats.host_copies_refused += 1
+            else:
                 self.mover.device_to_host(block, slot)
                 self.host.insert(h, slot, parent)
                 self.stats.demotions_host += 1

@@ -97,6 +97,9 @@ class SnapshotCollector(Collector):
         yield self._counter("kvloop:cache_admissions_refused",
                             "Device blocks evicted before earning their place (used by fewer distinct requests "
                             "than the gate asks).", st.admissions_refused)
+        yield self._counter("kvloop:cache_host_copies_refused",
+                            "Device-evicted blocks the host tier did not take: not yet offered by enough distinct "
+                            "requests, and every host slot held by blocks that were.", st.host_copies_refused)
         yield self._counter("kvloop:cache_lower_tier_recomputed",
                             "Host/disk blocks matched but recomputed (measured cheaper than loading them).",
                             st.lower_tier_recomputed)

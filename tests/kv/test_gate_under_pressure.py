@@ -122,6 +122,22 @@ def test_under_host_pressure_blocks_offered_once_only_displace_each_other():
     kv.check_integrity([])
 
 
+def test_a_host_full_of_earned_copies_refuses_blocks_offered_once_and_counts_them():
+    kv = make(blocks=16, host_cache_tokens=8 * BS)  # a host of 8 slots
+    serve(kv, "twice-a", HOT + [1])
+    serve(kv, "twice-b", HOT + [2])
+    serve(kv, "flood", one_off(1, 16 * BS))  # HOT (offered twice) goes down and fills the host
+    assert kv.host.policy.num_earned == kv.host.num_used == kv.stats.demotions_host == 8
+    assert kv.stats.host_copies_refused == 0
+    serve(kv, "flood2", one_off(2, 16 * BS))  # flood's 16 blocks (offered once) leave the device: no room for them
+    assert kv.stats.host_copies_refused == 16 and kv.stats.demotions_host == 8
+    assert kv.stats.evictions == kv.stats.demotions_host + kv.stats.host_copies_refused
+    # HOT comes back whole: promoting its chain (each take evicts a flood2 block, refused by the host) does not
+    # cool the chain's own later copies into probation, where those refused blocks could displace them
+    assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)
+    kv.check_integrity([])
+
+
 def test_host_tier_classes_follow_the_hash_as_of_now_and_unused_copies_cool():
     offers = {10: 1, 11: 1, 12: 2, 13: 2}
     host = HostTier(2, TwoClass(GClock(3)), lambda h: offers[h] >= 2)
