@@ -9,7 +9,8 @@ from pathlib import Path
 
 from sim_fidelity import rel_error  # bench/ is on sys.path when run as a script
 
-from kvloop.engine.bench.report import _f, machine_lines
+from kvloop.engine.bench.numbers import fmt
+from kvloop.engine.bench.report import machine_lines
 
 LABELS = (("throughput_tok_s", "throughput tok/s", "{:.1f}"), ("ttft_p50_s", "TTFT P50 s", "{:.2f}"),
           ("ttft_p99_s", "TTFT P99 s", "{:.2f}"))
@@ -111,7 +112,7 @@ def w5_markdown(report: dict, plots: list[str]) -> str:
              "## Whole run (real / sim)", ""]
     lines += _table(["system", *(label for _, label, _ in W5_WHOLE), "within goal", "other cores (real)"],
                     [[n, *(pair(r["real"][k], r["sim"][k], fmt) for k, _, fmt in W5_WHOLE),
-                      "yes" if goals[n]["met"] else "no", _f(r.get("real_noise_other_cores"))]
+                      "yes" if goals[n]["met"] else "no", fmt(r.get("real_noise_other_cores"))]
                      for n, r in systems.items()])
     lines += ["", "## Per phase kind (real / sim)", ""]
     lines += _table(["system", "phases", *(label for _, label, _ in W5_KIND)],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.metrics import SLO, capacity
+from kvloop.engine.bench.numbers import fmt
 from kvloop.engine.bench.suite import SuiteResult
 
 HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_throughput_tok_s",
@@ -110,12 +111,6 @@ def build(suite: SuiteResult, meta: dict, slo: SLO) -> dict:
             "missing": suite.missing, "ratios": rat, "goals": goals(systems, rat, suite.missing)}
 
 
-def _f(x, digits: int = 2, scale: float = 1.0) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    return f"{x * scale:.{digits}f}"
-
-
 def machine_lines(machine: dict | None) -> list[str]:
     """The machine a report ran on (machine.machine_info), as a paragraph; nothing where it was not recorded."""
     if not machine:
@@ -134,19 +129,19 @@ def markdown(report: dict, plots: list[str]) -> str:
              "E2E p99 s | hit rate (dev/host/disk) | preempt | OOM | failed | capacity req/s | other CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
-        hit = "/".join(_f(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
-        lines.append(f"| {name} | {_f(d['throughput_tok_s'], 1)} | {_f(d['request_throughput_req_s'], 3)} | "
-                     f"{_f(d['ttft_p50_s'])} | {_f(d['ttft_p99_s'])} | {_f(d['tpot_p50_s'], 0, 1000)} | "
-                     f"{_f(d['tpot_p99_s'], 0, 1000)} | {_f(d['itl_p99_s'], 0, 1000)} | {_f(d['e2e_p99_s'], 1)} | {hit} | "
-                     f"{_f(d['preemptions'], 0)} | {_f(d['oom_events'], 0)} | {_f(d['failed'], 0)} | "
-                     f"{_f(d['capacity_req_s'], 2)} | {_f(d['noise_other_cores_mean'])} |")
+        hit = "/".join(fmt(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
+        lines.append(f"| {name} | {fmt(d['throughput_tok_s'], 1)} | {fmt(d['request_throughput_req_s'], 3)} | "
+                     f"{fmt(d['ttft_p50_s'])} | {fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | "
+                     f"{fmt(d['tpot_p99_s'], 0, 1000)} | {fmt(d['itl_p99_s'], 0, 1000)} | {fmt(d['e2e_p99_s'], 1)} | {hit} | "
+                     f"{fmt(d['preemptions'], 0)} | {fmt(d['oom_events'], 0)} | {fmt(d['failed'], 0)} | "
+                     f"{fmt(d['capacity_req_s'], 2)} | {fmt(d['noise_other_cores_mean'])} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
     lines += ["", "## Ratios (codesign / system)", "", "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
               "|---|---|---|---|"]
     for name, r in report["ratios"].items():
-        lines.append(f"| {name} | {_f(r['codesign_throughput_x'])} | {_f(r['codesign_ttft_p99_x'])} | "
-                     f"{_f(r.get('codesign_tpot_p50_x'))} |")
+        lines.append(f"| {name} | {fmt(r['codesign_throughput_x'])} | {fmt(r['codesign_ttft_p99_x'])} | "
+                     f"{fmt(r.get('codesign_tpot_p50_x'))} |")
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
@@ -154,8 +149,8 @@ def markdown(report: dict, plots: list[str]) -> str:
               "|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
         for s in d["sweep"]:
-            lines.append(f"| {name} | {s['rate']:g} | {_f(s['output_throughput_tok_s'], 1)} | {_f(s['ttft_p99_s'])} | "
-                         f"{_f(s['tpot_p99_s'], 0, 1000)} | {s['meets_slo']} |")
+            lines.append(f"| {name} | {s['rate']:g} | {fmt(s['output_throughput_tok_s'], 1)} | {fmt(s['ttft_p99_s'])} | "
+                         f"{fmt(s['tpot_p99_s'], 0, 1000)} | {s['meets_slo']} |")
     lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     for section in ("notes", "commands"):
         if m.get(section):

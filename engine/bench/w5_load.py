@@ -18,7 +18,8 @@ from pathlib import Path
 
 from kvloop.engine.bench import w5_report
 from kvloop.engine.bench.goals import goal
-from kvloop.engine.bench.w5_report import BASELINE, CODESIGN, KEEPS_UP_TTFT_P50_S, _f, _ok
+from kvloop.engine.bench.numbers import fmt, is_number
+from kvloop.engine.bench.w5_report import BASELINE, CODESIGN, KEEPS_UP_TTFT_P50_S
 
 WHOLE = ("output_throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "completed", "rejections",
          "duration_s", "preemptions", "hit_rate_total", "kv_use_mean")
@@ -36,14 +37,14 @@ def load_entry(factor: float, rates: dict[str, float], runs: dict[str, dict]) ->
 
 def past_capacity(row: dict | None) -> bool:
     """The system fell behind at this load: its median request waited longer than W5's keeps-up bound."""
-    return row is not None and _ok(row.get("ttft_p50_s")) and row["ttft_p50_s"] > KEEPS_UP_TTFT_P50_S
+    return row is not None and is_number(row.get("ttft_p50_s")) and row["ttft_p50_s"] > KEEPS_UP_TTFT_P50_S
 
 
 def ratio(entry: dict, metric: str, system: str = CODESIGN, against: str = BASELINE) -> float | None:
     """system's metric over against's at one load of the sweep (None where either is missing)."""
     s = entry["systems"]
     a, b = (s.get(system) or {}).get(metric), (s.get(against) or {}).get(metric)
-    return a / b if _ok(a) and _ok(b) and b else None
+    return a / b if is_number(a) and is_number(b) and b else None
 
 
 def goals(loads: list[dict]) -> list[dict]:
@@ -87,11 +88,11 @@ def markdown(report: dict, plots: list[str]) -> str:
             if row is None:
                 continue
             lines.append(f"| x{e['factor']:g} | {r.get('chat', 0):.3g}/{r.get('rag', 0):.3g} | {n} | "
-                         f"{_f(row['output_throughput_tok_s'], 1)} | {_f(row['ttft_p50_s'])} | {_f(row['ttft_p99_s'])} | "
-                         f"{_f(row['tpot_p50_s'], 0, 1e3)} | {_f(row['preemptions'], 0)} | {_f(row['rejections'], 0)} | "
-                         f"{_f(row['duration_s'], 0)} | {'yes' if past_capacity(row) else 'no'} |")
+                         f"{fmt(row['output_throughput_tok_s'], 1)} | {fmt(row['ttft_p50_s'])} | {fmt(row['ttft_p99_s'])} | "
+                         f"{fmt(row['tpot_p50_s'], 0, 1e3)} | {fmt(row['preemptions'], 0)} | {fmt(row['rejections'], 0)} | "
+                         f"{fmt(row['duration_s'], 0)} | {'yes' if past_capacity(row) else 'no'} |")
     lines += ["", "## codesign / continuous+lru at each load", "", "| load | throughput x | TTFT P99 x |", "|---|---|---|"]
-    lines += [f"| x{e['factor']:g} | {_f(e['ratios']['throughput'])} | {_f(e['ratios']['ttft_p99'])} |" for e in loads]
+    lines += [f"| x{e['factor']:g} | {fmt(e['ratios']['throughput'])} | {fmt(e['ratios']['ttft_p99'])} |" for e in loads]
     lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]

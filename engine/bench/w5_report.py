@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kvloop.engine.bench.goals import goal
+from kvloop.engine.bench.numbers import fmt, is_number
 from kvloop.engine.bench.w5_variants import PERIODS, parse_variant
 
 CLIENT = ("output_throughput_tok_s", "request_throughput_req_s", "goodput_req_s", "ttft_p50_s", "ttft_p99_s",
@@ -56,10 +57,6 @@ def _value(run: dict | None, metric: str) -> float | None:
     return (run.get("by_kind") or {}).get(kind, {}).get("throughput_tok_s")
 
 
-def _ok(x) -> bool:
-    return isinstance(x, int | float) and not math.isnan(x)
-
-
 def fixed_caps(runs: dict[str, dict]) -> dict[str, int]:
     """Each fixed-cap run's cap, in ascending order: the mode@capN runs, and a plain run of a swept mode
     (coordinator off) at its default cap (its recorded sizing's max_num_seqs) where the sweep has no run at
@@ -90,11 +87,11 @@ KEEPS_UP_TTFT_P50_S = 2.0
 def _pick(scored: list[tuple[float, float | None, str, float | None]]) -> tuple[float, str]:
     """(throughput, system) of the best of (throughput, TTFT P99, system, TTFT P50): among those that kept up
     (KEEPS_UP_TTFT_P50_S; all where none did), the highest throughput, within TIE the lowest TTFT P99."""
-    kept_up = [x for x in scored if _ok(x[3]) and x[3] <= KEEPS_UP_TTFT_P50_S]
+    kept_up = [x for x in scored if is_number(x[3]) and x[3] <= KEEPS_UP_TTFT_P50_S]
     scored = kept_up or scored
     top = max(x[0] for x in scored)
     tied = [x for x in scored if x[0] >= top * (1 - TIE)]
-    v, _, name, _ = min(tied, key=lambda x: (x[1] if _ok(x[1]) else math.inf, -x[0]))
+    v, _, name, _ = min(tied, key=lambda x: (x[1] if is_number(x[1]) else math.inf, -x[0]))
     return v, name
 
 
@@ -111,7 +108,7 @@ def best_fixed(runs: dict[str, dict]) -> dict:
         for name, r in fixed.items():
             v = _value(r, metric)
             where = r["whole"] if key == "whole" else r["by_kind"][key]
-            if _ok(v):
+            if is_number(v):
                 scored.append((v, where.get("ttft_p99_s"), name, where.get("ttft_p50_s")))
         if scored:
             v, name = _pick(scored)
@@ -129,7 +126,7 @@ def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
     out = []
     for i, ph in enumerate(next(iter(fixed.values()))["phases"]):
         scored = [(p["throughput_tok_s"], p["ttft_p99_s"], n, p.get("ttft_p50_s"))
-                  for n, r in fixed.items() if i < len(r["phases"]) and _ok((p := r["phases"][i])["throughput_tok_s"])]
+                  for n, r in fixed.items() if i < len(r["phases"]) and is_number((p := r["phases"][i])["throughput_tok_s"])]
         if scored:
             v, name = _pick(scored)
             out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": caps[name],
@@ -158,12 +155,12 @@ def goals(runs: dict[str, dict], scale: str) -> list[dict]:
         else:
             ref, ref_name = runs.get(against), against
         a, b = _value(runs.get(system), metric), _value(ref, metric)
-        if not (_ok(a) and _ok(b) and b):
+        if not (is_number(a) and is_number(b) and b):
             out.append(goal(name, None, op, bound, status="not run", systems=[system, ref_name]))
             continue
         out.append(goal(name, a / b, op, bound, systems=[system, ref_name], values=[a, b]))
     if scale == "gpu":
-        oom = [x for r in runs.values() if _ok(x := r["whole"].get("oom_events"))]
+        oom = [x for r in runs.values() if is_number(x := r["whole"].get("oom_events"))]
         out.append(goal("OOM events, every run", sum(oom) if oom else None, "<=", 0))
         swept = sorted({v.period_s for n in runs if (v := parse_variant(n)).coordinator and v.period_s
                         and runs[n].get("event_path")})
@@ -195,12 +192,8 @@ def build(runs: dict[str, dict], meta: dict, scale: str) -> dict:
 
 
 # ---- markdown -----------------------------------------------------------------------------------------
-def _f(x, digits: int = 2, scale: float = 1.0) -> str:
-    return f"{x * scale:.{digits}f}" if _ok(x) else "—"
-
-
 def _hits(d: dict) -> str:
-    return "/".join(_f(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
+    return "/".join(fmt(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
 
 
 def markdown(report: dict, plots: list[str]) -> str:
@@ -216,18 +209,18 @@ def markdown(report: dict, plots: list[str]) -> str:
               "hit dev/host/disk | KV use mean | failed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         w = r["whole"]
-        lines.append(f"| {name} | {_f(w['output_throughput_tok_s'], 1)} | {_f(w['request_throughput_req_s'], 3)} | "
-                     f"{_f(w['ttft_p50_s'])} | {_f(w['ttft_p99_s'])} | {_f(w['tpot_p50_s'], 0, 1000)} | "
-                     f"{_f(w['tpot_p99_s'], 0, 1000)} | {_f(w['preemptions'], 0)} | {_f(w['oom_events'], 0)} | "
-                     f"{_hits(w)} | {_f(w['kv_use_mean'])} | {_f(w['failed'], 0)} |")
+        lines.append(f"| {name} | {fmt(w['output_throughput_tok_s'], 1)} | {fmt(w['request_throughput_req_s'], 3)} | "
+                     f"{fmt(w['ttft_p50_s'])} | {fmt(w['ttft_p99_s'])} | {fmt(w['tpot_p50_s'], 0, 1000)} | "
+                     f"{fmt(w['tpot_p99_s'], 0, 1000)} | {fmt(w['preemptions'], 0)} | {fmt(w['oom_events'], 0)} | "
+                     f"{_hits(w)} | {fmt(w['kv_use_mean'])} | {fmt(w['failed'], 0)} |")
     lines += ["", "## Per phase kind (all phases of a kind pooled)", "",
               "| system | phase | out tok/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | preempt | "
               "hit dev/host/disk | KV use mean |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         for kind, d in (r.get("by_kind") or {}).items():
-            lines.append(f"| {name} | {kind} | {_f(d['throughput_tok_s'], 1)} | {_f(d['ttft_p50_s'])} | "
-                         f"{_f(d['ttft_p99_s'])} | {_f(d['tpot_p50_s'], 0, 1000)} | {_f(d['tpot_p99_s'], 0, 1000)} | "
-                         f"{_f(d['preemptions'], 0)} | {_hits(d)} | {_f(d['kv_use_mean'])} |")
+            lines.append(f"| {name} | {kind} | {fmt(d['throughput_tok_s'], 1)} | {fmt(d['ttft_p50_s'])} | "
+                         f"{fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | {fmt(d['tpot_p99_s'], 0, 1000)} | "
+                         f"{fmt(d['preemptions'], 0)} | {_hits(d)} | {fmt(d['kv_use_mean'])} |")
     best = report["best_fixed_cap"]
     fixed, caps = fixed_cap_runs(runs), fixed_caps(runs)
     if fixed:
@@ -236,14 +229,14 @@ def markdown(report: dict, plots: list[str]) -> str:
                   "| system | whole out tok/s | " + " | ".join(f"{k} tok/s" for k in kinds) + " | TTFT p99 s | preempt |",
                   "|---|---|" + "---|" * len(kinds) + "---|---|"]
         for name, r in [*fixed.items(), *((n, runs[n]) for n in runs if parse_variant(n).coordinator)]:
-            cells = [_f(_value(r, "throughput"), 1) + (" **best**" if best.get("whole", {}).get("system") == name
+            cells = [fmt(_value(r, "throughput"), 1) + (" **best**" if best.get("whole", {}).get("system") == name
                                                        else "")]
-            cells += [_f(_value(r, f"{k}_throughput"), 1) + (" **best**" if best[k]["system"] == name else "")
+            cells += [fmt(_value(r, f"{k}_throughput"), 1) + (" **best**" if best[k]["system"] == name else "")
                       for k in kinds]
             label = name if parse_variant(name).cap or name not in fixed else f"{name} (its cap: {caps[name]})"
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {_f(r['whole']['ttft_p99_s'])} | "
-                         f"{_f(r['whole']['preemptions'], 0)} |")
-        lines += ["", f"Best fixed cap (among the caps that kept up there: TTFT P50 <= {KEEPS_UP_TTFT_P50_S:g} s): " + ", ".join(f"{k}: cap {v['cap']} ({_f(v['throughput_tok_s'], 1)} tok/s)"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {fmt(r['whole']['ttft_p99_s'])} | "
+                         f"{fmt(r['whole']['preemptions'], 0)} |")
+        lines += ["", f"Best fixed cap (among the caps that kept up there: TTFT P50 <= {KEEPS_UP_TTFT_P50_S:g} s): " + ", ".join(f"{k}: cap {v['cap']} ({fmt(v['throughput_tok_s'], 1)} tok/s)"
                                                     for k, v in best.items())]
         per = report.get("best_fixed_cap_per_phase") or []
         if per:
@@ -267,7 +260,7 @@ def markdown(report: dict, plots: list[str]) -> str:
             cells = []
             for n in main:
                 p = runs[n]["phases"][i] if i < len(runs[n].get("phases") or []) else {}
-                cells.append(f"{_f(p.get('throughput_tok_s'), 1)} / {_f(p.get('ttft_p99_s'))}")
+                cells.append(f"{fmt(p.get('throughput_tok_s'), 1)} / {fmt(p.get('ttft_p99_s'))}")
             lines.append(f"| {ph['index']} {ph['kind']} ({ph['start_s']:.0f}-{ph['end_s']:.0f} s) | "
                          + " | ".join(cells) + " |")
     lines += ["", "## Goals", ""] + ["- " + json.dumps(g, default=str) for g in report["goals"]]
