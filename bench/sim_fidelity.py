@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=None, help="--w5: comma list of the file's systems (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="--w5: systems simulated in parallel processes")
     ap.add_argument("--out", default=str(RESULTS), help="--w5: output folder")
-    ap.add_argument("--name", default="sim_fidelity_w5", help="--w5: file stem (one per real file compared)")
+    ap.add_argument("--name", default=None, help="--w5: file stem (default sim_fidelity_w5; one per real file compared)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.w5:

@@ -206,7 +206,8 @@ def report_meta(real: dict, path: str, calibration: str | None, argv: list[str])
 
 
 def run_w5(real_path: str, systems: str | None, calibration: str | None, jobs: int, out: str,
-           argv: list[str], stem: str = STEM) -> int:
+           argv: list[str], stem: str | None = None) -> int:
+    stem = stem or STEM
     real = json.loads(Path(real_path).read_text())
     report = {"meta": report_meta(real, real_path, calibration, argv),
               **simulate(real, real_path, systems, calibration, jobs)}

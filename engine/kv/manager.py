@@ -479,7 +479,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         if self.host is not None and self.host.has(h):
             self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
         elif self.host is not None:
-            slot = self.host.acquire(self._host_evicted, count >= self.config.host_admit_min_requests)
+            slot = self.host.acquire(self._host_evicted, self._host_admits(count))
             if slot is None:
                 self.stats.host_copies_refused += 1
             else:
@@ -493,8 +493,12 @@ class KVCacheManager(SwapMixin, PersistMixin):
                 self._disk_write(h, "device", block)
 
     def _host_earned(self, h: int) -> bool:
-        """Whether a host copy keeps its place under pressure: offered by host_admit_min_requests requests."""
-        return self.ghost.count(h) >= self.config.host_admit_min_requests
+        """Whether a host copy keeps its place under pressure (the host tier's verdict on a hash)."""
+        return self._host_admits(self.ghost.count(h))
+
+    def _host_admits(self, offers: int) -> bool:
+        """The host gate's rule: a copy offered by host_admit_min_requests distinct requests has earned its place."""
+        return offers >= self.config.host_admit_min_requests
 
     def _host_evicted(self, slot: int, h: int) -> None:
         self.stats.host_evictions += 1
