@@ -196,7 +196,8 @@ def engine_one(name: str, wl, sizing, args, slo: SLO) -> dict:
                                  event_path=events if feedback is not None else None, info=info,
                                  noise={k: v for k, v in (res.noise.as_dict() if res.noise else {}).items()
                                         if k != "series"}, wall_s=res.wall_s,
-                                 sizing=asdict(sized(parse_variant(name), sizing)))
+                                 sizing=asdict(sized(parse_variant(name), sizing)),
+                                 requests=[r.compact() for r in res.records])
 
 
 def engine_sizing(wl) -> Sizing:
@@ -349,8 +350,10 @@ def cmd_run(args) -> int:
             "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
             "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
             "notes": args.note + [
-                "throughput: output tokens / makespan (first send to last finish); per phase: output tokens of the "
-                "requests that finished in the phase's window / the window (the last runs to the last finish)",
+                "throughput: output tokens / makespan (first send to last finish); per phase, served (the goals'): "
+                "output tokens of the requests sent in the phase / the time from its start until the last of them "
+                "finished (at least the phase); per phase, window: output tokens of the requests that finished in "
+                "the phase's window / the window (the last runs to the last finish)",
                 "latencies per phase: of the requests sent in it; server counters: deltas over the window",
                 ("best fixed cap: the highest output throughput (ties: lower TTFT P99) among the codesign@capN runs that "
                  f"kept up there (TTFT P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s; all where none did)")]}

@@ -60,6 +60,16 @@ class RequestRecord:
     def itls(self) -> list[float]:
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
 
+    def compact(self) -> dict:
+        """This record without its chunk times, times to the millisecond: what a results file keeps so that
+        per-request measures can be recomputed later (`RequestRecord(**d)` reads it back)."""
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round(t, 3)
+
+        return {"request_id": self.request_id, "kind": self.kind, "send_s": ms(self.send_s),
+                "first_token_s": ms(self.first_token_s), "end_s": ms(self.end_s), "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens, "cached_tokens": self.cached_tokens, "error": self.error}
+
 
 def percentile(xs: list[float], q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default)."""

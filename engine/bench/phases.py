@@ -3,8 +3,13 @@
 
 - A request belongs to the phase it was sent in (TTFT, TPOT, E2E by phase of arrival); requests sent after
   the plan's end (closed-loop turns of sessions still running) belong to the last phase.
-- A phase's throughput is the output tokens of the requests that finished inside its window, over the
-  window (the last window runs to the run's last finish, so a system that falls behind is charged there).
+- A phase's served throughput (`served_tok_s`, the one the W5 goals compare) is the output tokens of the
+  requests sent in it over the time from the phase's start until the last of them finished (at least the
+  phase): how fast the phase's own traffic was delivered. A system that falls behind is charged in the phase
+  whose requests waited, not in the one where its backlog drained.
+- A phase's window throughput (`throughput_tok_s`) is the output tokens of the requests that finished inside
+  its window, over the window (the last window runs to the run's last finish): the engine's output rate there,
+  backlog of earlier phases included. Past capacity it says where a backlog drained, not how a phase was served.
 - Server counters (preemptions, hit rate per tier, OOM, KV use) are deltas over the window, from the last
   sample at or before its start to the last sample inside it.
 - `by_kind` pools every phase of one kind (all chat phases, all RAG phases).
@@ -43,6 +48,17 @@ def _finished_tokens(recs: list[RequestRecord], phases: Sequence[Phase], indices
     return sum(r.output_tokens for r in recs if r.ok and phase_index(phases, r.end_s) in idx)
 
 
+def _served(recs: Iterable[RequestRecord], phase: Phase) -> tuple[int, float]:
+    """(output tokens, span): the successful requests' tokens, and the time from the phase's start until the
+    last request finished (at least the phase's length)."""
+    tokens, last = 0, phase.end_s
+    for r in recs:
+        if r.ok:
+            tokens += r.output_tokens
+            last = max(last, r.end_s)
+    return tokens, last - phase.start_s
+
+
 def _window_samples(samples: Sequence[Sample], start: float, end: float) -> list[Sample]:
     """The last sample at or before `start` (the baseline of the counters) and every one in (start, end]."""
     before = [s for s in samples if s.t <= start]
@@ -50,12 +66,18 @@ def _window_samples(samples: Sequence[Sample], start: float, end: float) -> list
     return before[-1:] + inside
 
 
-def _summary(records: list[RequestRecord], window_s: float, finished_tokens: int, samples: list[Sample],
-             slo: SLO) -> dict:
+def _rate(tokens: float, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else math.nan
+
+
+def _summary(records: list[RequestRecord], phase: Phase, window_s: float, finished_tokens: int,
+             samples: list[Sample], slo: SLO) -> dict:
     c = client_metrics(records, slo)
+    served, span = _served(records, phase)
     out = {"requests": len(records), "completed": c["completed"], "failed": c["failed"],
+           "output_tokens": served, "served_span_s": span, "served_tok_s": _rate(served, span),
            "output_tokens_finished": finished_tokens, "window_s": window_s,
-           "throughput_tok_s": finished_tokens / window_s if window_s > 0 else math.nan,
+           "throughput_tok_s": _rate(finished_tokens, window_s),
            **{k: c[k] for k in LATENCY}}
     srv = server_metrics(samples) if len(samples) >= 2 else {"available": False}
     out.update({k: srv.get(k) for k in SERVER})
@@ -78,14 +100,15 @@ def split(records: Iterable[RequestRecord], samples: Sequence[Sample], phases: S
     for i, (p, (a, b), rs) in enumerate(zip(phases, windows, by_phase, strict=True)):
         tokens = _finished_tokens(recs, phases, [i])
         out.append({"index": p.index, "kind": p.kind, "start_s": a, "end_s": b, "rate": p.rate,
-                    **_summary(rs, b - a, tokens, _window_samples(samples, a, b), slo)})
+                    **_summary(rs, p, b - a, tokens, _window_samples(samples, a, b), slo)})
     return out
 
 
 def by_kind(records: Iterable[RequestRecord], samples: Sequence[Sample], phases: Sequence[Phase],
             slo: SLO | None = None) -> dict[str, dict]:
-    """Every phase of one kind pooled: latencies over their requests, throughput over their windows, server
-    counters summed over their windows (hit rates weighted by the tokens looked up)."""
+    """Every phase of one kind pooled: latencies over their requests, served throughput as their tokens over
+    the sum of their served spans, window throughput over their windows, server counters summed over their
+    windows (hit rates weighted by the tokens looked up)."""
     if not phases:
         return {}
     slo = slo or SLO()
@@ -95,13 +118,20 @@ def by_kind(records: Iterable[RequestRecord], samples: Sequence[Sample], phases:
     out: dict[str, dict] = {}
     for kind in dict.fromkeys(p.kind for p in phases):
         idx = [i for i, p in enumerate(phases) if p.kind == kind]
-        rs = [r for r in recs if phases[phase_index(phases, r.send_s)].kind == kind]
+        sent = [[] for _ in idx]
+        for r in recs:
+            if (j := phase_index(phases, r.send_s)) in idx:
+                sent[idx.index(j)].append(r)
+        rs = [r for part in sent for r in part]
+        served = [_served(part, phases[i]) for part, i in zip(sent, idx, strict=True)]
+        served_tokens, served_span = sum(t for t, _ in served), sum(s for _, s in served)
         span = sum(windows[i][1] - windows[i][0] for i in idx)
         tokens = _finished_tokens(recs, phases, idx)
         c = client_metrics(rs, slo)
         d = {"phases": len(idx), "requests": len(rs), "completed": c["completed"], "failed": c["failed"],
-             "output_tokens_finished": tokens, "window_s": span,
-             "throughput_tok_s": tokens / span if span > 0 else math.nan, **{k: c[k] for k in LATENCY}}
+             "output_tokens": served_tokens, "served_span_s": served_span,
+             "served_tok_s": _rate(served_tokens, served_span), "output_tokens_finished": tokens, "window_s": span,
+             "throughput_tok_s": _rate(tokens, span), **{k: c[k] for k in LATENCY}}
         d.update(_pooled_server([_window_samples(samples, *windows[i]) for i in idx]))
         out[kind] = d
     return out

@@ -136,6 +136,23 @@ def _rec(rid, send, first, end, n=10):
     return RequestRecord(rid, "doc", send, first, end, output_tokens=n, prompt_tokens=5)
 
 
+def test_a_backlog_is_charged_to_the_phase_whose_requests_waited():
+    """Same traffic, two systems: one serves each phase's requests in it, the other falls behind in phase 0 and
+    finishes them in phase 1. The window throughput credits the latter's phase 1 with its backlog; the served
+    throughput charges phase 0 and leaves phase 1 equal. A failed request adds no tokens."""
+    plan = phase_plan(W5Params(duration_s=20.0, phase_s=10.0))
+    kept_up = [_rec("a", 1.0, 1.5, 5.0), _rec("b", 2.0, 2.5, 8.0), _rec("c", 12.0, 12.5, 18.0)]
+    behind = [_rec("a", 1.0, 9.0, 12.0), _rec("b", 2.0, 11.0, 15.0), _rec("c", 12.0, 12.5, 18.0)]
+    good, late = split(kept_up, [], plan), split(behind, [], plan)
+    assert late[1]["throughput_tok_s"] > good[1]["throughput_tok_s"]  # the drained backlog counts in phase 1
+    assert good[0]["served_tok_s"] == pytest.approx(20 / 10) and late[0]["served_tok_s"] == pytest.approx(20 / 15)
+    assert late[1]["served_tok_s"] == good[1]["served_tok_s"] == pytest.approx(10 / 10)
+    failed = [*kept_up[:2], RequestRecord("c", "doc", 12.0, None, None, error="rejected: full")]
+    assert split(failed, [], plan)[1]["served_tok_s"] == 0.0
+    back = [RequestRecord(**r.compact()) for r in [*behind, failed[-1]]]  # what a results file keeps reads back
+    assert split(back[:3], [], plan) == late and not back[3].ok and back[3].error == "rejected: full"
+
+
 def test_phase_split():
     plan = phase_plan(W5Params(duration_s=20.0, phase_s=10.0))
     recs = [_rec("a", 1.0, 2.0, 4.0), _rec("b", 9.0, 12.0, 13.0), _rec("c", 15.0, 15.5, 25.0, n=30)]
@@ -145,10 +162,14 @@ def test_phase_split():
     assert [p["requests"] for p in parts] == [2, 1]  # by phase of arrival
     assert parts[0]["throughput_tok_s"] == pytest.approx(10 / 10)  # "a" finished in [0, 10)
     assert parts[1]["end_s"] == 25.0 and parts[1]["throughput_tok_s"] == pytest.approx(40 / 15)
+    # served: "a" and "b" were sent in phase 0, "b" finished at 13 s; "c" (phase 1) at 25 s
+    assert parts[0]["served_span_s"] == pytest.approx(13.0) and parts[0]["served_tok_s"] == pytest.approx(20 / 13)
+    assert parts[1]["served_span_s"] == pytest.approx(15.0) and parts[1]["served_tok_s"] == pytest.approx(30 / 15)
     assert parts[0]["ttft_p50_s"] == pytest.approx(2.0)  # TTFTs 1 and 3
     assert [p["preemptions"] for p in parts] == [3, 4]
     kinds = by_kind(recs, snaps, plan)
     assert kinds[CHAT]["preemptions"] == 3 and kinds[RAG]["requests"] == 1
+    assert kinds[CHAT]["served_tok_s"] == pytest.approx(20 / 13) and kinds[RAG]["output_tokens"] == 30
     tl = timeline(snaps)
     assert tl["batch_cap"] == [8, 13, 18, 28, 33] and tl["step_token_budget"] == [None] * 5 or all(
         isinstance(x, int) for x in tl["step_token_budget"])
