@@ -48,6 +48,14 @@ def _finished_tokens(recs: list[RequestRecord], phases: Sequence[Phase], indices
     return sum(r.output_tokens for r in recs if r.ok and phase_index(phases, r.end_s) in idx)
 
 
+def _sent_by_phase(recs: Iterable[RequestRecord], phases: Sequence[Phase]) -> list[list[RequestRecord]]:
+    """The requests grouped by the phase they were sent in (the phase list's order)."""
+    out: list[list[RequestRecord]] = [[] for _ in phases]
+    for r in recs:
+        out[phase_index(phases, r.send_s)].append(r)
+    return out
+
+
 def _served(recs: Iterable[RequestRecord], phase: Phase) -> tuple[int, float]:
     """(output tokens, span): the successful requests' tokens, and the time from the phase's start until the
     last request finished (at least the phase's length)."""
@@ -93,9 +101,7 @@ def split(records: Iterable[RequestRecord], samples: Sequence[Sample], phases: S
     recs = list(records)
     end = max((r.end_s for r in recs if r.end_s is not None), default=phases[-1].end_s)
     windows = _windows(phases, end)
-    by_phase: list[list[RequestRecord]] = [[] for _ in phases]
-    for r in recs:
-        by_phase[phase_index(phases, r.send_s)].append(r)
+    by_phase = _sent_by_phase(recs, phases)
     out = []
     for i, (p, (a, b), rs) in enumerate(zip(phases, windows, by_phase, strict=True)):
         tokens = _finished_tokens(recs, phases, [i])
@@ -115,15 +121,12 @@ def by_kind(records: Iterable[RequestRecord], samples: Sequence[Sample], phases:
     recs = list(records)
     end = max((r.end_s for r in recs if r.end_s is not None), default=phases[-1].end_s)
     windows = _windows(phases, end)
+    by_phase = _sent_by_phase(recs, phases)
     out: dict[str, dict] = {}
     for kind in dict.fromkeys(p.kind for p in phases):
         idx = [i for i, p in enumerate(phases) if p.kind == kind]
-        sent = [[] for _ in idx]
-        for r in recs:
-            if (j := phase_index(phases, r.send_s)) in idx:
-                sent[idx.index(j)].append(r)
-        rs = [r for part in sent for r in part]
-        served = [_served(part, phases[i]) for part, i in zip(sent, idx, strict=True)]
+        rs = [r for i in idx for r in by_phase[i]]
+        served = [_served(by_phase[i], phases[i]) for i in idx]
         served_tokens, served_span = sum(t for t, _ in served), sum(s for _, s in served)
         span = sum(windows[i][1] - windows[i][0] for i in idx)
         tokens = _finished_tokens(recs, phases, idx)
