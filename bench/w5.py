@@ -18,6 +18,8 @@ Subcommands:
 - load:     the simulator at multiples of W5's rates (--factors), continuous+lru, codesign and the coordinator
             by default -> bench/results/w5_h200_load.*: at W5's rates throughput ties by construction; issue 16's
             1.3x throughput goal is read at the lowest load where both systems are past capacity (w5_load.py)
+- seeds:    the simulator over several workload seeds (--seeds 0-9) at one set of rates, continuous+lru and
+            codesign by default -> bench/results/<stem>_seeds.*: per-seed ratios and their median (w5_seeds.py)
 - report:   re-renders <name>.md/.png from a <name>.json.
 
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
@@ -26,6 +28,7 @@ Subcommands:
     .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
     .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
+    .venv/bin/python bench/w5.py seeds --scale cpu --phase-rates 0.482,0.231 --seeds 0-9   # -> w5_sim_cpu_seeds.*
     .venv/bin/python bench/w5.py cpu --load 1.2 --phase-rates bench/results/w5_capacity_cpu_sim_p50.json \
         --systems continuous+lru,codesign --name w5_cpu_load1.2    # the real engine past continuous+lru's capacity
 """
@@ -44,7 +47,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvloop.engine.bench import phases as ph
-from kvloop.engine.bench import w5_load, w5_report
+from kvloop.engine.bench import w5_load, w5_report, w5_seeds
 from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
 from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.w5_variants import (
@@ -97,6 +100,20 @@ def positive_factors(text: str, flag: str) -> list[float]:
     if not factors or factors[0] <= 0 or not all(math.isfinite(f) for f in factors):
         raise SystemExit(f"{flag} wants positive multiples of the rates, got {text!r}")
     return factors
+
+
+def seed_list(text: str) -> list[int]:
+    """--seeds: a comma list of seeds and inclusive ranges ("0-9", "0,3,5-7"), sorted; stops with a message."""
+    seeds: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            seeds.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SystemExit(f"--seeds wants seeds and ranges such as 0-9 or 0,3,5-7, got {text!r}") from None
+    if not seeds:
+        raise SystemExit(f"--seeds names no seed: {text!r}")
+    return sorted(seeds)
 
 
 def loaded_rates(rates: tuple[float, float], how: str, load: str | None) -> tuple[tuple[float, float], str, float]:
@@ -399,11 +416,45 @@ def cmd_load(args) -> int:
     return 0
 
 
+def cmd_seeds(args) -> int:
+    """The simulator over several workload seeds at one set of rates (w5_seeds.py): the ratios' spread."""
+    rates, how, load = loaded_rates(*resolve_rates(args.phase_rates, args.scale, "sim"), args.load)
+    systems = args.systems.split(",")
+    for s in systems:
+        parse_variant(s)
+    seeds = seed_list(args.seeds)
+    profile = args.profile or PROFILE[args.scale]
+    t0 = time.time()
+    entries = []
+    for seed in seeds:
+        print(f"seed {seed}", file=sys.stderr, flush=True)
+        runs = run_sim(systems, args.scale, rates, {**workload_kw(args), "seed": seed}, profile, args.calibration,
+                       args.jobs)
+        entries.append(w5_seeds.seed_entry(seed, runs))
+    p = w5(WORKLOAD[args.scale], rates, **workload_kw(args)).params
+    meta = {"title": f"W5 {args.scale.upper()} scale over {len(seeds)} seeds (simulator, {profile})",
+            "rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load, "seeds": seeds,
+            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
+            "calibration": args.calibration if args.scale == "cpu" else None,
+            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
+            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); kept up: TTFT "
+                                  f"P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s"]}
+    report = w5_seeds.build(entries, meta, args.scale)
+    w5_seeds.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_seeds")
+    for g in report["goals"]:
+        print(json.dumps(g, default=str))
+    return 0
+
+
 def cmd_report(args) -> int:
     path = Path(args.json)
     report = json.loads(path.read_text())
     if "loads" in report:  # a `load` sweep's file
         w5_load.write(w5_load.build(report["loads"], report["meta"]), path.parent, path.stem)
+        return 0
+    if "seeds" in report:  # a `seeds` sweep's file
+        w5_seeds.write(w5_seeds.build(report["seeds"], report["meta"], report["scale"]), path.parent, path.stem)
         return 0
     report.update(w5_report.build(report["systems"], report["meta"], report["scale"]))
     w5_report.write(report, path.parent, path.stem)
@@ -451,6 +502,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="file stem (default w5_h200_load / w5_sim_cpu_load)")
     p.add_argument("--note", action="append", default=[])
     p.set_defaults(func=cmd_load)
+    p = sub.add_parser("seeds", parents=[common], help="the simulator over several workload seeds")
+    p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument("--jobs", type=int, default=1, help="systems simulated in parallel processes")
+    p.add_argument("--seeds", default="0-9", help="workload seeds: a comma list and ranges (default 0-9)")
+    p.add_argument("--systems", default=f"{BASELINE},codesign")
+    p.add_argument("--load", default=None, help="run at this multiple of the rates (--phase-rates)")
+    p.add_argument("--name", default=None, help="file stem (default w5_h200_seeds / w5_sim_cpu_seeds)")
+    p.add_argument("--note", action="append", default=[])
+    p.set_defaults(func=cmd_seeds)
     p = sub.add_parser("capacity", parents=[common], help="a system's capacity per phase kind")
     p.add_argument("--system", default=BASELINE, help="the W5 system probed (continuous+lru sets W5's rates)")
     p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
@@ -463,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="99: WORKLOADS.md's capacity SLO; 50: near saturation (the median request barely queues)")
     p.add_argument("--tpot-bound", type=float, default=None)
     p.set_defaults(func=cmd_capacity)
-    p = sub.add_parser("report", help="re-render the markdown and plots of a W5 (or W5 load sweep) JSON")
+    p = sub.add_parser("report", help="re-render the markdown and plots of a W5 (or W5 load or seeds sweep) JSON")
     p.add_argument("json")
     p.set_defaults(func=cmd_report)
     args = ap.parse_args(argv)

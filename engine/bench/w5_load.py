@@ -25,14 +25,19 @@ WHOLE = ("output_throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "c
          "duration_s", "preemptions", "hit_rate_total", "kv_use_mean")
 
 
-def load_entry(factor: float, rates: dict[str, float], runs: dict[str, dict]) -> dict:
-    """One load of the sweep: its factor, rates and each system's whole-run numbers (with per-kind throughput)."""
+def system_rows(runs: dict[str, dict]) -> dict[str, dict]:
+    """Each system's whole-run numbers (with per-kind throughput), as a sweep keeps them."""
     systems = {}
     for name, r in runs.items():
         row = {k: r["whole"].get(k) for k in WHOLE}
         row["by_kind_throughput_tok_s"] = {k: d.get("throughput_tok_s") for k, d in (r.get("by_kind") or {}).items()}
         systems[name] = row
-    return {"factor": factor, "rates": rates, "systems": systems}
+    return systems
+
+
+def load_entry(factor: float, rates: dict[str, float], runs: dict[str, dict]) -> dict:
+    """One load of the sweep: its factor, rates and each system's whole-run numbers."""
+    return {"factor": factor, "rates": rates, "systems": system_rows(runs)}
 
 
 def past_capacity(row: dict | None) -> bool:
@@ -41,7 +46,7 @@ def past_capacity(row: dict | None) -> bool:
 
 
 def ratio(entry: dict, metric: str, system: str = CODESIGN, against: str = BASELINE) -> float | None:
-    """system's metric over against's at one load of the sweep (None where either is missing)."""
+    """system's metric over against's in one entry of a sweep (a load, a seed; None where either is missing)."""
     s = entry["systems"]
     a, b = (s.get(system) or {}).get(metric), (s.get(against) or {}).get(metric)
     return a / b if is_number(a) and is_number(b) and b else None

@@ -1,0 +1,119 @@
+"""W5 over several workload seeds (pure Python; matplotlib only for the plot): how much of a codesign /
+continuous+lru ratio is the workload's draw.
+
+One W5 run is one draw of arrivals, sessions and documents. Near continuous+lru's capacity whether it falls
+behind (and how far) depends on that draw, and so does the throughput ratio: the same rates gave 1.02x and 1.27x
+on two seeds in the simulator. Here each seed runs every system on the same phases and rates; the ratios are per
+seed, and issue 16's codesign / continuous+lru goals (the scale's bounds, engine/bench/w5_report.GOALS) are read
+on their median over the seeds, with the spread beside it. A seed's row says whether each system kept up
+(median TTFT within W5's keeps-up bound), which is what moves its ratio."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from kvloop.engine.bench import w5_load, w5_report
+from kvloop.engine.bench.goals import goal
+from kvloop.engine.bench.numbers import fmt, is_number
+from kvloop.engine.bench.w5_report import BASELINE, CODESIGN
+
+METRICS = {"throughput": "output_throughput_tok_s", "ttft_p99": "ttft_p99_s"}
+
+
+def seed_entry(seed: int, runs: dict[str, dict]) -> dict:
+    """One seed: each system's whole-run numbers."""
+    return {"seed": seed, "systems": w5_load.system_rows(runs)}
+
+
+def spread(values: list[float]) -> dict:
+    """Median, lowest and highest of the per-seed ratios (None where no seed has one)."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "seeds": 0}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "seeds": len(values)}
+
+
+def goals(entries: list[dict], scale: str) -> list[dict]:
+    """The scale's codesign / continuous+lru goals on the median over seeds of the per-seed ratios."""
+    out = []
+    for name, metric, system, against, op, bound in w5_report.GOALS[scale]:
+        if (system, against) != (CODESIGN, BASELINE):
+            continue  # the coordinator's goals need the fixed-cap sweep: bench/w5.py sim
+        ratios = [r for e in entries if is_number(r := e["ratios"][metric])]
+        s = spread(ratios)
+        if not ratios:
+            out.append(goal(f"{name}, median over seeds", None, op, bound, status="not run"))
+            continue
+        met_in = sum(1 for r in ratios if (r >= bound if op == ">=" else r <= bound))
+        out.append(goal(f"{name}, median over seeds", s["median"], op, bound, min=s["min"], max=s["max"],
+                        seeds=s["seeds"], seeds_meeting=met_in))
+    return out
+
+
+def build(entries: list[dict], meta: dict, scale: str) -> dict:
+    entries = sorted(entries, key=lambda e: e["seed"])
+    for e in entries:
+        e["ratios"] = {m: w5_load.ratio(e, key) for m, key in METRICS.items()}
+        e["past_capacity"] = [n for n, row in e["systems"].items() if w5_load.past_capacity(row)]
+    summary = {m: spread([r for e in entries if is_number(r := e["ratios"][m])]) for m in METRICS}
+    return {"meta": meta, "scale": scale, "seeds": entries, "summary": summary, "goals": goals(entries, scale)}
+
+
+def markdown(report: dict, plots: list[str]) -> str:
+    m, entries = report["meta"], report["seeds"]
+    systems = list(dict.fromkeys(n for e in entries for n in e["systems"]))
+    lines = [f"# {m.get('title', 'W5 over seeds')}", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
+             f"Rates: {json.dumps(m.get('rates'))} ({m.get('rates_how', '')}); phases of {m.get('phase_s')} s for "
+             f"{m.get('duration_s')} s of arrivals, then the drain.", "",
+             "| seed | system | out tok/s | TTFT p50 s | TTFT p99 s | preempt | makespan s | kept up |",
+             "|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        for n in systems:
+            row = e["systems"].get(n)
+            if row is not None:
+                lines.append(f"| {e['seed']} | {n} | {fmt(row['output_throughput_tok_s'], 1)} | {fmt(row['ttft_p50_s'])} | "
+                             f"{fmt(row['ttft_p99_s'])} | {fmt(row['preemptions'], 0)} | {fmt(row['duration_s'], 0)} | "
+                             f"{'no' if w5_load.past_capacity(row) else 'yes'} |")
+    lines += ["", "## codesign / continuous+lru per seed", "", "| seed | throughput x | TTFT P99 x |", "|---|---|---|"]
+    lines += [f"| {e['seed']} | {fmt(e['ratios']['throughput'])} | {fmt(e['ratios']['ttft_p99'])} |" for e in entries]
+    lines += ["", "| ratio | median | min | max | seeds |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | {s['seeds']} |"
+              for k, s in report["summary"].items()]
+    lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    lines += ["", "## Commands", ""] + [f"    {c}" for c in m.get("commands", [])]
+    lines += [f"- {n}" for n in m.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
+    plt = w5_report.pyplot()
+    if plt is None:
+        return []
+    entries = report["seeds"]
+    seeds = [e["seed"] for e in entries]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, metric, title in ((a, "throughput", "Output throughput"), (b, "ttft_p99", "TTFT P99")):
+        vals = [e["ratios"][metric] for e in entries]
+        ax.bar([str(s) for s in seeds], [v if is_number(v) else 0 for v in vals])
+        med = report["summary"][metric]["median"]
+        if is_number(med):
+            ax.axhline(med, color="k", linestyle="--", label=f"median {med:.3g}")
+        bound = next((g["bound"] for g in report["goals"] if g["name"].startswith(
+            "codesign output" if metric == "throughput" else "codesign TTFT")), None)
+        if bound is not None:
+            ax.axhline(bound, color="r", linestyle=":", label=f"goal {bound:g}")
+        ax.set(xlabel="seed", ylabel="codesign / continuous+lru", title=title)
+        ax.legend(fontsize=8)
+    fig.suptitle(report["meta"].get("title", "W5 over seeds"))
+    fig.tight_layout()
+    p = out_dir / f"{stem}.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    return [str(p)]
+
+
+def write(report: dict, out_dir: Path, stem: str) -> dict:
+    return w5_report.write(report, out_dir, stem, plot, markdown)
