@@ -73,6 +73,11 @@ def markdown(report: dict) -> str:
              "| step kind | steps | real s | predicted s | predicted / real |", "|---|---|---|---|---|"]
     for name, k in [*report["table"]["kinds"].items(), ("all", report["table"]["total"])]:
         lines.append(f"| {name} | {k['steps']} | {fmt(k['real_s'], 1)} | {fmt(k['predicted_s'], 1)} | {fmt(k['ratio'])} |")
+    for label, speed in (("this run", (report.get("noise") or {}).get("speed")),
+                         ("the calibration's runs", m.get("calibration_speed"))):
+        if speed:  # the machine's own speed (engine/bench/speed_probe.py): the fit holds where they agree
+            lines += ["", f"Speed probe during {label} (thread CPU ms, median and spread): " + ", ".join(
+                f"{k} {fmt(speed[k]['median_ms'])} ({fmt(speed[k]['spread'])})" for k in ("compute", "memory"))]
     lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
     lines += ["", f"![calibration_check]({report['plot']})" if report.get("plot") else "", "", "## Command", "",
               f"    {m['command']}", ""]
@@ -131,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         target.close()
     table = compare(rows, get_profile("cpu", args.calibration).cost_model())
+    fitted = json.loads(Path(args.calibration or CALIBRATION_FILE).read_text())
     noise = {k: v for k, v in res.noise.as_dict().items() if k != "series"} if res.noise else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                        "seed": args.seed, "threads": args.threads,
                        "calibration": str(args.calibration or CALIBRATION_FILE.relative_to(RESULTS.parents[1])),
                        "machine": machine_info(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       "calibration_speed": (fitted.get("noise") or {}).get("speed"),
                        "command": ".venv/bin/python bench/calibration_check.py " + " ".join(sys.argv[1:])},
               "table": table, "noise": noise, "goals": goals(table, noise)}
     report["plot"] = plot(report, out / "calibration_check.png")

@@ -2,7 +2,9 @@
 
 A background thread samples the machine's busy CPU time and our own processes' (the harness and any
 server it started, with their children) every `interval_s`; the difference is everyone else's load, in
-cores. A run whose mean outside load exceeds `max_other_cores` is flagged noisy (the caller may redo it)."""
+cores. A run whose mean outside load exceeds `max_other_cores` is flagged noisy (the caller may redo it).
+Every `probe_every_s` it also times the speed probe (speed_probe.py): how fast this machine itself ran, which
+other processes' load does not show."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from kvloop.engine.bench import speed_probe
 from kvloop.engine.bench.sampler import BackgroundSampler
 
 
@@ -25,6 +28,7 @@ class NoiseReport:
     noisy: bool
     threshold_cores: float
     series: list[list[float]] = field(default_factory=list)  # [t, other cores]
+    speed: dict = field(default_factory=dict)  # speed_probe.summary of the run's probes
 
     def as_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "series"} | {"series": self.series[-400:]}
@@ -38,11 +42,15 @@ def _busy(ct) -> float:
 class NoiseGuard(BackgroundSampler):
     thread_name = "noise-guard"
 
-    def __init__(self, pids: list[int] | None = None, interval_s: float = 0.5, max_other_cores: float = 0.3):
+    def __init__(self, pids: list[int] | None = None, interval_s: float = 0.5, max_other_cores: float = 0.3,
+                 probe_every_s: float = 5.0):
         super().__init__(interval_s)
         self.pids = set(pids or []) | {os.getpid()}
         self.max_other_cores = max_other_cores
+        self.probe_every_s = probe_every_s
         self._series: list[tuple[float, float, float]] = []
+        self._probes: list[tuple[float, float]] = []
+        self._next_probe = 0.0
 
     def _ours(self) -> float:
         total = 0.0
@@ -71,6 +79,9 @@ class NoiseGuard(BackgroundSampler):
         own = max(0.0, ours - last_ours) / dt
         other = max(0.0, (busy - last_busy) / dt - own)
         self._series.append((t - self._t0, other, own))
+        if t >= self._next_probe:  # after the load readings, so its own CPU time counts in the next interval
+            self._probes.append(speed_probe.probe_ms())
+            self._next_probe = t + self.probe_every_s
         self._last = (t, busy, ours)
 
     def report(self) -> NoiseReport:
@@ -80,4 +91,4 @@ class NoiseGuard(BackgroundSampler):
         mean = sum(other) / len(other) if other else 0.0
         return NoiseReport(mean, max(other, default=0.0), sum(ours) / len(ours) if ours else 0.0,
                            psutil.cpu_count() or 1, len(s), mean > self.max_other_cores, self.max_other_cores,
-                           [[round(t, 2), round(o, 3)] for t, o, _ in s])
+                           [[round(t, 2), round(o, 3)] for t, o, _ in s], speed_probe.summary(self._probes))

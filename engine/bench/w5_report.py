@@ -267,6 +267,7 @@ def markdown(report: dict, plots: list[str]) -> str:
                              f"{fmt(p.get('ttft_p99_s'))}")
             lines.append(f"| {ph['index']} {ph['kind']} ({ph['start_s']:.0f}-{ph['end_s']:.0f} s) | "
                          + " | ".join(cells) + " |")
+    lines += _machine_rows(runs)
     lines += ["", "## Goals", ""] + ["- " + json.dumps(g, default=str) for g in report["goals"]]
     lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     for section in ("notes", "commands"):
@@ -274,6 +275,27 @@ def markdown(report: dict, plots: list[str]) -> str:
             lines += ["", f"## {section.capitalize()}", ""]
             lines += [f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]]
     return "\n".join(lines) + "\n"
+
+
+def _machine_rows(runs: dict[str, dict]) -> list[str]:
+    """The machine during each real run: other processes' load and the speed probe (engine/bench/speed_probe.py),
+    so that systems run one after the other can be seen to have had the same machine; [] for simulator files."""
+    measured = {n: r["noise"] for n, r in runs.items() if r.get("noise")}
+    if not measured:
+        return []
+
+    def probe(speed: dict, kind: str) -> str:
+        d = speed.get(kind)
+        return f"{fmt(d['median_ms'])} ({fmt(d['spread'])})" if d else "—"
+
+    lines = ["", "## The machine during each run", "",
+             "| system | other cores mean | probe: hash 1 MiB ms, median (spread) | probe: copy 16 MiB ms, median (spread) |",
+             "|---|---|---|---|"]
+    for name, noise in measured.items():
+        speed = noise.get("speed") or {}
+        lines.append(f"| {name} | {fmt(noise.get('other_cores_mean'))} | {probe(speed, 'compute')} | "
+                     f"{probe(speed, 'memory')} |")
+    return lines
 
 
 # ---- plots --------------------------------------------------------------------------------------------

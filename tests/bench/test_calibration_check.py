@@ -50,3 +50,15 @@ def test_compare_sums_per_kind_and_in_all(check):
     (g,) = check.goals(table, None)
     assert g["value"] == pytest.approx(0.0) and g["met"]
     assert not check.goals(check.compare(rows[:1], cost), {"other_cores_mean": 0.5})[1]["met"]
+
+
+def test_the_report_sets_the_run_s_speed_probe_beside_the_calibration_s(check):
+    from kvloop.engine.bench import speed_probe
+
+    table = check.compare([{"items": [[10, 1, True]], "seconds": 0.001}], TokensCost())
+    meta = {"system": "codesign", "seconds": 10.0, "rates": {}, "seed": 0, "calibration": "c.json", "threads": 2,
+            "command": "x", "calibration_speed": speed_probe.summary([(0.8, 3.0)])}
+    md = check.markdown({"meta": meta, "table": table, "goals": [],
+                         "noise": {"speed": speed_probe.summary([(0.66, 2.0)])}})
+    assert "Speed probe during this run (thread CPU ms, median and spread): compute 0.66 (0.00), memory 2.00 (0.00)" in md
+    assert "Speed probe during the calibration's runs" in md and "compute 0.80" in md
