@@ -20,6 +20,9 @@ Subcommands:
             1.3x throughput goal is read at the lowest load where both systems are past capacity (w5_load.py)
 - seeds:    the simulator over several workload seeds (--seeds 0-9) at one set of rates, continuous+lru and
             codesign by default -> bench/results/<stem>_seeds.*: per-seed ratios and their median (w5_seeds.py)
+- budget:   the simulator once per step token budget (--budgets; the largest prefill chunk a step carries), the
+            systems at the same budget each time -> bench/results/<stem>_budget.*: whether a lead is the budget's
+            (each system is also read at its own best budget; w5_budget.py)
 - report:   re-renders <name>.md/.png from a <name>.json.
 
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
@@ -28,6 +31,7 @@ Subcommands:
     .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
     .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
+    .venv/bin/python bench/w5.py budget --load 1.4 --budgets 128,256,512,1024,2048 --jobs 2  # -> w5_h200_budget.*
     .venv/bin/python bench/w5.py seeds --scale cpu --phase-rates 0.482,0.231 --seeds 0-9   # -> w5_sim_cpu_seeds.*
     .venv/bin/python bench/w5.py cpu --load 1.2 --phase-rates bench/results/w5_capacity_cpu_sim_p50.json \
         --systems continuous+lru,codesign --name w5_cpu_load1.2    # the real engine past continuous+lru's capacity
@@ -47,7 +51,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from kvloop.engine.bench import phases as ph
-from kvloop.engine.bench import w5_load, w5_report, w5_seeds
+from kvloop.engine.bench import w5_budget, w5_load, w5_report, w5_seeds
 from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
 from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.w5_variants import (
@@ -447,11 +451,53 @@ def cmd_seeds(args) -> int:
     return 0
 
 
+def cmd_budget(args) -> int:
+    """The simulator once per step token budget, every system at the same budget (w5_budget.py)."""
+    from dataclasses import replace
+
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.scenarios import sizing_for
+
+    rates, how, load = loaded_rates(*resolve_rates(args.phase_rates, args.scale, "sim"), args.load)
+    systems = args.systems.split(",")
+    for s in systems:
+        parse_variant(s)
+    budgets = sorted({int(b) for b in positive_factors(args.budgets, "--budgets")})
+    profile = args.profile or PROFILE[args.scale]
+    kw = workload_kw(args)
+    p = w5(WORKLOAD[args.scale], rates, **kw).params
+    base = sizing_for(get_profile(profile, args.calibration), p.get("kv_cache_tokens"))
+    t0 = time.time()
+    entries = []
+    for budget in budgets:
+        print(f"step token budget {budget}", file=sys.stderr, flush=True)
+        sizing = replace(base, max_num_batched_tokens=budget)
+        runs = run_sim(systems, args.scale, rates, kw, profile, args.calibration, args.jobs,
+                       {s: sizing for s in systems})
+        entries.append(w5_budget.budget_entry(budget, runs))
+    meta = {"title": f"W5 {args.scale.upper()} scale across step token budgets (simulator, {profile})",
+            "rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load, "seed": args.seed,
+            "default_budget": base.max_num_batched_tokens, "budgets": budgets,
+            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
+            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
+            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); budget: the "
+                                  "scheduler's max_num_batched_tokens for every system of the run"]}
+    report = w5_budget.build(entries, meta, args.scale)
+    w5_budget.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_budget")
+    for g in report["goals"]:
+        print(json.dumps(g, default=str))
+    return 0
+
+
 def cmd_report(args) -> int:
     path = Path(args.json)
     report = json.loads(path.read_text())
     if "loads" in report:  # a `load` sweep's file
         w5_load.write(w5_load.build(report["loads"], report["meta"]), path.parent, path.stem)
+        return 0
+    if "budgets" in report:  # a `budget` sweep's file
+        w5_budget.write(w5_budget.build(report["budgets"], report["meta"], report["scale"]), path.parent, path.stem)
         return 0
     if "seeds" in report:  # a `seeds` sweep's file
         w5_seeds.write(w5_seeds.build(report["seeds"], report["meta"], report["scale"]), path.parent, path.stem)
@@ -511,6 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None, help="file stem (default w5_h200_seeds / w5_sim_cpu_seeds)")
     p.add_argument("--note", action="append", default=[])
     p.set_defaults(func=cmd_seeds)
+    p = sub.add_parser("budget", parents=[common], help="the simulator once per step token budget")
+    p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")
+    p.add_argument("--jobs", type=int, default=1, help="systems simulated in parallel processes")
+    p.add_argument("--budgets", default="128,256,512,1024,2048", help="step token budgets (comma list)")
+    p.add_argument("--systems", default=f"{BASELINE},codesign")
+    p.add_argument("--load", default=None, help="run at this multiple of the rates (--phase-rates)")
+    p.add_argument("--name", default=None, help="file stem (default w5_h200_budget / w5_sim_cpu_budget)")
+    p.add_argument("--note", action="append", default=[])
+    p.set_defaults(func=cmd_budget)
     p = sub.add_parser("capacity", parents=[common], help="a system's capacity per phase kind")
     p.add_argument("--system", default=BASELINE, help="the W5 system probed (continuous+lru sets W5's rates)")
     p.add_argument("--scale", choices=("gpu", "cpu"), default="gpu")

@@ -52,6 +52,14 @@ def ratio(entry: dict, metric: str, system: str = CODESIGN, against: str = BASEL
     return a / b if is_number(a) and is_number(b) and b else None
 
 
+def annotate(entries: list[dict], metrics: dict[str, str]) -> None:
+    """Each entry of a sweep (a seed, a budget) gets codesign / continuous+lru `ratios` per metric (name -> key of
+    the systems' rows) and the systems `past_capacity` in it."""
+    for e in entries:
+        e["ratios"] = {m: ratio(e, key) for m, key in metrics.items()}
+        e["past_capacity"] = [n for n, row in e["systems"].items() if past_capacity(row)]
+
+
 def goals(loads: list[dict]) -> list[dict]:
     """Issue 16's W5 throughput and TTFT goals at the sweep's lowest load where both systems are past capacity."""
     names = ("codesign / continuous+lru output throughput, both past capacity (the sweep's lowest such load)",

@@ -53,9 +53,7 @@ def goals(entries: list[dict], scale: str) -> list[dict]:
 
 def build(entries: list[dict], meta: dict, scale: str) -> dict:
     entries = sorted(entries, key=lambda e: e["seed"])
-    for e in entries:
-        e["ratios"] = {m: w5_load.ratio(e, key) for m, key in METRICS.items()}
-        e["past_capacity"] = [n for n, row in e["systems"].items() if w5_load.past_capacity(row)]
+    w5_load.annotate(entries, METRICS)
     summary = {m: spread([r for e in entries if is_number(r := e["ratios"][m])]) for m in METRICS}
     return {"meta": meta, "scale": scale, "seeds": entries, "summary": summary, "goals": goals(entries, scale)}
 
