@@ -249,7 +249,9 @@ def probe(kind: str, rate: float, args) -> dict:
     kw["duration_s"] = args.probe_duration or 2 * (args.phase or W5_SCALES[WORKLOAD[args.scale]].phase_s)
     rates = (rate, rate)
     if args.engine == "sim":
-        r = sim_one(args.system, args.scale, rates, kw, args.profile or PROFILE[args.scale], args.calibration)
+        profile = args.profile or PROFILE[args.scale]
+        r = sim_one(args.system, args.scale, rates, kw, profile, args.calibration,
+                    base_sizing=budget_sizing(args.budget, profile, args.calibration, w5(WORKLOAD[args.scale], rates, **kw)))
     else:
         import torch
 
@@ -265,6 +267,20 @@ def probe(kind: str, rate: float, args) -> dict:
     print(f"capacity probe {kind} {rate:.3f} req/s: TTFT p50 {w['ttft_p50_s']:.2f} s, p99 {w['ttft_p99_s']:.2f} s, "
           f"{'meets' if meets else 'misses'}", file=sys.stderr, flush=True)
     return out
+
+
+def budget_sizing(budget: int | None, profile: str, calibration: str | None, wl) -> Sizing | None:
+    """The profile's sizing for this workload with its step token budget replaced (None: no budget given, the
+    profile's own sizing)."""
+    if budget is None:
+        return None
+    from dataclasses import replace
+
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.scenarios import sizing_for
+
+    base = sizing_for(get_profile(profile, calibration), wl.params.get("kv_cache_tokens"))
+    return replace(base, max_num_batched_tokens=budget)
 
 
 def _le(x, bound: float) -> bool:
@@ -313,6 +329,8 @@ def capacity_search(kind: str, start: float, iters: int, args) -> dict:
 
 
 def cmd_capacity(args) -> int:
+    if args.budget is not None and args.engine != "sim":
+        raise SystemExit("--budget is the simulator's (the real engine takes its budget from its own sizing)")
     starts = W5_SCALES[WORKLOAD[args.scale]]
     found = {kind: capacity_search(kind, args.start or starts.rate(kind), args.iters, args) for kind in (CHAT, RAG)}
     chosen = {k: round(HEADROOM * d["capacity_req_s"], 3) if d["capacity_req_s"] else None for k, d in found.items()}
@@ -320,12 +338,15 @@ def cmd_capacity(args) -> int:
     how = (f"{args.system} on each phase kind alone ({dur:g} s of arrivals, then the drain; "
            f"{args.engine}), capacity = the highest rate with TTFT P{args.ttft_pct} <= {args.ttft_bound:g} s"
            + (f" and TPOT P99 <= {args.tpot_bound:g} s" if args.tpot_bound else "")
-           + f" and no failures ({args.iters} bisections after bracketing); rates = {HEADROOM:g} x capacity")
+           + f" and no failures ({args.iters} bisections after bracketing); rates = {HEADROOM:g} x capacity"
+           + (f"; step token budget {args.budget}" if args.budget is not None else ""))
     out = {"scale": args.scale, "engine": args.engine, "system": args.system, "how": how, "capacity": found, "chosen_rates": chosen,
            "command": "bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
     path = Path(args.out) / capacity_file(args.scale, args.engine, args.system).name
     if args.ttft_pct != 99:
         path = path.with_name(f"{path.stem}_p{args.ttft_pct}.json")
+    if args.budget is not None:  # beside the default budget's file, compared with the baseline's at the same budget
+        path = path.with_name(f"{path.stem}_budget{args.budget}.json")
     base_file = path.with_name(path.name.replace(f"_{args.system}", "")) if args.system != BASELINE else None
     baseline = ({k: d["capacity_req_s"] for k, d in json.loads(base_file.read_text())["capacity"].items()}
                 if base_file is not None and base_file.exists() else None)
@@ -577,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttft-pct", type=int, choices=(50, 99), default=99,
                    help="99: WORKLOADS.md's capacity SLO; 50: near saturation (the median request barely queues)")
     p.add_argument("--tpot-bound", type=float, default=None)
+    p.add_argument("--budget", type=int, default=None, help="simulator: step token budget (default: the profile's)")
     p.set_defaults(func=cmd_capacity)
     p = sub.add_parser("report", help="re-render the markdown and plots of a W5 (or W5 load or seeds sweep) JSON")
     p.add_argument("json")

@@ -52,3 +52,26 @@ def test_an_empty_probe_stops_the_search(w5, monkeypatch):
     with_ttft(w5, monkeypatch, lambda r: 50.0 if r > 0.3 else math.nan)
     found = w5.capacity_search("rag", 0.4, 3, ARGS)
     assert found["capacity_req_s"] is None and found["unattainable"]
+
+
+def test_a_budget_reaches_the_probes_sizing(w5, monkeypatch):
+    """capacity --budget N: each simulator probe runs with the profile's sizing at that step token budget (and
+    without it, with the profile's own sizing)."""
+    seen = []
+
+    def sim_one(name, scale, rates, kw, profile, calibration=None, sample_every_s=1.0, base_sizing=None):
+        seen.append(base_sizing)
+        return {"whole": {"failed": 0, "ttft_p50_s": 0.5, "ttft_p99_s": 1.0, "tpot_p99_s": 0.1,
+                          "output_throughput_tok_s": 1.0, "request_throughput_req_s": 1.0, "preemptions": 0,
+                          "kv_use_mean": 0.1}}
+
+    monkeypatch.setattr(w5, "sim_one", sim_one)
+    args = SimpleNamespace(seed=0, duration=None, phase=60.0, probe_duration=30.0, scale="gpu", engine="sim",
+                           system="codesign", profile=None, calibration=None, ttft_pct=50, ttft_bound=2.0,
+                           tpot_bound=None, budget=256)
+    assert w5.probe("chat", 1.0, args)["meets"]
+    args.budget = None
+    w5.probe("chat", 1.0, args)
+    assert seen[0].max_num_batched_tokens == 256 and seen[1] is None
+    with pytest.raises(SystemExit):
+        w5.main(["capacity", "--engine", "real", "--budget", "256"])
