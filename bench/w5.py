@@ -131,6 +131,13 @@ def loaded_rates(rates: tuple[float, float], how: str, load: str | None) -> tupl
     return (rates[0] * f[0], rates[1] * f[0]), f"{f[0]:g} x W5's rates ({rates[0]:g}/{rates[1]:g} req/s: {how})", f[0]
 
 
+def checked_systems(names: list[str]) -> list[str]:
+    """The W5 system names, each parsed first: a bad one fails before hours of running."""
+    for name in names:
+        parse_variant(name)
+    return names
+
+
 def workload_kw(args) -> dict:
     kw = {"seed": args.seed}
     if args.duration:
@@ -251,7 +258,7 @@ def probe(kind: str, rate: float, args) -> dict:
     if args.engine == "sim":
         profile = args.profile or PROFILE[args.scale]
         r = sim_one(args.system, args.scale, rates, kw, profile, args.calibration,
-                    base_sizing=budget_sizing(args.budget, profile, args.calibration, w5(WORKLOAD[args.scale], rates, **kw)))
+                    base_sizing=budget_sizing(args.budget, args.scale, profile, args.calibration))
     else:
         import torch
 
@@ -269,18 +276,33 @@ def probe(kind: str, rate: float, args) -> dict:
     return out
 
 
-def budget_sizing(budget: int | None, profile: str, calibration: str | None, wl) -> Sizing | None:
-    """The profile's sizing for this workload with its step token budget replaced (None: no budget given, the
-    profile's own sizing)."""
+def w5_sizing(scale: str, profile: str, calibration: str | None) -> Sizing:
+    """The profile's sizing for W5 at this scale, with the device pool W5 prescribes (as sim_one sizes a run)."""
+    from kvloop.engine.sim.profiles import get_profile
+    from kvloop.engine.sim.scenarios import sizing_for
+
+    return sizing_for(get_profile(profile, calibration), W5_SCALES[WORKLOAD[scale]].kv_cache_tokens)
+
+
+def budget_sizing(budget: int | None, scale: str, profile: str, calibration: str | None) -> Sizing | None:
+    """w5_sizing at step token budget `budget` (None: no budget given, sim_one's own sizing)."""
     if budget is None:
         return None
     from dataclasses import replace
 
-    from kvloop.engine.sim.profiles import get_profile
-    from kvloop.engine.sim.scenarios import sizing_for
+    return replace(w5_sizing(scale, profile, calibration), max_num_batched_tokens=budget)
 
-    base = sizing_for(get_profile(profile, calibration), wl.params.get("kv_cache_tokens"))
-    return replace(base, max_num_batched_tokens=budget)
+
+def sweep_meta(args, title: str, phase_rates: tuple[float, float], systems: list[str], t0: float, note: str,
+               **fields) -> dict:
+    """A simulator sweep's meta (load, seeds, budget): its title and own fields, W5's phases at these rates, the
+    systems, when and how long it ran, the command line and the notes (--note first). phase_rates: the rates its W5
+    is built with (only its phase lengths are read)."""
+    p = w5(WORKLOAD[args.scale], phase_rates, **workload_kw(args)).params
+    return {"title": title, **fields, "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
+            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
+            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
+            "notes": args.note + [note]}
 
 
 def _le(x, bound: float) -> bool:
@@ -374,9 +396,7 @@ def cmd_run(args) -> int:
     default = PERIODS if engine == "sim" else ()
     periods = tuple(float(p) for p in args.periods.split(",") if p) if args.periods is not None else default
     caps = tuple(int(c) for c in args.caps.split(",")) if args.caps else None
-    systems = args.systems.split(",") if args.systems else w5_systems(scale, periods, caps)
-    for s in systems:
-        parse_variant(s)  # fail before hours of running
+    systems = checked_systems(args.systems.split(",") if args.systems else w5_systems(scale, periods, caps))
     probe_wl = w5(WORKLOAD[scale], rates, **kw)
     t0 = time.time()
     runs = (run_sim(systems, scale, rates, kw, args.profile or PROFILE[scale], args.calibration, args.jobs)
@@ -414,9 +434,7 @@ def cmd_load(args) -> int:
     """The simulator at multiples of W5's rates (`--factors`): where the systems' throughputs part (w5_load.py)."""
     rates, how = resolve_rates(args.phase_rates, args.scale, "sim")
     kw = workload_kw(args)
-    systems = args.systems.split(",")
-    for s in systems:
-        parse_variant(s)
+    systems = checked_systems(args.systems.split(","))
     factors = positive_factors(args.factors, "--factors")
     t0 = time.time()
     loads = []
@@ -426,14 +444,10 @@ def cmd_load(args) -> int:
         runs = run_sim(systems, args.scale, scaled, kw, args.profile or PROFILE[args.scale], args.calibration,
                        args.jobs)
         loads.append(w5_load.load_entry(f, {CHAT: scaled[0], RAG: scaled[1]}, runs))
-    p = w5(WORKLOAD[args.scale], rates, **kw).params
-    meta = {"title": f"W5 {args.scale.upper()} scale under rising load (simulator, {args.profile or PROFILE[args.scale]})",
-            "base_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "factors": factors,
-            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
-            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
-            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); rejected: "
-                                  "requests refused at a full queue (they count in no throughput)"]}
+    meta = sweep_meta(args, f"W5 {args.scale.upper()} scale under rising load (simulator, {args.profile or PROFILE[args.scale]})",
+                      rates, systems, t0, "throughput: output tokens / makespan (first send to last finish); rejected: "
+                      "requests refused at a full queue (they count in no throughput)",
+                      base_rates={CHAT: rates[0], RAG: rates[1]}, rates_how=how, factors=factors)
     report = w5_load.build(loads, meta)
     w5_load.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_load")
     for g in report["goals"]:
@@ -444,9 +458,7 @@ def cmd_load(args) -> int:
 def cmd_seeds(args) -> int:
     """The simulator over several workload seeds at one set of rates (w5_seeds.py): the ratios' spread."""
     rates, how, load = loaded_rates(*resolve_rates(args.phase_rates, args.scale, "sim"), args.load)
-    systems = args.systems.split(",")
-    for s in systems:
-        parse_variant(s)
+    systems = checked_systems(args.systems.split(","))
     seeds = seed_list(args.seeds)
     profile = args.profile or PROFILE[args.scale]
     t0 = time.time()
@@ -456,15 +468,11 @@ def cmd_seeds(args) -> int:
         runs = run_sim(systems, args.scale, rates, {**workload_kw(args), "seed": seed}, profile, args.calibration,
                        args.jobs)
         entries.append(w5_seeds.seed_entry(seed, runs))
-    p = w5(WORKLOAD[args.scale], rates, **workload_kw(args)).params
-    meta = {"title": f"W5 {args.scale.upper()} scale over {len(seeds)} seeds (simulator, {profile})",
-            "rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load, "seeds": seeds,
-            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
-            "calibration": args.calibration if args.scale == "cpu" else None,
-            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
-            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); kept up: TTFT "
-                                  f"P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s"]}
+    meta = sweep_meta(args, f"W5 {args.scale.upper()} scale over {len(seeds)} seeds (simulator, {profile})", rates,
+                      systems, t0, "throughput: output tokens / makespan (first send to last finish); kept up: TTFT "
+                      f"P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s", rates={CHAT: rates[0], RAG: rates[1]},
+                      rates_how=how, load=load, seeds=seeds,
+                      calibration=args.calibration if args.scale == "cpu" else None)
     report = w5_seeds.build(entries, meta, args.scale)
     w5_seeds.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_seeds")
     for g in report["goals"]:
@@ -474,36 +482,25 @@ def cmd_seeds(args) -> int:
 
 def cmd_budget(args) -> int:
     """The simulator once per step token budget, every system at the same budget (w5_budget.py)."""
-    from dataclasses import replace
-
-    from kvloop.engine.sim.profiles import get_profile
-    from kvloop.engine.sim.scenarios import sizing_for
-
     rates, how, load = loaded_rates(*resolve_rates(args.phase_rates, args.scale, "sim"), args.load)
-    systems = args.systems.split(",")
-    for s in systems:
-        parse_variant(s)
+    systems = checked_systems(args.systems.split(","))
     budgets = sorted({int(b) for b in positive_factors(args.budgets, "--budgets")})
     profile = args.profile or PROFILE[args.scale]
     kw = workload_kw(args)
-    p = w5(WORKLOAD[args.scale], rates, **kw).params
-    base = sizing_for(get_profile(profile, args.calibration), p.get("kv_cache_tokens"))
     t0 = time.time()
     entries = []
     for budget in budgets:
         print(f"step token budget {budget}", file=sys.stderr, flush=True)
-        sizing = replace(base, max_num_batched_tokens=budget)
+        sizing = budget_sizing(budget, args.scale, profile, args.calibration)
         runs = run_sim(systems, args.scale, rates, kw, profile, args.calibration, args.jobs,
                        {s: sizing for s in systems})
         entries.append(w5_budget.budget_entry(budget, runs))
-    meta = {"title": f"W5 {args.scale.upper()} scale across step token budgets (simulator, {profile})",
-            "rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load, "seed": args.seed,
-            "default_budget": base.max_num_batched_tokens, "budgets": budgets,
-            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
-            "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
-            "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
-            "notes": args.note + ["throughput: output tokens / makespan (first send to last finish); budget: the "
-                                  "scheduler's max_num_batched_tokens for every system of the run"]}
+    meta = sweep_meta(args, f"W5 {args.scale.upper()} scale across step token budgets (simulator, {profile})",
+                      rates, systems, t0, "throughput: output tokens / makespan (first send to last finish); budget: "
+                      "the scheduler's max_num_batched_tokens for every system of the run",
+                      rates={CHAT: rates[0], RAG: rates[1]}, rates_how=how, load=load, seed=args.seed,
+                      default_budget=w5_sizing(args.scale, profile, args.calibration).max_num_batched_tokens,
+                      budgets=budgets)
     report = w5_budget.build(entries, meta, args.scale)
     w5_budget.write(report, Path(args.out), args.name or f"{STEM[('sim', args.scale)]}_budget")
     for g in report["goals"]:

@@ -9,7 +9,6 @@ credited to codesign. Issue 16's codesign / continuous+lru goals (w5_report.GOAL
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from kvloop.engine.bench import w5_load, w5_report
@@ -32,15 +31,10 @@ def best_budget(entries: list[dict], system: str) -> dict | None:
     return max(ran, key=lambda e: e["systems"][system][key]) if ran else None
 
 
-def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
-    x, y = (a or {}).get(key), (b or {}).get(key)
-    return x / y if is_number(x) and is_number(y) and y > 0 else None
-
-
-def goals(entries: list[dict], scale: str, default_budget: int) -> list[dict]:
-    """The scale's codesign / continuous+lru goals, both at the default budget and each at its best budget."""
+def goals(entries: list[dict], best: dict[str, dict | None], scale: str, default_budget: int) -> list[dict]:
+    """The scale's codesign / continuous+lru goals, both at the default budget and each at its best budget
+    (`best`: system -> its best entry)."""
     same = next((e for e in entries if e["budget"] == default_budget), None)
-    best = {s: best_budget(entries, s) for s in (CODESIGN, BASELINE)}
     out = []
     for name, metric, system, against, op, bound in w5_report.GOALS[scale]:
         if (system, against) != (CODESIGN, BASELINE):
@@ -49,11 +43,13 @@ def goals(entries: list[dict], scale: str, default_budget: int) -> list[dict]:
         if same is None:
             out.append(goal(f"{name}, both at budget {default_budget}", None, op, bound, status="not run"))
         else:
-            out.append(goal(f"{name}, both at budget {default_budget}",
-                            _ratio(same["systems"].get(system), same["systems"].get(against), key), op, bound))
-        b_sys, b_against = best[system], best[against]
-        value = None if b_sys is None or b_against is None else _ratio(
-            b_sys["systems"][system], b_against["systems"][against], key)
+            out.append(goal(f"{name}, both at budget {default_budget}", w5_load.ratio(same, key, system, against),
+                            op, bound))
+        b_sys, b_against = best.get(system), best.get(against)
+        value = None
+        if b_sys is not None and b_against is not None:
+            value = w5_load.ratio({"systems": {system: b_sys["systems"][system],
+                                               against: b_against["systems"][against]}}, key, system, against)
         out.append(goal(f"{name}, each at its best budget", value, op, bound,
                         budgets={system: b_sys and b_sys["budget"], against: b_against and b_against["budget"]}))
     return out
@@ -62,15 +58,16 @@ def goals(entries: list[dict], scale: str, default_budget: int) -> list[dict]:
 def build(entries: list[dict], meta: dict, scale: str) -> dict:
     entries = sorted(entries, key=lambda e: e["budget"])
     w5_load.annotate(entries, METRICS)
-    best = {s: (b["budget"] if (b := best_budget(entries, s)) else None) for s in meta["systems"]}
-    return {"meta": meta, "scale": scale, "budgets": entries, "best_budget": best,
-            "goals": goals(entries, scale, meta["default_budget"])}
+    best = {s: best_budget(entries, s) for s in dict.fromkeys([*meta["systems"], CODESIGN, BASELINE])}
+    return {"meta": meta, "scale": scale, "budgets": entries,
+            "best_budget": {s: e["budget"] if e else None for s, e in best.items() if s in meta["systems"]},
+            "goals": goals(entries, best, scale, meta["default_budget"])}
 
 
 def markdown(report: dict, plots: list[str]) -> str:
     meta = report["meta"]
     systems = meta["systems"]
-    lines = [f"# {meta['title']}", "",
+    lines = [f"# {meta['title']}", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
              f"Rates: chat {meta['rates']['chat']:.3f}, RAG {meta['rates']['rag']:.3f} req/s ({meta['rates_how']}); "
              f"{meta['phase_s']:g} s phases, {meta['duration_s']:g} s in all; seed {meta['seed']}. The scale's "
              f"default budget is {meta['default_budget']}. Started {meta['started']}, {meta['wall_s']:g} s.", "",
@@ -89,23 +86,13 @@ def markdown(report: dict, plots: list[str]) -> str:
     lines += ["", "Best budget (highest output throughput): "
               + ", ".join(f"{s} {b}" for s, b in report["best_budget"].items()) + ".", "",
               "(behind): TTFT P50 above W5's keeps-up bound "
-              f"({w5_report.KEEPS_UP_TTFT_P50_S:g} s): the run fell behind its arrivals.", "", "## Goals", ""]
-    for g in report["goals"]:
-        lines.append(f"- [{'x' if g['met'] else ' '}] {g['name']}: {fmt(g['value'], 3)} ({g['op']} {g['bound']:g})"
-                     + (f"; budgets {g['budgets']}" if g.get("budgets") else ""))
-    lines += ["", "## Notes", ""] + [f"- {n}" for n in meta.get("notes", [])]
-    lines += ["", "Commands:", ""] + [f"    {c}" for c in meta.get("commands", [])]
-    lines += [""] + [f"![{p}]({p})" for p in plots]
-    return "\n".join(lines) + "\n"
+              f"({w5_report.KEEPS_UP_TTFT_P50_S:g} s): the run fell behind its arrivals."]
+    return "\n".join(lines + w5_load.sweep_tail(report, plots)) + "\n"
 
 
 def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = w5_report.pyplot()
+    if plt is None:
         return []
     budgets = [e["budget"] for e in report["budgets"]]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -114,19 +101,15 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
             ax.plot(budgets, [(e["systems"].get(s) or {}).get(key) for e in report["budgets"]], marker="o", label=s)
     for ax, title in zip(axes, ("output throughput, tok/s", "TTFT P99, s"), strict=True):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("step token budget")
-        ax.set_title(title)
+        ax.set(xlabel="step token budget", title=title)
         ax.legend()
     axes[1].set_yscale("log")
     fig.tight_layout()
-    name = f"{stem}.png"
-    fig.savefig(out_dir / name, dpi=100)
+    p = out_dir / f"{stem}.png"
+    fig.savefig(p, dpi=100)
     plt.close(fig)
-    return [name]
+    return [str(p)]
 
 
 def write(report: dict, out_dir: Path, stem: str) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (out_dir / f"{stem}.md").write_text(markdown(report, plot(report, out_dir, stem)))
-    return report
+    return w5_report.write(report, out_dir, stem, plot, markdown)

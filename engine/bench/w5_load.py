@@ -106,12 +106,17 @@ def markdown(report: dict, plots: list[str]) -> str:
                          f"{fmt(row['duration_s'], 0)} | {'yes' if past_capacity(row) else 'no'} |")
     lines += ["", "## codesign / continuous+lru at each load", "", "| load | throughput x | TTFT P99 x |", "|---|---|---|"]
     lines += [f"| x{e['factor']:g} | {fmt(e['ratios']['throughput'])} | {fmt(e['ratios']['ttft_p99'])} |" for e in loads]
-    lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
+    return "\n".join(lines + sweep_tail(report, plots)) + "\n"
+
+
+def sweep_tail(report: dict, plots: list[str]) -> list[str]:
+    """The closing lines of a sweep's markdown (loads, seeds, budgets): its goals, plots, commands and notes."""
+    m = report["meta"]
+    lines = ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     lines += ["", "## Commands", ""] + [f"    {c}" for c in m.get("commands", [])]
-    lines += [f"- {n}" for n in m.get("notes", [])]
-    return "\n".join(lines) + "\n"
+    return lines + [f"- {n}" for n in m.get("notes", [])]
 
 
 def plot(report: dict, out_dir: Path, stem: str) -> list[str]:

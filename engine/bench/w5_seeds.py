@@ -78,12 +78,7 @@ def markdown(report: dict, plots: list[str]) -> str:
     lines += ["", "| ratio | median | min | max | seeds |", "|---|---|---|---|---|"]
     lines += [f"| {k} | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | {s['seeds']} |"
               for k, s in report["summary"].items()]
-    lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
-    lines += ["", "## Commands", ""] + [f"    {c}" for c in m.get("commands", [])]
-    lines += [f"- {n}" for n in m.get("notes", [])]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + w5_load.sweep_tail(report, plots)) + "\n"
 
 
 def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
