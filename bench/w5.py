@@ -25,12 +25,16 @@ Subcommands:
             (each system is also read at its own best budget; w5_budget.py)
 - report:   re-renders <name>.md/.png from a <name>.json.
 
+The coordinator steers its step token budget to a TPOT P50 objective (--coord-tpot; default GPU 50 ms, CPU none:
+w5_variants.TPOT_OBJECTIVE_S); the fixed caps and the other systems keep the sizing's budget.
+
     .venv/bin/python bench/w5.py capacity --scale gpu --ttft-pct 50         # the sim; ~4 CPU minutes
     .venv/bin/python bench/w5.py sim --phase-rates bench/results/w5_capacity_gpu_sim_p50.json --jobs 2
     .venv/bin/python bench/w5.py capacity --scale cpu --engine real --ttft-pct 50   # quiet machine, ~1 h
     .venv/bin/python bench/w5.py cpu --phase-rates bench/results/w5_capacity_cpu_real_p50.json  # ~15 min/system
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
     .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
+    .venv/bin/python bench/w5.py sim --load 1.4 --jobs 2 --name w5_h200_load1.4   # all 14 systems, ~10 min
     .venv/bin/python bench/w5.py budget --load 1.4 --budgets 128,256,512,1024,2048 --jobs 2  # -> w5_h200_budget.*
     .venv/bin/python bench/w5.py seeds --scale cpu --phase-rates 0.482,0.231 --seeds 0-9   # -> w5_sim_cpu_seeds.*
     .venv/bin/python bench/w5.py cpu --load 1.2 --phase-rates bench/results/w5_capacity_cpu_sim_p50.json \
@@ -57,9 +61,11 @@ from kvloop.engine.bench.sizing import Sizing
 from kvloop.engine.bench.w5_variants import (
     FIXED_CAPS,
     PERIODS,
+    coordinator_base,
     coordinator_settings,
     parse_variant,
     sized,
+    tpot_objective,
     w5_systems,
 )
 from kvloop.engine.bench.w5_workload import CHAT, RAG, W5_SCALES, parse_phase_rates, phases_of, w5
@@ -149,10 +155,12 @@ def workload_kw(args) -> dict:
 
 # ---- the simulator -------------------------------------------------------------------------------------
 def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile_name: str,
-            calibration: str | None = None, sample_every_s: float = 1.0, base_sizing: Sizing | None = None) -> dict:
+            calibration: str | None = None, sample_every_s: float = 1.0, base_sizing: Sizing | None = None,
+            coord_tpot_s: float | None = None) -> dict:
     """One system through W5 in the simulator -> its summary (runs in a worker process). base_sizing: the
     sizing before the variant's cap (default: the profile's, with the pool the workload prescribes); the
-    fidelity check (sim_fidelity.py --w5) passes the real engine's."""
+    fidelity check (sim_fidelity.py --w5) passes the real engine's. coord_tpot_s: the coordinator's TPOT
+    objective (None: the scale's, w5_variants.TPOT_OBJECTIVE_S; 0: none)."""
     from kvloop.engine.sim.profiles import get_profile
     from kvloop.engine.sim.scenarios import sizing_for
     from kvloop.engine.sim.simulator import SimConfig, Simulator
@@ -165,7 +173,8 @@ def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile
     prof = get_profile(profile_name, calibration)
     v = parse_variant(name)
     sizing = sized(v, base_sizing or sizing_for(prof, wl.params.get("kv_cache_tokens")))
-    fb, events = coordinator_settings(v, None, max(FIXED_CAPS[scale]))
+    base = coordinator_base(tpot_objective(scale, coord_tpot_s))
+    fb, events = coordinator_settings(v, base, max(FIXED_CAPS[scale]))
     sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sizing, feedback=fb,
                                                        sample_every_s=sample_every_s))
     res = sim.run()
@@ -178,10 +187,12 @@ def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile
 
 
 def run_sim(systems: list[str], scale: str, rates, kw: dict, profile: str, calibration: str | None = None,
-            jobs: int = 1, sizings: dict[str, Sizing] | None = None) -> dict[str, dict]:
+            jobs: int = 1, sizings: dict[str, Sizing] | None = None, coord_tpot_s: float | None = None
+            ) -> dict[str, dict]:
     """Each system through W5 in the simulator, `jobs` at a time; sizings: base sizing per system (default: the
-    profile's)."""
-    jobs_args = [(n, scale, rates, kw, profile, calibration, 1.0, (sizings or {}).get(n)) for n in systems]
+    profile's); coord_tpot_s: as sim_one's."""
+    jobs_args = [(n, scale, rates, kw, profile, calibration, 1.0, (sizings or {}).get(n), coord_tpot_s)
+                 for n in systems]
     runs: dict[str, dict] = {}
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
@@ -210,7 +221,8 @@ def engine_one(name: str, wl, sizing, args, slo: SLO) -> dict:
     from kvloop.engine.bench.guard import NoiseGuard
     from kvloop.engine.bench.w5_engine import variant_target
 
-    target, events = variant_target(name, sizing, args.threads, None, max(FIXED_CAPS["cpu"]))
+    base = coordinator_base(tpot_objective("cpu", args.coord_tpot))
+    target, events = variant_target(name, sizing, args.threads, base, max(FIXED_CAPS["cpu"]))
     try:
         res = run_workload(wl, target, progress=not args.no_progress, timeout_s=args.timeout,
                            guard=NoiseGuard(max_other_cores=args.max_other_cores))
@@ -258,7 +270,8 @@ def probe(kind: str, rate: float, args) -> dict:
     if args.engine == "sim":
         profile = args.profile or PROFILE[args.scale]
         r = sim_one(args.system, args.scale, rates, kw, profile, args.calibration,
-                    base_sizing=budget_sizing(args.budget, args.scale, profile, args.calibration))
+                    base_sizing=budget_sizing(args.budget, args.scale, profile, args.calibration),
+                    coord_tpot_s=args.coord_tpot)
     else:
         import torch
 
@@ -299,7 +312,8 @@ def sweep_meta(args, title: str, phase_rates: tuple[float, float], systems: list
     systems, when and how long it ran, the command line and the notes (--note first). phase_rates: the rates its W5
     is built with (only its phase lengths are read)."""
     p = w5(WORKLOAD[args.scale], phase_rates, **workload_kw(args)).params
-    return {"title": title, **fields, "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
+    return {"title": title, **fields, "coordinator_tpot_p50_s": tpot_objective(args.scale, args.coord_tpot),
+            "phase_s": p["phase_s"], "duration_s": p["duration_s"], "systems": systems,
             "wall_s": round(time.time() - t0, 1), "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
             "commands": [".venv/bin/python bench/w5.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])],
             "notes": args.note + [note]}
@@ -399,13 +413,14 @@ def cmd_run(args) -> int:
     systems = checked_systems(args.systems.split(",") if args.systems else w5_systems(scale, periods, caps))
     probe_wl = w5(WORKLOAD[scale], rates, **kw)
     t0 = time.time()
-    runs = (run_sim(systems, scale, rates, kw, args.profile or PROFILE[scale], args.calibration, args.jobs)
-            if engine == "sim" else run_engine(args, systems, rates, kw))
+    runs = (run_sim(systems, scale, rates, kw, args.profile or PROFILE[scale], args.calibration, args.jobs,
+                    coord_tpot_s=args.coord_tpot) if engine == "sim" else run_engine(args, systems, rates, kw))
     p = probe_wl.params
     meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale ({'simulator, ' if engine == 'sim' else ''}"
                      f"{args.profile or PROFILE[scale] if engine == 'sim' else 'real engine, embedded SmolLM2-135M'})",
             "workload": probe_wl.name, "engine": engine, "profile": (args.profile or PROFILE[scale]) if engine == "sim"
             else "embedded SmolLM2-135M", "phase_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how, "load": load,
+            "coordinator_tpot_p50_s": tpot_objective(scale, args.coord_tpot),
             "phase_s": p["phase_s"], "duration_s": p["duration_s"], "requests": len(probe_wl.requests),
             "sessions": len(probe_wl.sessions), "num_requests": probe_wl.num_requests,
             "phases": p["phases"], "workload_params": {k: v for k, v in p.items() if k != "phases"},
@@ -442,7 +457,7 @@ def cmd_load(args) -> int:
         scaled = (rates[0] * f, rates[1] * f)
         print(f"load x{f:g}: chat {scaled[0]:.3f}, rag {scaled[1]:.3f} req/s", file=sys.stderr, flush=True)
         runs = run_sim(systems, args.scale, scaled, kw, args.profile or PROFILE[args.scale], args.calibration,
-                       args.jobs)
+                       args.jobs, coord_tpot_s=args.coord_tpot)
         loads.append(w5_load.load_entry(f, {CHAT: scaled[0], RAG: scaled[1]}, runs))
     meta = sweep_meta(args, f"W5 {args.scale.upper()} scale under rising load (simulator, {args.profile or PROFILE[args.scale]})",
                       rates, systems, t0, "throughput: output tokens / makespan (first send to last finish); rejected: "
@@ -466,7 +481,7 @@ def cmd_seeds(args) -> int:
     for seed in seeds:
         print(f"seed {seed}", file=sys.stderr, flush=True)
         runs = run_sim(systems, args.scale, rates, {**workload_kw(args), "seed": seed}, profile, args.calibration,
-                       args.jobs)
+                       args.jobs, coord_tpot_s=args.coord_tpot)
         entries.append(w5_seeds.seed_entry(seed, runs))
     meta = sweep_meta(args, f"W5 {args.scale.upper()} scale over {len(seeds)} seeds (simulator, {profile})", rates,
                       systems, t0, "throughput: output tokens / makespan (first send to last finish); kept up: TTFT "
@@ -493,7 +508,7 @@ def cmd_budget(args) -> int:
         print(f"step token budget {budget}", file=sys.stderr, flush=True)
         sizing = budget_sizing(budget, args.scale, profile, args.calibration)
         runs = run_sim(systems, args.scale, rates, kw, profile, args.calibration, args.jobs,
-                       {s: sizing for s in systems})
+                       {s: sizing for s in systems}, args.coord_tpot)
         entries.append(w5_budget.budget_entry(budget, runs))
     meta = sweep_meta(args, f"W5 {args.scale.upper()} scale across step token budgets (simulator, {profile})",
                       rates, systems, t0, "throughput: output tokens / makespan (first send to last finish); budget: "
@@ -543,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--no-progress", action="store_true")
     common.add_argument("--slo-ttft", type=float, default=2.0)
     common.add_argument("--slo-tpot", type=float, default=0.25)
+    common.add_argument("--coord-tpot", type=float, default=None,
+                        help="the coordinator's TPOT P50 objective s, which steers its step token budget (default: "
+                             "GPU 0.05, CPU none; 0: none)")
     common.add_argument("--out", default=str(RESULTS))
     for name, helptext in (("sim", "the simulator"), ("cpu", "the real engine at CPU scale")):
         p = sub.add_parser(name, parents=[common], help=helptext)

@@ -42,11 +42,13 @@ hold the engine's own budget):
      from the same budget, and prefills need room) -> raise (decode_floor);
   2. nothing prefilling or waiting -> hold (no_prefill_waiting);
   3. no row decoding -> raise (nothing_decoding);
-  4. TPOT P50 above the objective -> lower by cut_factor, at most max_step, not under the floor
+  4. less than budget_settle_s since the budget last changed (the periods since x period_s) -> hold
+     (settling: the TPOT P50 cannot show the change yet);
+  5. TPOT P50 above the objective -> lower by cut_factor, at most max_step, not under the floor
      (tpot_objective);
-  5. TPOT P50 below tpot_headroom x the objective -> raise by max_step, hysteresis_periods after a cut
+  6. TPOT P50 below tpot_headroom x the objective -> raise by max_step, hysteresis_periods after a cut
      (tpot_headroom);
-  6. otherwise hold (tpot_in_band, tpot_unknown).
+  7. otherwise hold (tpot_in_band, tpot_unknown).
 The budget never goes above the engine's configured budget (its ceiling, from the snapshot).
 Every change is clamped to [min, max]; a change the clamp swallows is a hold with reason "at_min"/"at_max".
 Every decision carries the inputs it was taken on.
@@ -153,6 +155,7 @@ class ControlLaw:
         self._anchor: int | None = None  # the memory-derived maximum the cap was last placed at (or the lowest since)
         self._placed = False
         self._since_cut = self._since_budget_cut = s.law.hysteresis_periods  # periods since the last cut
+        self._budget_periods = math.inf  # periods since the step budget last changed
         self._streak = {"w_up": 0, "w_down": 0}
         self._last_event = -math.inf
         self.quiet_periods = 0  # consecutive periods without a change
@@ -184,8 +187,11 @@ class ControlLaw:
         self._observe(obs)
         self._since_cut += 1
         self._since_budget_cut += 1
+        self._budget_periods += 1
         decisions = [self._cap(obs), self._watermark(obs), self._budget(obs)]
         self._apply(decisions)
+        if decisions[-1].changed:
+            self._budget_periods = 0
         self.quiet_periods = 0 if any(d.changed for d in decisions) else self.quiet_periods + 1
         return decisions
 
@@ -360,6 +366,8 @@ class ControlLaw:
             return self._move("step_token_budget", b, bounds.max, bounds, "nothing_decoding", inputs)
         if o.tpot_p50_s is None:
             return Decision("step_token_budget", b, b, "tpot_unknown", inputs)
+        if self._budget_periods * s.period_s < p.budget_settle_s:
+            return Decision("step_token_budget", b, b, "settling", inputs)
         if o.tpot_p50_s > objective:
             self._since_budget_cut = 0
             target = max(floor, math.floor(b * p.cut_factor))

@@ -65,6 +65,10 @@ class LawParams:
     converged_periods: int = 3  # periods without a change that count as converged
     footprint_shift: float = 0.25  # the memory-derived maximum moved up this share: the traffic changed, re-place
     tpot_headroom: float = 0.8  # TPOT P50 below this share of its objective: room to raise the step budget
+    # After a step budget change its TPOT rules wait this long: the TPOT P50 the engine publishes covers its last
+    # 256 finished requests, each over its whole decode, so it shows a change tens of seconds late; a loop faster
+    # than that acts on TPOTs from before its own change and swings the budget from bound to bound.
+    budget_settle_s: float = 30.0
     event_preemptions: int = 3  # preemptions between two samples that make a burst (the event path cuts)
     event_queue_growth: float = 0.5  # queue growth between two samples, as a share of the cap, that is a surge
     event_cooldown_s: float = 10.0  # at most one event decision this often
@@ -122,8 +126,10 @@ def parse_settings(raw: dict | None) -> Settings:
                        for f in fields(LawParams) if f.name in law_raw})
     if not 0 < law.kv_band_low <= law.kv_band_high <= 1 or not 0 < law.cut_factor < 1:
         raise SettingsError("law: need 0 < kv_band_low <= kv_band_high <= 1 and 0 < cut_factor < 1")
-    if not 0 < law.tpot_headroom <= 1 or law.footprint_shift <= 0 or law.event_cooldown_s < 0:
-        raise SettingsError("law: need 0 < tpot_headroom <= 1, footprint_shift > 0 and event_cooldown_s >= 0")
+    if (not 0 < law.tpot_headroom <= 1 or law.footprint_shift <= 0 or law.event_cooldown_s < 0
+            or law.budget_settle_s < 0):
+        raise SettingsError("law: need 0 < tpot_headroom <= 1, footprint_shift > 0, event_cooldown_s >= 0 and "
+                            "budget_settle_s >= 0")
     period = float(raw.get("period_s", d.period_s))
     if period <= 0:
         raise SettingsError("period_s must be > 0")

@@ -91,7 +91,9 @@ def markdown(report: dict, plots: list[str]) -> str:
     systems = list(dict.fromkeys(n for e in loads for n in e["systems"]))
     lines = [f"# {m.get('title', 'W5 under rising load')}", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
              f"Base rates (x1): {json.dumps(m.get('base_rates'))} ({m.get('rates_how', '')}); "
-             f"phases of {m.get('phase_s')} s for {m.get('duration_s')} s of arrivals, then the drain.", "",
+             f"phases of {m.get('phase_s')} s for {m.get('duration_s')} s of arrivals, then the drain."
+             + (f" The coordinator's TPOT P50 objective (it steers the step token budget): "
+                f"{m['coordinator_tpot_p50_s']:g} s." if m.get("coordinator_tpot_p50_s") else ""), "",
              "| load | rates chat/rag req/s | system | out tok/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | preempt | "
              "rejected | makespan s | past capacity |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in loads:

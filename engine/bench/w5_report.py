@@ -203,7 +203,7 @@ def markdown(report: dict, plots: list[str]) -> str:
     lines = [f"# {m.get('title', 'W5')}", ""] + ([m["summary"], ""] if m.get("summary") else []) + [
         "| | |", "|---|---|"]
     for k in ("workload", "profile", "phase_rates", "phase_s", "duration_s", "requests", "sessions", "sizing",
-              "rates_how"):
+              "rates_how", "coordinator_tpot_p50_s"):
         if k in m:
             lines.append(f"| {k} | {json.dumps(m[k], default=str) if isinstance(m[k], dict | list) else m[k]} |")
     lines += ["", "## Whole run", "",

@@ -18,6 +18,11 @@ from kvloop.engine.scheduler.policy import get_policy
 # Fixed caps swept through W5's phases (WORKLOADS.md), and the coordinator periods of issue 16.
 FIXED_CAPS = {"gpu": (16, 32, 64, 128, 256, 512), "cpu": (4, 8, 16, 32, 64)}
 PERIODS = (1.0, 5.0, 10.0, 30.0, 60.0)
+# The coordinator's TPOT P50 objective per scale: what steers its step token budget (sidecar.law; without one
+# the budget holds the engine's own). GPU: 50 ms, an interactive objective for a 70B model (MLPerf Inference
+# v5.0 bounds TPOT at 40 ms in its Llama-2-70B Interactive scenario and at 200 ms in the server one). CPU:
+# none, as the sidecar's defaults (the embedded model's TPOT is set by the CPU, not by the chunk size).
+TPOT_OBJECTIVE_S: dict[str, float | None] = {"gpu": 0.05, "cpu": None}
 # HOOK (issue 16 part 3): a sidecar Settings field that switches the coordinator's event path, if it gets
 # one. Without it, the event path is on wherever the control law has one (ControlLaw.event: built in, on in
 # every mode but off) and `+events` only names that in the run.
@@ -82,6 +87,20 @@ def with_event_path(settings, on: bool = True):
     if EVENT_PATH_FIELD in {f.name for f in fields(settings)}:
         return replace(settings, **{EVENT_PATH_FIELD: on})
     return settings
+
+
+def tpot_objective(scale: str, given: float | None = None) -> float | None:
+    """The coordinator's TPOT objective: `given` (<= 0: none), else the scale's default."""
+    if given is None:
+        return TPOT_OBJECTIVE_S[scale]
+    return given if given > 0 else None
+
+
+def coordinator_base(tpot_p50_s: float | None):
+    """The sidecar's default settings with this TPOT objective (None: the defaults as they are)."""
+    from kvloop.sidecar.settings import Settings
+
+    return Settings(tpot_p50_s=tpot_p50_s)
 
 
 def coordinator_settings(v: Variant, base=None, cap_max: int | None = None):

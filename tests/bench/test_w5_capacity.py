@@ -59,8 +59,9 @@ def test_a_budget_reaches_the_probes_sizing(w5, monkeypatch):
     without it, with the profile's own sizing)."""
     seen = []
 
-    def sim_one(name, scale, rates, kw, profile, calibration=None, sample_every_s=1.0, base_sizing=None):
-        seen.append(base_sizing)
+    def sim_one(name, scale, rates, kw, profile, calibration=None, sample_every_s=1.0, base_sizing=None,
+                coord_tpot_s=None):
+        seen.append((base_sizing, coord_tpot_s))
         return {"whole": {"failed": 0, "ttft_p50_s": 0.5, "ttft_p99_s": 1.0, "tpot_p99_s": 0.1,
                           "output_throughput_tok_s": 1.0, "request_throughput_req_s": 1.0, "preemptions": 0,
                           "kv_use_mean": 0.1}}
@@ -68,10 +69,11 @@ def test_a_budget_reaches_the_probes_sizing(w5, monkeypatch):
     monkeypatch.setattr(w5, "sim_one", sim_one)
     args = SimpleNamespace(seed=0, duration=None, phase=60.0, probe_duration=30.0, scale="gpu", engine="sim",
                            system="codesign", profile=None, calibration=None, ttft_pct=50, ttft_bound=2.0,
-                           tpot_bound=None, budget=256)
+                           tpot_bound=None, budget=256, coord_tpot=0.04)
     assert w5.probe("chat", 1.0, args)["meets"]
     args.budget = None
     w5.probe("chat", 1.0, args)
-    assert seen[0].max_num_batched_tokens == 256 and seen[1] is None
+    assert seen[0][0].max_num_batched_tokens == 256 and seen[1][0] is None
+    assert seen[0][1] == 0.04  # --coord-tpot reaches the probe's coordinator
     with pytest.raises(SystemExit):
         w5.main(["capacity", "--engine", "real", "--budget", "256"])

@@ -8,7 +8,15 @@ import pytest
 from kvloop.engine.bench import workloads
 from kvloop.engine.bench.metrics import RequestRecord, Sample
 from kvloop.engine.bench.phases import by_kind, phase_index, split, timeline
-from kvloop.engine.bench.w5_variants import Variant, coordinator_settings, parse_variant, sized, w5_systems
+from kvloop.engine.bench.w5_variants import (
+    Variant,
+    coordinator_base,
+    coordinator_settings,
+    parse_variant,
+    sized,
+    tpot_objective,
+    w5_systems,
+)
 from kvloop.engine.bench.w5_workload import (
     CHAT,
     RAG,
@@ -130,6 +138,15 @@ def test_variant_names():
     from kvloop.engine.bench.sizing import Sizing
 
     assert sized(parse_variant("codesign@cap8"), Sizing()).max_num_seqs == 8
+
+
+def test_the_coordinators_tpot_objective_per_scale():
+    # GPU: the interactive objective steers the step budget; CPU: none, as the sidecar's defaults; 0 switches it off
+    assert tpot_objective("gpu") == 0.05 and tpot_objective("cpu") is None
+    assert tpot_objective("gpu", 0) is None and tpot_objective("cpu", 0.2) == 0.2
+    fb, _ = coordinator_settings(parse_variant("codesign+coord"), coordinator_base(tpot_objective("gpu")), 512)
+    assert fb.tpot_p50_s == 0.05 and fb.batch_cap.max == 512
+    assert coordinator_base(None).tpot_p50_s is None
 
 
 def _rec(rid, send, first, end, n=10):

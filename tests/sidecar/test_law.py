@@ -328,3 +328,19 @@ def test_budget_raised_to_the_decode_floor():
     law = ControlLaw(dataclasses.replace(B, step_token_budget=Bounds(64, 4096, 512, 128)))
     d = budget(law, dataclasses.replace(DECODING, running=200, running_max=200, tpot_p50_s=0.5))
     assert (d.new, d.reason) == (264, "decode_floor")  # 200 decode rows + 64 prefill tokens
+
+
+def test_budget_settles_before_its_tpot_rules_act_again():
+    """The published TPOT P50 lags a budget change by tens of seconds: with a short period the TPOT rules wait
+    budget_settle_s after a change, so the loop does not cut again on TPOTs from before its own cut."""
+    fast = ControlLaw(dataclasses.replace(B, period_s=5.0))  # settle 30 s: 6 periods
+    assert budget(fast, DECODING).reason == "tpot_objective"  # 2048 -> 1536
+    for _ in range(5):
+        d = budget(fast, DECODING)
+        assert not d.changed and d.reason == "settling"
+    d = budget(fast, DECODING)
+    assert (d.old, d.new, d.reason) == (1536, 1152, "tpot_objective")
+    d = budget(fast, dataclasses.replace(DECODING, running=1200, running_max=1200))
+    assert d.reason == "decode_floor"  # the floor does not wait: decode rows need their tokens
+    off = ControlLaw(dataclasses.replace(B, period_s=5.0, law=dataclasses.replace(B.law, budget_settle_s=0)))
+    assert [budget(off, DECODING).reason for _ in range(2)] == ["tpot_objective"] * 2

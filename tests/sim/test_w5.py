@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvloop.engine.bench import w5_report
-from kvloop.engine.bench.w5_variants import coordinator_settings, parse_variant, sized
+from kvloop.engine.bench.w5_variants import coordinator_base, coordinator_settings, parse_variant, sized
 from kvloop.engine.bench.w5_workload import W5_GPU, w5
 from kvloop.engine.sim.profiles import get_profile
 from kvloop.engine.sim.scenarios import sizing_for
@@ -29,11 +29,11 @@ def test_profile_sizes_the_70b_fp8_pool_and_tiers():
     assert h200.host_cache_tokens == 128 * 2**30 // (128 * 1024) and not h200.disk_dir
 
 
-def run(name: str):
+def run(name: str, tpot_objective_s: float | None = None):
     wl = w5("w5-gpu", RATES, **SHORT)
     prof = get_profile("h200-70b-fp8")
     v = parse_variant(name)
-    fb, events = coordinator_settings(v, cap_max=512)
+    fb, events = coordinator_settings(v, coordinator_base(tpot_objective_s), cap_max=512)
     sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing_for(prof)), feedback=fb))
     res = sim.run()
     from kvloop.engine.bench.w5_workload import phases_of
@@ -59,6 +59,20 @@ def test_w5_runs_with_phases(runs):
         assert len(tl["t"]) == len(tl["batch_cap"]) == len(tl["kv_use"]) > 3
     assert set(runs["codesign@cap16"]["timeline"]["batch_cap"]) == {16}  # the fixed cap holds (no coordinator)
     assert runs["codesign+coord@5s+events"]["feedback"]["period_s"] == 5.0
+
+
+def test_a_tpot_objective_steers_the_step_budget():
+    """The coordinator's TPOT objective moves the step token budget in the simulator: one below the weight-read
+    floor (no step is that fast) cuts it to the decode floor, never under it; without one the budget holds."""
+    steered = run("codesign+coord@5s+events", tpot_objective_s=0.005)[0]
+    budget = [b for b in steered["timeline"]["step_token_budget"] if b is not None]
+    cuts = [d for d in steered["feedback"]["changes"]
+            if d["knob"] == "step_token_budget" and d["reason"] == "tpot_objective"]
+    assert budget[0] == 2048 and min(budget) < 2048 and cuts
+    assert all(d["new"] >= d["inputs"]["decode_floor"] and d["inputs"]["tpot_p50_s"] > 0.005 for d in cuts)
+    assert steered["whole"]["failed"] == 0
+    held = run("codesign+coord@5s+events")[0]
+    assert {b for b in held["timeline"]["step_token_budget"] if b is not None} == {2048}
 
 
 def test_report_goals_and_markdown(runs):
