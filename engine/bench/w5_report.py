@@ -198,6 +198,12 @@ def _hits(d: dict) -> str:
     return "/".join(fmt(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
 
 
+def _budget_range(run: dict) -> str:
+    """The step token budget over the run's timeline (one sample a second): lowest, median and highest."""
+    xs = sorted(b for b in (run.get("timeline") or {}).get("step_token_budget") or [] if is_number(b))
+    return f"{xs[0]:g} / {xs[len(xs) // 2]:g} / {xs[-1]:g}" if xs else "—"
+
+
 def markdown(report: dict, plots: list[str]) -> str:
     m, runs = report["meta"], report["systems"]
     lines = [f"# {m.get('title', 'W5')}", ""] + ([m["summary"], ""] if m.get("summary") else []) + [
@@ -248,13 +254,13 @@ def markdown(report: dict, plots: list[str]) -> str:
     coord = {n: r for n, r in runs.items() if parse_variant(n).coordinator}
     if coord:
         lines += ["", "## Coordinator runs", "",
-                  "| system | period s | event path | decisions changed | final cap | final watermark |",
-                  "|---|---|---|---|---|---|"]
+                  "| system | period s | event path | decisions changed | final cap | final watermark | "
+                  "step budget min / median / max |", "|---|---|---|---|---|---|---|"]
         for name, r in coord.items():
             fb = r.get("feedback") or {}
             lines.append(f"| {name} | {fb.get('period_s', '—')} | {r.get('event_path')} | "
                          f"{len(fb.get('changes') or [])} | {fb.get('final_batch_cap', '—')} | "
-                         f"{fb.get('final_watermark', '—')} |")
+                         f"{fb.get('final_watermark', '—')} | {_budget_range(r)} |")
     main = [n for n in (BASELINE, CODESIGN, coordinator_run(runs)) if n in runs]
     if main and runs[main[0]].get("phases"):
         lines += ["", "## Phase by phase (served tok/s / window tok/s / TTFT p99 s of the requests sent in it)", "",

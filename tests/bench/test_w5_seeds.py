@@ -2,6 +2,7 @@
 goals read on their median, and the command runs each seed's own workload."""
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,25 @@ def test_the_command_runs_each_seed_and_writes_its_files(tmp_path, monkeypatch):
     (tmp_path / "seeds.md").unlink()
     assert w5.main(["report", str(tmp_path / "seeds.json")]) == 0  # re-rendered from the file
     assert "| seed | throughput x | TTFT P99 x |" in (tmp_path / "seeds.md").read_text()
+
+
+def test_the_coordinator_is_read_against_each_seeds_best_fixed_cap():
+    """Where the coordinator ran beside fixed caps, each seed names its best fixed cap (among those that kept up,
+    else all: w5_report.best_fixed) and the coordinator's whole-run goal is read on the median ratio."""
+    def run(tok_s, p50, p99, cap=None):
+        return {"whole": row(tok_s, p50, p99), "by_kind": {}, "sizing": {"max_num_seqs": cap or 256}}
+
+    seeds = [(0, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80), "codesign@cap32": run(450, 40, 99),
+                  "codesign+coord": run(600, 1.0, 20)}),  # nobody fixed kept up: the best by throughput
+             (1, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80), "codesign@cap32": run(450, 1.5, 9),
+                  "codesign+coord": run(540, 1.0, 20)})]  # cap 32 alone kept up: it is the reference
+    entries = [w5_seeds.seed_entry(s, runs) for s, runs in seeds]
+    assert [e["coordinator"]["best_fixed_cap"] for e in entries] == ["codesign", "codesign@cap32"]
+    rep = w5_seeds.build(entries, {}, "gpu")
+    coord = next(g for g in rep["goals"] if g["name"].startswith("codesign+coord output throughput"))
+    assert coord["value"] == pytest.approx(statistics.median([600 / 500, 540 / 450])) and coord["bound"] == 1.15
+    assert coord["seeds"] == 2 and coord["seeds_meeting"] == 2 and coord["met"]
+    md = w5_seeds.markdown(rep, [])
+    assert "| 1 | codesign+coord | codesign@cap32 | 1.20 |" in md
+    plain = w5_seeds.build([entry(0, row(400, 0.5, 3), row(480, 0.3, 1))], {}, "gpu")
+    assert len(plain["goals"]) == 2 and "coordinator_throughput" not in plain["summary"]  # no coordinator ran

@@ -71,6 +71,8 @@ def test_a_tpot_objective_steers_the_step_budget():
     assert budget[0] == 2048 and min(budget) < 2048 and cuts
     assert all(d["new"] >= d["inputs"]["decode_floor"] and d["inputs"]["tpot_p50_s"] > 0.005 for d in cuts)
     assert steered["whole"]["failed"] == 0
+    md = w5_report.markdown(w5_report.build({"codesign+coord@5s+events": steered}, {}, "gpu"), [])
+    assert f"| {min(budget):g} / " in md and "step budget min / median / max" in md  # the report shows the knob
     held = run("codesign+coord@5s+events")[0]
     assert {b for b in held["timeline"]["step_token_budget"] if b is not None} == {2048}
 
