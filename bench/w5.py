@@ -35,6 +35,8 @@ w5_variants.TPOT_OBJECTIVE_S); the fixed caps and the other systems keep the siz
     .venv/bin/python bench/w5.py sim --duration 120 --phase 60 --out /tmp/w5 --systems codesign,codesign@cap64
     .venv/bin/python bench/w5.py load --jobs 2       # W5 GPU at 1-2x its rates -> bench/results/w5_h200_load.*
     .venv/bin/python bench/w5.py sim --load 1.4 --jobs 2 --name w5_h200_load1.4   # all 14 systems, ~10 min
+    .venv/bin/python bench/w5.py seeds --load 1.7 --seeds 0-9 --jobs 2 --name w5_h200_seeds_load1.7 \
+        --systems continuous+lru,codesign,codesign+coord,codesign@cap32,codesign@cap64   # ~33 min
     .venv/bin/python bench/w5.py budget --load 1.4 --budgets 128,256,512,1024,2048 --jobs 2  # -> w5_h200_budget.*
     .venv/bin/python bench/w5.py seeds --scale cpu --phase-rates 0.482,0.231 --seeds 0-9   # -> w5_sim_cpu_seeds.*
     .venv/bin/python bench/w5.py cpu --load 1.2 --phase-rates bench/results/w5_capacity_cpu_sim_p50.json \
