@@ -175,8 +175,7 @@ def sim_one(name: str, scale: str, rates: tuple[float, float], kw: dict, profile
     prof = get_profile(profile_name, calibration)
     v = parse_variant(name)
     sizing = sized(v, base_sizing or sizing_for(prof, wl.params.get("kv_cache_tokens")))
-    base = coordinator_base(tpot_objective(scale, coord_tpot_s))
-    fb, events = coordinator_settings(v, base, max(FIXED_CAPS[scale]))
+    fb, events = coordinator_settings(v, coordinator_base(scale, coord_tpot_s), max(FIXED_CAPS[scale]))
     sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sizing, feedback=fb,
                                                        sample_every_s=sample_every_s))
     res = sim.run()
@@ -223,8 +222,8 @@ def engine_one(name: str, wl, sizing, args, slo: SLO) -> dict:
     from kvloop.engine.bench.guard import NoiseGuard
     from kvloop.engine.bench.w5_engine import variant_target
 
-    base = coordinator_base(tpot_objective("cpu", args.coord_tpot))
-    target, events = variant_target(name, sizing, args.threads, base, max(FIXED_CAPS["cpu"]))
+    target, events = variant_target(name, sizing, args.threads, coordinator_base("cpu", args.coord_tpot),
+                                    max(FIXED_CAPS["cpu"]))
     try:
         res = run_workload(wl, target, progress=not args.no_progress, timeout_s=args.timeout,
                            guard=NoiseGuard(max_other_cores=args.max_other_cores))

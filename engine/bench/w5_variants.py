@@ -96,11 +96,11 @@ def tpot_objective(scale: str, given: float | None = None) -> float | None:
     return given if given > 0 else None
 
 
-def coordinator_base(tpot_p50_s: float | None):
-    """The sidecar's default settings with this TPOT objective (None: the defaults as they are)."""
+def coordinator_base(scale: str, given: float | None = None):
+    """The sidecar's default settings with the scale's TPOT objective (tpot_objective: `given` overrides it)."""
     from kvloop.sidecar.settings import Settings
 
-    return Settings(tpot_p50_s=tpot_p50_s)
+    return Settings(tpot_p50_s=tpot_objective(scale, given))
 
 
 def coordinator_settings(v: Variant, base=None, cap_max: int | None = None):

@@ -144,9 +144,9 @@ def test_the_coordinators_tpot_objective_per_scale():
     # GPU: the interactive objective steers the step budget; CPU: none, as the sidecar's defaults; 0 switches it off
     assert tpot_objective("gpu") == 0.05 and tpot_objective("cpu") is None
     assert tpot_objective("gpu", 0) is None and tpot_objective("cpu", 0.2) == 0.2
-    fb, _ = coordinator_settings(parse_variant("codesign+coord"), coordinator_base(tpot_objective("gpu")), 512)
+    fb, _ = coordinator_settings(parse_variant("codesign+coord"), coordinator_base("gpu"), 512)
     assert fb.tpot_p50_s == 0.05 and fb.batch_cap.max == 512
-    assert coordinator_base(None).tpot_p50_s is None
+    assert coordinator_base("cpu").tpot_p50_s is None and coordinator_base("gpu", 0).tpot_p50_s is None
 
 
 def _rec(rid, send, first, end, n=10):

@@ -29,11 +29,11 @@ def test_profile_sizes_the_70b_fp8_pool_and_tiers():
     assert h200.host_cache_tokens == 128 * 2**30 // (128 * 1024) and not h200.disk_dir
 
 
-def run(name: str, tpot_objective_s: float | None = None):
+def run(name: str, tpot_objective_s: float = 0):
     wl = w5("w5-gpu", RATES, **SHORT)
     prof = get_profile("h200-70b-fp8")
     v = parse_variant(name)
-    fb, events = coordinator_settings(v, coordinator_base(tpot_objective_s), cap_max=512)
+    fb, events = coordinator_settings(v, coordinator_base("gpu", tpot_objective_s), cap_max=512)
     sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing_for(prof)), feedback=fb))
     res = sim.run()
     from kvloop.engine.bench.w5_workload import phases_of
