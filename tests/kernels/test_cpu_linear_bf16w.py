@@ -64,12 +64,55 @@ def test_layer_falls_back_to_dense_weights_without_the_kernel(monkeypatch):
     assert layer.fmt == "none" and layer.weight.dtype == torch.float32
 
 
-def test_auto_picks_bf16_weights_only_under_dtype_auto_without_native_bf16():
-    from kvloop.engine.engine_core import cpu_has_native_bf16, resolve_quantization
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16):
+    from kvloop.engine import engine_core
 
-    assert resolve_quantization("auto", "auto", "cpu") == ("none" if cpu_has_native_bf16() else "bf16")
-    assert resolve_quantization("auto", "float32", "cpu") == "none"  # an explicit fp32 stays the exact path
-    assert resolve_quantization("int8", "auto", "cpu") == "int8"
+    monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: native_bf16)
+    # without native bf16: bf16 weights, fp32 arithmetic; with it: the kernel for decode-sized steps
+    assert engine_core.resolve_quantization("auto", "auto", "cpu") == "bf16"
+    assert engine_core.resolve_quantization("auto", "float32", "cpu") == "none"  # explicit fp32: the exact path
+    assert engine_core.resolve_quantization("auto", "bfloat16", "cpu") == "none"
+    assert engine_core.resolve_quantization("int8", "auto", "cpu") == "int8"
+    monkeypatch.setattr(linear_bf16w, "available", lambda: False)
+    assert engine_core.resolve_quantization("auto", "auto", "cpu") == "none"
+
+
+# ---- a bf16 model: the kernel for decode-sized steps, torch's GEMM above ---------------------------
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(with_bias):
+    """Both branches against float64 over the same bf16 operands, within rounding the output to bf16 (half an
+    ulp, 2^-8 relative) plus the fp32 sums; the kernel's branch is the fp32 kernel's bits rounded to bf16."""
+    n, k = 70, 130
+    w, x32, bias = kernel_ref.linear_case(2 * linear_bf16w.DENSE_ABOVE_ROWS, n, k, with_bias)
+    layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
+    assert layer.fmt == "bf16" and layer.weight.dtype == torch.bfloat16 and layer.packed is not None
+    x = x32.to(torch.bfloat16)
+    wb = w.to(torch.bfloat16).double()
+    for m in (1, linear_bf16w.DENSE_ABOVE_ROWS, linear_bf16w.DENSE_ABOVE_ROWS + 1, x.shape[0]):
+        y = layer(x[:m])
+        kernel_branch = m <= linear_bf16w.DENSE_ABOVE_ROWS
+        # the kernel adds the fp32 bias; torch's GEMM the bias rounded to bf16
+        b = 0 if bias is None else (bias if kernel_branch else bias.to(torch.bfloat16)).double()
+        exact = x[:m].double() @ wb.T + b
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        slack = 2.0**-8 * exact.abs() + 2 * fp32_error_bound(x[:m].float(), wb.float(), None) + 1e-6
+        assert ((y.double() - exact).abs() <= slack).all(), m
+        if kernel_branch:
+            kernel = linear_bf16w.linear(x[:m].float(), layer.packed, n, layer.bias).to(torch.bfloat16)
+            assert torch.equal(y, kernel)
+        else:
+            assert torch.equal(y, torch.nn.functional.linear(x[:m], layer.weight, layer.bias.to(torch.bfloat16)
+                                                             if bias is not None else None))
+
+
+def test_bf16_layer_looks_up_rows_from_its_dense_copy():
+    w = torch.randn(50, 24)
+    layer = Linear(w, None, torch.bfloat16, torch.device("cpu"), "bf16")
+    ids = torch.tensor([0, 49, 17, 16])
+    assert torch.equal(layer[ids], w.to(torch.bfloat16)[ids])
 
 
 # ---- the model ------------------------------------------------------------------------------------
