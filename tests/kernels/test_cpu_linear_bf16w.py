@@ -78,6 +78,28 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16)
     assert engine_core.resolve_quantization("auto", "auto", "cpu") == "none"
 
 
+@pytest.mark.parametrize("available_gib", [None, 1.01, 0.99])
+def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memory(monkeypatch, available_gib):
+    """Packed + dense bf16 copies of 134.5M linear weights (the embedded model): 0.501 GiB. Kept only while that is
+    at most half of the available memory (1.002 GiB); where /proc/meminfo cannot be read, kept."""
+    from kvloop.engine import engine_core, host_memory
+
+    monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
+    available = None if available_gib is None else int(available_gib * 2**30)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: available)
+    params = 134_479_872
+    want = "bf16" if available_gib is None or available_gib > 1.002 else "none"
+    assert engine_core.resolve_quantization("auto", "auto", "cpu", params) == want
+
+
+def test_meminfo_available_is_read_in_bytes():
+    from kvloop.engine.host_memory import meminfo_available_bytes
+
+    text = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20971520 kB\n"
+    assert meminfo_available_bytes(text) == 20 * 2**30
+    assert meminfo_available_bytes("MemTotal: 1 kB\n") is None
+
+
 # ---- a bf16 model: the kernel for decode-sized steps, torch's GEMM above ---------------------------
 
 
