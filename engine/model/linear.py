@@ -7,7 +7,8 @@
   steps and no dense copy is kept. Under a bf16 model (a CPU with native bf16) it serves decode-sized steps
   (up to linear_bf16w.DENSE_ABOVE_ROWS rows: 2.7x faster than oneDNN's bf16 GEMM at 1 row) and a dense bf16
   copy serves the rest (prefill, where oneDNN is faster): twice the weights' memory for faster decode, as
-  int4/int8 keep theirs (engine_core.resolve_quantization picks it only where both copies fit). Without a built kernel (or off the CPU) the layer falls back to "none".
+  int4/int8 keep theirs (engine_core.resolve_quantization picks it only where both copies fit). Without a
+  built kernel (or off the CPU) the layer falls back to "none".
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
   per-group scale and offset are rounded to bf16.
