@@ -4,11 +4,12 @@
 - "bf16": weights rounded to bf16 (half of fp32's bytes), arithmetic in fp32, through the CPU kernel
   kernels/cpu/linear_bf16w. Under a float32 model (a CPU without native bf16, where torch's bf16 matmul is
   emulated) the kernel beats torch's fp32 GEMM at every batch size measured (1 to 512 rows), so it serves all
-  steps and no dense copy is kept. Under a bf16 model (a CPU with native bf16) it serves decode-sized steps
-  (up to linear_bf16w.DENSE_ABOVE_ROWS rows: 2.7x faster than oneDNN's bf16 GEMM at 1 row) and a dense bf16
-  copy serves the rest (prefill, where oneDNN is faster): twice the weights' memory for faster decode, as
-  int4/int8 keep theirs (engine_core.resolve_quantization picks it only where both copies fit). Without a
-  built kernel (or off the CPU) the layer falls back to "none".
+  steps and no dense copy is kept. Under a bf16 model (asked for: --quantization bf16 on a CPU with native
+  bf16) it serves decode-sized steps (up to linear_bf16w.DENSE_ABOVE_ROWS rows: 2.7x faster than oneDNN's
+  bf16 GEMM at 1 row) and a dense bf16 copy the rest, twice the weights' memory. Not the default there: the
+  dense branch runs inside the kernel's operator, where inductor cannot prepack it for oneDNN as it does a
+  plain bf16 linear in the compiled step, so steps of 8 rows and more were slower than the default's.
+  Without a built kernel (or off the CPU) the layer falls back to "none".
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
   per-group scale and offset are rounded to bf16.
