@@ -65,7 +65,7 @@ SYSTEMS: dict[str, dict] = {
     "kvloop-fp32": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "none"]},
     "kvloop-bf16w": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "bf16"]},
     "kvloop-int8": {"kind": "kvloop", "args": ["--quantization", "int8"]},
-    # on a CPU with native bf16: the bf16-weight kernel for steps of up to 12 rows, oneDNN above (model/linear.py)
+    # on a CPU with native bf16: the bf16-weight kernel for decode-sized steps, oneDNN above (model/linear.py)
     "kvloop-bf16-kernel-decode": {"kind": "kvloop", "args": ["--quantization", "bf16"], "default": False},
     "kvloop-int4": {"kind": "kvloop", "args": ["--quantization", "int4"], "default": False},
     "vllm-cpu-bf16": {"kind": "vllm", "tpot": True},

@@ -49,7 +49,7 @@ def _linear_shape(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Ten
 
 def _linear_or_dense_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, n: int,
                            bias: torch.Tensor | None, max_rows: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], n))
+    return _linear_shape(x, packed, n, bias)  # the same output whichever branch runs
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
