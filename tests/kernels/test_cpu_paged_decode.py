@@ -140,6 +140,35 @@ def test_prefix_and_suffix_merged_in_the_kernel_equal_full_attention(kv_dtype, s
     check(lse, acc_lse, seed)
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 128)], ids=["smollm2", "gqa8_hd128"])
+@pytest.mark.parametrize("members", [1, 2, 3, 5, 7])
+def test_stacked_queries_of_any_count_equal_full_attention(heads, kv_heads, head_dim, members):
+    """bf16 K/V with bf16 queries, the engine's case on CPUs with native bf16 (where the kernel scores a tile's
+    16 tokens for blocks of up to 6 queries, 3 at head_dim 128): every count of queries per KV head, a block's
+    remainder included (3 to 21 at the embedded model's 3-query groups, 8 to 56 at 8), over a shared prefix
+    ending mid-block and each row's own tokens, equal float64 attention over the same values."""
+    gen, seed = new_generator()
+    lens = [45 + 13 * i for i in range(members)]
+    paged = make_paged(lens, BS, kv_heads, head_dim, torch.bfloat16, gen)
+    tables = paged.block_tables.clone()
+    tables[1:, :2] = tables[0, :2]  # the first 32 tokens shared
+    q = strided_rows(members, heads, head_dim, torch.bfloat16, gen)
+    scale = head_dim ** -0.5
+    segs = pd.pack_segments([(list(range(members)), tables[0, :2].tolist(), 32)]
+                            + [([r], tables[r, 2:].tolist(), n - 32) for r, n in enumerate(lens)])
+    out, lse = pd.decode(q, paged.k_cache, paged.v_cache, segs, scale)
+    ref_out, ref_lse = reference_lse(q, paged, tables, lens, scale)
+    check(out, ref_out, seed)
+    check(lse, ref_lse, seed)
+
+
+def test_the_kernel_reports_the_blocked_bf16_path_where_the_cpu_has_it():
+    """Built with -march=native: on a CPU with AVX-512 and AVX512-BF16 the bf16 K/V path is the blocked one."""
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    has_it = "avx512f" in flags and "avx512_bf16" in flags
+    assert ("avx512bf16" in build.simd()) == has_it, (build.simd(), has_it)
+
+
 def meta_for(tables: list[list[int]], lens: list[int], plan=None) -> AttentionMetadata:
     width = max(len(t) for t in tables)
     return AttentionMetadata(

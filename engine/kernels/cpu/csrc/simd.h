@@ -58,10 +58,10 @@ KVLOOP_INLINE void to_float(const c10::Half* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-// Asks for the cache lines of [p, p + bytes) ahead of their use.
-KVLOOP_INLINE void prefetch(const void* p, int64_t bytes) {
+// Asks for the cache lines of [p, p + bytes) ahead of their use, into L2 (locality hint 1).
+KVLOOP_INLINE void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 1);
 }
 
 // ---- exp ------------------------------------------------------------------------------------------------
