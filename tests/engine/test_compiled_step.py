@@ -93,7 +93,10 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_once_for_both_of_its_
 
     if not linear_bf16w.available():
         pytest.skip("the bf16-weight kernel is not built")
-    model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.bfloat16, quantization="bf16")
+    # bf16 noise (about 0.06 in these logits) flips a greedy near-tie for most weight seeds, and the two runs
+    # then decode different tokens: seed 6 has no near-tie with prefill through SDPA nor through the CPU
+    # kernel's causal segments (seeds 3-5 and 7 flip one; measured on an AVX512-BF16 machine)
+    model = LlamaModel(TINY, random_weights(TINY, seed=6, std=0.2), torch.bfloat16, quantization="bf16")
     assert model.lm_head.fmt == "bf16" and model.lm_head.weight is not None  # the dense copy for large steps
     assert 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24  # the schedule's decodes and chunks fall on either side
 

@@ -1,6 +1,8 @@
 """The "cpu" attention backend: decode rows, cascade groups included, through the CPU paged decode kernel
-(paged_decode.py); K/V writes and prefill from the torch backend, by composition (backend.WithDecode); a
-decode-only step's layer in one operator call. Under the compiled step, that call is made from C++: bind's
+(paged_decode.py); K/V writes from the torch backend, by composition (backend.WithDecode), and prefill too,
+except over bf16 K/V where the kernel has its blocked bf16 path (AVX512-BF16): there a step's prefill chunks
+are the kernel's causal segments, read in place (CpuBackend.extend). A decode-only step's layer is one
+operator call. Under the compiled step, that call is made from C++: bind's
 LayerFn carries `native_step`, (bind, unbind) of the step's arguments in the kernel's library, whose CPU kernel
 for kvloop_step::attention then runs decode_layer without calling back into Python (and calls the operator's
 Python kernel, as without this backend, when no step is bound: prefill and mixed steps).
@@ -32,6 +34,19 @@ class CpuBackend(WithDecode):
     """A decode-only step's layer is one operator call (decode_layer: K/V write and paged decode); at batch 1
     the dozen torch calls it replaces cost more than the attention itself. Mixed steps compose as WithDecode."""
 
+    def __init__(self, name, decode, base, prefill):
+        super().__init__(name, decode, base)
+        self._prefill = prefill
+
+    def extend(self, q, k_cache, v_cache, meta, scale):
+        """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
+        cache in place (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000
+        15.3 ms against SDPA's 18.4 with the gather; 112 over 1,952 3.4 against 4.7; 512 fresh 3.2 against 4.7).
+        Elsewhere SDPA (the kernel's AVX2 routine scores one query at a time: not measured faster there)."""
+        if k_cache.dtype == torch.bfloat16 and build.blocked_bf16():
+            return self._prefill(q, k_cache, v_cache, meta, scale)
+        return super().extend(q, k_cache, v_cache, meta, scale)
+
     def layer(self, index, q, k, v, kv_cache, meta, scale):
         if meta.prefills:
             return super().layer(index, q, k, v, kv_cache, meta, scale)
@@ -62,8 +77,8 @@ class CpuBackend(WithDecode):
 
 
 def create(device: torch.device | str) -> AttentionBackend:
-    from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
+    from kvloop.engine.kernels.cpu.paged_decode import CpuDecode, CpuPrefill
 
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
-    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device))
+    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), CpuPrefill())

@@ -137,6 +137,11 @@ def simd() -> str:
     return torch.ops.kvloop_cpu.simd()
 
 
+def blocked_bf16() -> bool:
+    """Whether the attention kernel was built with its blocked bf16 path (AVX-512 with AVX512-BF16)."""
+    return "avx512bf16" in simd()
+
+
 def _compile(kernel: str, target: Path) -> float:
     from torch.utils import cpp_extension
 

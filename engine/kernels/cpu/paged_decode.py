@@ -12,7 +12,7 @@ Needs the built kernel: build.load() first (it registers the operators' fakes fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +88,18 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segmen
                                              int(split_tokens))
 
 
+def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
+            split_tokens: int = SPLIT_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """decode with causal segments: a segment's rows are consecutive positions ending at its last token (a
+    prefill chunk whose K/V are already in the cache), so its j-th of m rows sees its first tokens - (m - 1 - j)
+    tokens. Rows of several segments are merged as in decode (a chunk's context split into runs, say)."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    return torch.ops.kvloop_cpu.paged_prefill(q, k_cache, v_cache, segments.blocks, segments.block_start,
+                                              segments.tokens, segments.rows_ptr, segments.rows, float(scale),
+                                              int(split_tokens))
+
+
 def _pair_shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
     """paged_attention's outputs without running it (one per (segment, row) pair)."""
     pairs, heads, hd = rows.shape[0], q.shape[1], q.shape[2]
@@ -104,6 +116,7 @@ def register_fakes() -> None:
     loaded, so they are there whatever was imported first."""
     torch.library.register_fake("kvloop_cpu::paged_attention")(_pair_shapes)
     torch.library.register_fake("kvloop_cpu::paged_decode")(_row_shapes)
+    torch.library.register_fake("kvloop_cpu::paged_prefill")(_row_shapes)
 
 
 def decode_work(meta: AttentionMetadata, block_size: int) -> Segments:
@@ -123,23 +136,53 @@ def decode_work(meta: AttentionMetadata, block_size: int) -> Segments:
     return pack_segments(parts)
 
 
-class CpuDecode:
-    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention: one kernel call
-    per layer, cascade or not. The step's work list is built on the first layer and reused by the others."""
+def prefill_work(meta: AttentionMetadata, block_size: int) -> Segments:
+    """One step's prefill chunks as causal segments over their whole context, rows counted from the first
+    prefill row (extend's q holds the prefill rows only)."""
+    first = meta.num_decode
+    return pack_segments([(range(c.q_start - first, c.q_start - first + c.q_len),
+                           c.block_table[: -(-c.seq_len // block_size)].tolist(), c.seq_len) for c in meta.prefills])
 
-    def __init__(self, split_tokens: int = SPLIT_TOKENS):
+
+class _StepWork:
+    """A work list built on a step's first layer and reused by the others."""
+
+    def __init__(self, build: Callable[[AttentionMetadata, int], Segments], split_tokens: int = SPLIT_TOKENS):
         self.split_tokens = split_tokens
+        self._build = build
         self._meta: AttentionMetadata | None = None  # kept alive while cached, so `is` cannot match a new one
         self._work: Segments | None = None
 
     def work(self, meta: AttentionMetadata, block_size: int) -> Segments:
         if meta is not self._meta or self._work is None:
-            self._work = decode_work(meta, block_size)
+            self._work = self._build(meta, block_size)
             self._meta = meta
         return self._work
+
+
+class CpuDecode(_StepWork):
+    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention: one kernel call
+    per layer, cascade or not."""
+
+    def __init__(self, split_tokens: int = SPLIT_TOKENS):
+        super().__init__(decode_work, split_tokens)
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                  scale: float) -> torch.Tensor:
         """q [num_decode, heads, hd] → [num_decode, heads, hd] in q's dtype."""
         out, _ = decode(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
+        return out.to(q.dtype)
+
+
+class CpuPrefill(_StepWork):
+    """Prefill rows through the kernel's causal segments, with the contract of AttentionBackend.extend: every
+    chunk of the step in one call per layer, its context read in place (no gathered copy of it)."""
+
+    def __init__(self, split_tokens: int = SPLIT_TOKENS):
+        super().__init__(prefill_work, split_tokens)
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                 scale: float) -> torch.Tensor:
+        """q [N - num_decode, heads, hd] → the same shape in q's dtype."""
+        out, _ = prefill(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
         return out.to(q.dtype)

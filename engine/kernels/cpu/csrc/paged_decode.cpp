@@ -54,6 +54,7 @@ constexpr int64_t kMinWorkPerThread = 2048;  // about 50 us of work: below that,
 struct Item {
   int64_t seg, h0, h1, t0, t1;  // KV heads [h0, h1) over tokens [t0, t1) of the segment
   int64_t ws;                   // workspace offset of its partial results (-1: every member writes its output)
+  int64_t seg_tokens;           // the segment's token count
 };
 
 // Where each (segment, member) pair's partial result goes: an output of its own (paged_attention) or its
@@ -71,6 +72,7 @@ struct Part {
 };
 
 struct Shape {
+  bool causal;  // member j of a segment's m sees its first tokens - (m - 1 - j) tokens (paged_prefill)
   int64_t heads, kv_heads, group, d, block_size;
   int64_t q_row, q_head;               // q strides
   int64_t k_block, k_tok, k_head;      // k_cache strides
@@ -107,6 +109,13 @@ void finish(const float* acc, float top, float sum, int64_t d, float* out, float
   for (int64_t i = 0; i < d; ++i) out[i] = acc[i] * inv;
   *lse = top + std::log(sum);
 }
+
+// How many of the segment's tokens member j (of `members`) sees, and of those how many fall in the tile of n
+// tokens from t0.
+inline int64_t visible(const Shape& sh, const Item& it, int64_t members, int64_t j) {
+  return sh.causal ? it.seg_tokens - (members - 1 - j) : it.seg_tokens;
+}
+inline int64_t live_in_tile(int64_t seen, int64_t t0, int64_t n) { return std::clamp<int64_t>(seen - t0, 0, n); }
 
 // An item's queries, scaled, into sc.q (query m = (member j, KV head h0 + hl, query head gi of that KV head's
 // group) = (j * nh + hl) * g + gi, so the queries of one member are its query heads h0 * g ... h1 * g - 1 in
@@ -229,18 +238,21 @@ void run_item(const Item& it, const at::Tensor& q, const KV* k, const KV* v, con
         vrow[t] = sc.vbuf.data() + (hl * kTile + t) * d;
       }
       for (int64_t t = n; t < n8; ++t) krow[t] = sc.zeros.data();  // scored in groups of 8, then ignored
-      for (int64_t j = 0; j < members; ++j)
+      for (int64_t j = 0; j < members; ++j) {
+        const int64_t live = live_in_tile(visible(sh, it, members, j), t0, n), l8 = (live + 7) / 8 * 8;
+        if (live == 0) continue;  // a causal member whose tokens end before this tile
         for (int64_t m = (j * nh + hl) * g; m < (j * nh + hl + 1) * g; ++m) {
           float* s = sc.scores.data();
-          dots(sc.q.data() + m * d, krow, n8, d, s);
+          dots(sc.q.data() + m * d, krow, l8, d, s);
           const float prev = sc.top[m];
-          const float top = std::max(prev, max_of(s, n));
+          const float top = std::max(prev, max_of(s, live));
           const float alpha = top == prev ? 1.f : std::exp(prev - top);  // prev = -inf: nothing to rescale
-          const float tile_sum = exp_shifted(s, top, n, n8, sc.probs.data());
+          const float tile_sum = exp_shifted(s, top, live, l8, sc.probs.data());
           sc.sum[m] = sc.sum[m] * alpha + tile_sum;
           sc.top[m] = top;
-          scale_accumulate(sc.acc.data() + m * d, alpha, sc.probs.data(), vrow, n, d);
+          scale_accumulate(sc.acc.data() + m * d, alpha, sc.probs.data(), vrow, live, d);
         }
+      }
     }
   }
 
@@ -262,12 +274,15 @@ struct Bf16Tile {
   alignas(64) float probs[kBlockQueries][16];
 };
 
-// One block of NB queries (their indices in ms) against the tile held in `tile` (n tokens, V rows vrow).
+// One block of NB queries (their indices in ms) against the tile held in `tile` (V rows vrow): query b sees the
+// tile's first live[b] tokens, and the last query sees the most.
 template <int64_t HD, int NB>
-inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const int64_t* ms, const uint32_t* qhi,
-                                                      const uint32_t* qlo, bool any_lo, int64_t n,
+inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const int64_t* ms, const int64_t* live,
+                                                      const uint32_t* qhi, const uint32_t* qlo, bool any_lo,
                                                       const c10::BFloat16* const* vrow, Scratch& sc) {
   constexpr int64_t W = Bf16Tile<HD>::kWords, C = HD / 16;
+  const int64_t n = live[NB - 1];
+  if (n == 0) return;  // causal queries whose tokens all end before this tile
   // two accumulators per query (even and odd words): twice the independent chains to hide the dot's latency
   __m512 s[NB], s2[NB];
   for (int b = 0; b < NB; ++b) s[b] = s2[b] = _mm512_setzero_ps();
@@ -284,14 +299,19 @@ inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const 
     }
   }
   for (int b = 0; b < NB; ++b) s[b] = _mm512_add_ps(s[b], s2[b]);
-  const __mmask16 live = static_cast<__mmask16>((1u << n) - 1);
   __m512 alpha[NB];
   for (int b = 0; b < NB; ++b) {  // the online softmax, 16 scores at a time
     const int64_t m = ms[b];
+    if (live[b] == 0) {  // nothing of this tile for this query: its state stays
+      _mm512_store_ps(tile.probs[b], _mm512_setzero_ps());
+      alpha[b] = _mm512_set1_ps(1.f);
+      continue;
+    }
+    const __mmask16 seen = static_cast<__mmask16>((1u << live[b]) - 1);
     const float prev = sc.top[m];
-    const float top = std::max(prev, _mm512_mask_reduce_max_ps(live, s[b]));
+    const float top = std::max(prev, _mm512_mask_reduce_max_ps(seen, s[b]));
     const float a = top == prev ? 1.f : std::exp(prev - top);  // prev = -inf: nothing to rescale
-    const __m512 p = _mm512_maskz_mov_ps(live, exp512_nonpositive(_mm512_sub_ps(s[b], _mm512_set1_ps(top))));
+    const __m512 p = _mm512_maskz_mov_ps(seen, exp512_nonpositive(_mm512_sub_ps(s[b], _mm512_set1_ps(top))));
     _mm512_store_ps(tile.probs[b], p);
     sc.sum[m] = sc.sum[m] * a + _mm512_reduce_add_ps(p);
     sc.top[m] = top;
@@ -341,7 +361,7 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
   const KV* ktok[kTile];
   const KV* vtok[kTile];
   const KV* vrow[kTile];
-  std::vector<int64_t> ms(members * g);
+  std::vector<int64_t> ms(members * g), live(members * g);  // a head's queries, and what each sees of a tile
   for (int64_t t0 = it.t0; t0 < it.t1; t0 += kTile) {
     const int64_t n = std::min(kTile, it.t1 - t0);
     walker.locate(n, ktok, vtok);
@@ -359,15 +379,19 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
       int64_t count = 0;  // this head's queries: g per member
       for (int64_t j = 0; j < members; ++j)
         for (int64_t gi = 0; gi < g; ++gi) ms[count++] = (j * nh + hl) * g + gi;
+      for (int64_t j = 0; j < members; ++j) {
+        const int64_t seen = live_in_tile(visible(sh, it, members, j), t0, n);
+        for (int64_t gi = 0; gi < g; ++gi) live[j * g + gi] = seen;
+      }
       for (int64_t b0 = 0; b0 < count; b0 += QB) {
-        const int64_t* bm = ms.data() + b0;
+        const int64_t *bm = ms.data() + b0, *bl = live.data() + b0;
         switch (std::min(QB, count - b0)) {
-          case 1: bf16_block<HD, 1>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
-          case 2: bf16_block<HD, 2>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
-          case 3: bf16_block<HD, 3>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
-          case 4: bf16_block<HD, 4>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
-          case 5: bf16_block<HD, 5>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
-          default: bf16_block<HD, kBlockQueries>(tile, bm, qhi, qlo, any_lo, n, vrow, sc); break;
+          case 1: bf16_block<HD, 1>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 2: bf16_block<HD, 2>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 3: bf16_block<HD, 3>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 4: bf16_block<HD, 4>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 5: bf16_block<HD, 5>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          default: bf16_block<HD, kBlockQueries>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
         }
       }
     }
@@ -412,7 +436,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const at::Tensor& blocks, const at::Tensor& block_start,
                                              const at::Tensor& tokens, const at::Tensor& rows_ptr,
                                              const at::Tensor& rows, double scale, int64_t split_tokens,
-                                             bool per_row) {
+                                             bool per_row, bool causal = false) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(), "CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [rows, heads, head_dim] with a contiguous last dim");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
@@ -428,6 +452,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     check_index(t, name);
 
   Shape sh{};
+  sh.causal = causal;
   sh.heads = q.size(1);
   sh.kv_heads = k_cache.size(2);
   sh.d = q.size(2);
@@ -457,6 +482,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     TORCH_CHECK(members >= 0 && n >= 0, "segment ", s, ": negative size");
+    TORCH_CHECK(!causal || n >= members, "causal segment ", s, ": fewer tokens than query rows");
     const int64_t used = (n + sh.block_size - 1) / sh.block_size;
     TORCH_CHECK(bs[s] >= 0 && bs[s] + used <= blocks.numel(), "segment ", s, ": blocks out of range");
     for (int64_t j = 0; j < used; ++j)
@@ -516,7 +542,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
               part[part_base[o] + c * parts[o] + filled[o * chunks + c]++] = {off, m_count, j * per_item * sh.group};
           }
         }
-        items.push_back({s, h, h + per_item, i * split_tokens, std::min(n, (i + 1) * split_tokens), off});
+        items.push_back({s, h, h + per_item, i * split_tokens, std::min(n, (i + 1) * split_tokens), off, n});
       }
     }
   }
@@ -588,6 +614,17 @@ std::tuple<at::Tensor, at::Tensor> paged_decode(const at::Tensor& q, const at::T
                                                 const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
                                                 int64_t split_tokens) {
   return attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, true);
+}
+
+// paged_decode with causal segments: a segment's rows are consecutive positions ending at its last token (a
+// prefill chunk whose K/V are already in the cache), so member j of m sees its first tokens - (m - 1 - j).
+std::tuple<at::Tensor, at::Tensor> paged_prefill(const at::Tensor& q, const at::Tensor& k_cache,
+                                                 const at::Tensor& v_cache, const at::Tensor& blocks,
+                                                 const at::Tensor& block_start, const at::Tensor& tokens,
+                                                 const at::Tensor& rows_ptr, const at::Tensor& rows, double scale,
+                                                 int64_t split_tokens) {
+  return attention(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens, true,
+                   true);
 }
 
 // The step's new K/V rows into their slots (slot = block * block_size + offset), converted to the cache's
@@ -711,6 +748,9 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
       "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
+  m.def(
+      "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
+      "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
   m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()");
   m.def(
       "decode_layer(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slots, Tensor blocks, "
@@ -726,6 +766,7 @@ TORCH_LIBRARY(kvloop_cpu, m) {
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("paged_attention", &kvloop::paged_attention);
   m.impl("paged_decode", &kvloop::paged_decode);
+  m.impl("paged_prefill", &kvloop::paged_prefill);
   m.impl("write_kv", &kvloop::write_kv);
   m.impl("decode_layer", &kvloop::decode_layer);
 }
