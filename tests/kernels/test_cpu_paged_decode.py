@@ -227,7 +227,8 @@ def test_decode_step_with_and_without_cascade(kv_dtype):
 
 def test_cpu_backend_runs_a_mixed_step():
     """The "cpu" backend: decode rows (in cascade groups) through the kernel, a prefill chunk over a cached
-    prefix and the K/V writes through the torch backend it composes."""
+    prefix through the kernel's causal segments (bf16 K/V with the blocked bf16 path; else the torch backend it
+    composes, as for the K/V writes)."""
     gen, seed = new_generator()
     k_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
     v_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
@@ -240,7 +241,11 @@ def test_cpu_backend_runs_a_mixed_step():
     cpu = backend.create("cpu")
     assert cpu.name == "cpu" and backend.available("cpu") and not backend.available("meta")
     out = cpu.forward(q, k_cache, v_cache, meta, 0.125)
-    check(out, reference.paged_step(q, k_cache, v_cache, meta, 0.125), seed)
+    ref = reference.paged_step(q, k_cache, v_cache, meta, 0.125)
+    check(out[: len(lens)], ref[: len(lens)], seed)
+    # the prefill rows' probabilities are bf16 on the blocked path: off by at most 2^-9 of the largest |value|
+    tol = 2.0 ** -8 * v_cache.float().abs().max().item() if build.blocked_bf16() else ATOL
+    check(out[len(lens):], ref[len(lens):], seed, atol=tol, rtol=0 if build.blocked_bf16() else RTOL)
 
 
 def test_rows_do_not_depend_on_the_batch_or_threads():

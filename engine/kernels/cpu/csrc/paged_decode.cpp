@@ -17,7 +17,8 @@
 // Work items are (segment, KV heads, context split), spread over torch's thread count with OpenMP. An
 // item streams its tokens in tiles of 16 with an online softmax in fp32, asking for the lines of the tokens
 // it reads next into L2 (Scout). Two tile routines: bf16 K/V on CPUs with AVX512-BF16 (head_dim 64 or 128)
-// score a block of stacked queries at once with bf16 dot products on the transposed tile (run_item_bf16);
+// score a block of stacked queries at once with bf16 dot products on the transposed tile (run_item_bf16; for
+// paged_prefill's compute-bound work the probabilities are rounded to bf16 too, two tokens per instruction);
 // everything else widens the tile to fp32 in a small buffer (fp32 read in place) and scores one query at a
 // time with AVX2 (run_item). An output with a single partial result gets it written directly; the
 // others are merged in a second pass, in a fixed order (segment order, then split order). Splits have a
@@ -272,11 +273,30 @@ struct Bf16Tile {
   static constexpr int64_t kWords = HD / 2;  // bf16 pairs per K row
   alignas(64) uint32_t kt[kWords][16];       // the tile's K, transposed: word w of token t at kt[w][t]
   alignas(64) float probs[kBlockQueries][16];
+  // bf16 probabilities (paged_prefill): V as token pairs, (V[2i][16c + l], V[2i + 1][16c + l]) at vp[i][c][l],
+  // and each query's probabilities as pairs of bf16
+  alignas(64) uint32_t vp[8][HD / 16][16];
+  alignas(64) uint32_t pw[kBlockQueries][8];
 };
+
+// The tile's V rows (n of them; a missing odd one reads as zeros) interleaved as token pairs into tile.vp.
+template <int64_t HD>
+inline void pair_values(Bf16Tile<HD>& tile, const c10::BFloat16* const* vrow, int64_t n) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t i = 0; 2 * i < n; ++i)
+    for (int64_t h = 0; h < HD / 32; ++h) {
+      const __m512i a = _mm512_loadu_si512(vrow[2 * i] + 32 * h);
+      const __m512i b = 2 * i + 1 < n ? _mm512_loadu_si512(vrow[2 * i + 1] + 32 * h) : _mm512_setzero_si512();
+      _mm512_store_si512(tile.vp[i][2 * h], _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(tile.vp[i][2 * h + 1], _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
 
 // One block of NB queries (their indices in ms) against the tile held in `tile` (V rows vrow): query b sees the
 // tile's first live[b] tokens, and the last query sees the most.
-template <int64_t HD, int NB>
+template <int64_t HD, int NB, bool BF16_PROBS>
 inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const int64_t* ms, const int64_t* live,
                                                       const uint32_t* qhi, const uint32_t* qlo, bool any_lo,
                                                       const c10::BFloat16* const* vrow, Scratch& sc) {
@@ -320,19 +340,33 @@ inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const 
   __m512 acc[NB][C];
   for (int b = 0; b < NB; ++b)
     for (int64_t c = 0; c < C; ++c) acc[b][c] = _mm512_mul_ps(_mm512_loadu_ps(sc.acc.data() + ms[b] * HD + 16 * c), alpha[b]);
-  for (int64_t t = 0; t < n; ++t) {
-    __m512 vv[C];
-    for (int64_t c = 0; c < C; ++c) vv[c] = widen_bf16(vrow[t] + 16 * c);
-    for (int b = 0; b < NB; ++b) {
-      const __m512 p = _mm512_set1_ps(tile.probs[b][t]);
-      for (int64_t c = 0; c < C; ++c) acc[b][c] = _mm512_fmadd_ps(p, vv[c], acc[b][c]);
+  if constexpr (BF16_PROBS) {  // two tokens per instruction: V pairs against each query's probability pairs
+    for (int b = 0; b < NB; ++b)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tile.pw[b]),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(tile.probs[b])));
+    for (int64_t i = 0; 2 * i < n; ++i)
+      for (int64_t c = 0; c < C; ++c) {
+        const __m512bh vw = (__m512bh)_mm512_load_si512(tile.vp[i][c]);
+        for (int b = 0; b < NB; ++b)
+          acc[b][c] = _mm512_dpbf16_ps(acc[b][c], vw, (__m512bh)_mm512_set1_epi32(static_cast<int>(tile.pw[b][i])));
+      }
+  } else {
+    for (int64_t t = 0; t < n; ++t) {
+      __m512 vv[C];
+      for (int64_t c = 0; c < C; ++c) vv[c] = widen_bf16(vrow[t] + 16 * c);
+      for (int b = 0; b < NB; ++b) {
+        const __m512 p = _mm512_set1_ps(tile.probs[b][t]);
+        for (int64_t c = 0; c < C; ++c) acc[b][c] = _mm512_fmadd_ps(p, vv[c], acc[b][c]);
+      }
     }
   }
   for (int b = 0; b < NB; ++b)
     for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(sc.acc.data() + ms[b] * HD + 16 * c, acc[b][c]);
 }
 
-template <int64_t HD>
+// BF16_PROBS (paged_prefill, compute-bound: many stacked queries per tile): probabilities rounded to bf16 for
+// the value product, as SDPA's bf16 path rounds them, two tokens per instruction; decode keeps them in fp32.
+template <int64_t HD, bool BF16_PROBS>
 void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, const c10::BFloat16* v,
                    const Shape& sh, const int64_t* blocks, const int64_t* block_start, const int64_t* rows_ptr,
                    const Dest& dst, float scale, float* out, float* lse, float* ws, Scratch& sc) {
@@ -375,6 +409,7 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
         for (int64_t j = 0; j < 16; ++j) _mm512_store_si512(tile.kt[16 * blk + j], r[j]);
       }
       for (int64_t t = 0; t < n; ++t) vrow[t] = vtok[t] + hl * sh.v_head;
+      if constexpr (BF16_PROBS) pair_values(tile, vrow, n);
       scout.ahead_of(t0 + kTile * (hl + 1) / nh);
       int64_t count = 0;  // this head's queries: g per member
       for (int64_t j = 0; j < members; ++j)
@@ -386,12 +421,12 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
       for (int64_t b0 = 0; b0 < count; b0 += QB) {
         const int64_t *bm = ms.data() + b0, *bl = live.data() + b0;
         switch (std::min(QB, count - b0)) {
-          case 1: bf16_block<HD, 1>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
-          case 2: bf16_block<HD, 2>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
-          case 3: bf16_block<HD, 3>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
-          case 4: bf16_block<HD, 4>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
-          case 5: bf16_block<HD, 5>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
-          default: bf16_block<HD, kBlockQueries>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 1: bf16_block<HD, 1, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 2: bf16_block<HD, 2, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 3: bf16_block<HD, 3, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 4: bf16_block<HD, 4, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          case 5: bf16_block<HD, 5, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
+          default: bf16_block<HD, kBlockQueries, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
         }
       }
     }
@@ -574,8 +609,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     auto item = sh.d == 64 ? run_item<KV, 64> : sh.d == 128 ? run_item<KV, 128> : run_item<KV, 0>;
 #ifdef KVLOOP_AVX512BF16
     if constexpr (std::is_same_v<KV, c10::BFloat16>) {
-      if (sh.d == 64) item = run_item_bf16<64>;
-      if (sh.d == 128) item = run_item_bf16<128>;
+      if (sh.d == 64) item = causal ? run_item_bf16<64, true> : run_item_bf16<64, false>;
+      if (sh.d == 128) item = causal ? run_item_bf16<128, true> : run_item_bf16<128, false>;
     }
 #endif
 #pragma omp parallel num_threads(threads)

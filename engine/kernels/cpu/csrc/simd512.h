@@ -1,9 +1,9 @@
 // AVX-512 primitives of the paged decode kernel's blocked path (bf16 K/V on CPUs with AVX512-BF16): a 16 x 16
 // transpose of 32-bit words, exp over 16 lanes and bf16 widening. Defined only where the compiler targets
-// AVX512F + AVX512-BF16 (built with -march=native on the machine that runs it).
+// AVX512F/BW + AVX512-BF16 (built with -march=native on the machine that runs it).
 #pragma once
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
 #include <cstdint>
