@@ -41,8 +41,8 @@ class CpuBackend(WithDecode):
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
         cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds them
-        (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 13.4 ms against
-        SDPA's 18.4-19.1 with the gather; 112 over 1,952 3.0 against 4.7; 512 fresh 2.8 against 4.7). Elsewhere
+        (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 10.7 ms against
+        SDPA's 18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against 4.6). Elsewhere
         SDPA (the kernel's AVX2 routine scores one query at a time: not measured faster there)."""
         if k_cache.dtype == torch.bfloat16 and build.blocked_bf16():
             return self._prefill(q, k_cache, v_cache, meta, scale)
