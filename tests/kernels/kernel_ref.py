@@ -166,6 +166,19 @@ def make_cascade_paged(
 # ---- the CPU linear kernels ------------------------------------------------------------------------------
 
 
+def load_attention_kernel() -> None:
+    """Builds (once) and loads the CPU attention kernel, or skips the calling module's tests where there is no
+    C++ toolchain; a build that fails with one is a failure."""
+    import shutil
+
+    from kvloop.engine.kernels.cpu import build
+
+    if not build.load(build=True):
+        if shutil.which("c++") is None or shutil.which("ninja") is None:
+            pytest.skip(f"no C++ toolchain here: {build.unavailable_reason()}")
+        pytest.fail(f"the CPU kernel did not build: {build.unavailable_reason()}")
+
+
 def load_linear_kernel(kernel: ModuleType) -> None:
     """Builds (once) and loads a CPU linear kernel (kvloop.engine.kernels.cpu.linear_*), or skips the calling
     module's tests without one; one torch thread."""

@@ -10,11 +10,9 @@ install time); a missing one is built here once."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from kernel_ref import make_paged, new_generator, poisoned_alloc, strided_rows
+from kernel_ref import load_attention_kernel, make_paged, new_generator, poisoned_alloc, strided_rows
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -31,10 +29,7 @@ BS = 16
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    if not build.load(build=True):
-        if shutil.which("c++") is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ toolchain here: {build.unavailable_reason()}")
-        pytest.fail(f"the CPU kernel did not build: {build.unavailable_reason()}")
+    load_attention_kernel()
 
 
 def reference_lse(q, paged, tables, lens, scale) -> tuple[torch.Tensor, torch.Tensor]:

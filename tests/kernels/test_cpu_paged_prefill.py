@@ -7,11 +7,9 @@ torch backend's (SDPA over a gathered copy)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from kernel_ref import make_paged, new_generator, strided_rows
+from kernel_ref import load_attention_kernel, make_paged, new_generator, strided_rows
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -29,10 +27,7 @@ CHUNKS = [(0, 37), (21, 16), (32, 40), (100, 1), (0, 600), (555, 130)]
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    if not build.load(build=True):
-        if shutil.which("c++") is None or shutil.which("ninja") is None:
-            pytest.skip(f"no C++ toolchain here: {build.unavailable_reason()}")
-        pytest.fail(f"the CPU kernel did not build: {build.unavailable_reason()}")
+    load_attention_kernel()
 
 
 def chunk_reference(q: torch.Tensor, paged, chunks: list[tuple[int, int]], scale: float) -> torch.Tensor:

@@ -144,12 +144,14 @@ def prefill_work(meta: AttentionMetadata, block_size: int) -> Segments:
                            c.block_table[: -(-c.seq_len // block_size)].tolist(), c.seq_len) for c in meta.prefills])
 
 
-class _StepWork:
-    """A work list built on a step's first layer and reused by the others."""
+class _StepKernel:
+    """One of the kernel's step calls (decode or prefill) over a work list built on a step's first layer and
+    reused by the others; q's rows → the same shape in q's dtype."""
 
-    def __init__(self, build: Callable[[AttentionMetadata, int], Segments], split_tokens: int = SPLIT_TOKENS):
+    def __init__(self, build: Callable[[AttentionMetadata, int], Segments], run: Callable[..., tuple],
+                 split_tokens: int = SPLIT_TOKENS):
         self.split_tokens = split_tokens
-        self._build = build
+        self._build, self._run = build, run
         self._meta: AttentionMetadata | None = None  # kept alive while cached, so `is` cannot match a new one
         self._work: Segments | None = None
 
@@ -159,30 +161,24 @@ class _StepWork:
             self._meta = meta
         return self._work
 
-
-class CpuDecode(_StepWork):
-    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention: one kernel call
-    per layer, cascade or not."""
-
-    def __init__(self, split_tokens: int = SPLIT_TOKENS):
-        super().__init__(decode_work, split_tokens)
-
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                  scale: float) -> torch.Tensor:
-        """q [num_decode, heads, hd] → [num_decode, heads, hd] in q's dtype."""
-        out, _ = decode(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
+        out, _ = self._run(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
         return out.to(q.dtype)
 
 
-class CpuPrefill(_StepWork):
-    """Prefill rows through the kernel's causal segments, with the contract of AttentionBackend.extend: every
-    chunk of the step in one call per layer, its context read in place (no gathered copy of it)."""
+class CpuDecode(_StepKernel):
+    """Decode rows through the kernel, with the same contract as torch_decode.decode_attention (q [num_decode,
+    heads, hd]): one kernel call per layer, cascade or not."""
 
     def __init__(self, split_tokens: int = SPLIT_TOKENS):
-        super().__init__(prefill_work, split_tokens)
+        super().__init__(decode_work, decode, split_tokens)
 
-    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                 scale: float) -> torch.Tensor:
-        """q [N - num_decode, heads, hd] → the same shape in q's dtype."""
-        out, _ = prefill(q, k_cache, v_cache, self.work(meta, k_cache.shape[1]), scale, self.split_tokens)
-        return out.to(q.dtype)
+
+class CpuPrefill(_StepKernel):
+    """Prefill rows through the kernel's causal segments, with the contract of AttentionBackend.extend (q [N -
+    num_decode, heads, hd]): every chunk of the step in one call per layer, its context read in place (no
+    gathered copy of it)."""
+
+    def __init__(self, split_tokens: int = SPLIT_TOKENS):
+        super().__init__(prefill_work, prefill, split_tokens)

@@ -66,24 +66,26 @@ KVLOOP_INLINE void prefetch_l2(const void* p, int64_t bytes) {
 
 // ---- exp ------------------------------------------------------------------------------------------------
 
-#ifdef KVLOOP_AVX2
 // exp(x) for x <= 0 (scores minus their running maximum): 2^k * e^r with k = round(x / ln 2) and
 // |r| <= ln 2 / 2, e^r by its Taylor series to r^6 (relative error below 2e-7). Inputs under -87 are
-// clamped there (e^-87 ~ 1.6e-38: nothing next to the maximum's weight of 1).
+// clamped there (e^-87 ~ 1.6e-38: nothing next to the maximum's weight of 1). The constants serve every
+// vector width (simd512.h's too).
+struct ExpConstants {
+  static constexpr float kMin = -87.0f, kLog2e = 1.44269504088896341f;
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 split: k * kLn2Hi is exact
+  static constexpr float kTaylor[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};  // r^6 .. 1
+};
+
+#ifdef KVLOOP_AVX2
 KVLOOP_INLINE __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  using E = ExpConstants;
+  x = _mm256_max_ps(x, _mm256_set1_ps(E::kMin));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(E::kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  // r = x - k ln 2, with ln 2 split in two so that k * ln2_hi is exact
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(E::kLn2Hi), x);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(E::kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(E::kTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(E::kTaylor[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "simd.h"
+
 #define KVLOOP_AVX512BF16 1
 
 namespace kvloop {
@@ -40,18 +42,14 @@ inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
 
 // exp(x) for x <= 0, as simd.h's exp_nonpositive over 16 lanes.
 inline __attribute__((always_inline)) __m512 exp512_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  using E = ExpConstants;
+  x = _mm512_max_ps(x, _mm512_set1_ps(E::kMin));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(E::kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(E::kLn2Hi), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(E::kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(E::kTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(E::kTaylor[i]));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
