@@ -34,17 +34,17 @@ class CpuBackend(WithDecode):
     """A decode-only step's layer is one operator call (decode_layer: K/V write and paged decode); at batch 1
     the dozen torch calls it replaces cost more than the attention itself. Mixed steps compose as WithDecode."""
 
-    def __init__(self, name, decode, base, prefill):
+    def __init__(self, name, decode, base, prefill=None):
         super().__init__(name, decode, base)
-        self._prefill = prefill
+        self._prefill = prefill  # the kernel's prefill (CpuPrefill) where it has its blocked bf16 path, else None
 
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
         cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds them
         (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 10.7 ms against
         SDPA's 18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against 4.6). Elsewhere
-        SDPA (the kernel's AVX2 routine scores one query at a time: not measured faster there)."""
-        if k_cache.dtype == torch.bfloat16 and build.blocked_bf16():
+        SDPA (the kernel's AVX2 routine scores one query at a time, and was not measured against SDPA)."""
+        if self._prefill is not None and k_cache.dtype == torch.bfloat16:
             return self._prefill(q, k_cache, v_cache, meta, scale)
         return super().extend(q, k_cache, v_cache, meta, scale)
 
@@ -82,4 +82,5 @@ def create(device: torch.device | str) -> AttentionBackend:
 
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
-    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), CpuPrefill())
+    prefill = CpuPrefill() if build.blocked_bf16() else None  # decided once, not per layer
+    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill)

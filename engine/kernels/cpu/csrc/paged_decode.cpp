@@ -134,9 +134,11 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   TORCH_CHECK(rp[0] == 0 && rp[segs] == pairs, "rows_ptr must run from 0 to rows.numel()");
   for (int64_t p = 0; p < pairs; ++p) TORCH_CHECK(rw[p] >= 0 && rw[p] < q.size(0), "query row out of range");
 
+  // Context splits per segment: none for a causal one (its items are runs of rows instead, see below).
+  auto splits_of = [&](int64_t n) { return causal ? 1 : std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens); };
   // Every index is checked before any thread reads it.
-  int64_t base_items = 0;  // (segment, context split) pairs
-  int64_t work = 0, largest = 0;              // the call's work, and its largest base item's (see kMinWorkPerThread)
+  int64_t base_items = 0;         // (segment, context split) pairs
+  int64_t work = 0, largest = 0;  // the call's work, and its largest base item's (see kMinWorkPerThread)
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     TORCH_CHECK(members >= 0 && n >= 0, "segment ", s, ": negative size");
@@ -146,7 +148,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     for (int64_t j = 0; j < used; ++j)
       TORCH_CHECK(bl[bs[s] + j] >= 0 && bl[bs[s] + j] < num_blocks, "segment ", s, ": block id out of range");
     if (members == 0) continue;
-    base_items += std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens);
+    base_items += splits_of(n);
     work += n * sh.kv_heads * members;
     largest = std::max(largest, std::min(n, split_tokens) * sh.kv_heads * members);
   }
@@ -157,7 +159,6 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // Causal segments (prefill chunks: hundreds of stacked rows) are split by rows instead, one KV head an item:
   // no partial results to merge (measured 15% of a 512-row chunk's time over 2,000 tokens at 512-token splits).
   const int64_t per_item = !causal && base_items >= 4 * nt && largest * nt <= work ? sh.kv_heads : 1;
-  auto splits_of = [&](int64_t n) { return causal ? 1 : std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens); };
 
   // Partial results per output: a pair's context splits, and per row those of every pair naming it.
   const int64_t outputs = per_row ? q.size(0) : pairs;

@@ -142,10 +142,18 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
   const KV* ktok[kTile];
   const KV* vtok[kTile];
   const KV* vrow[kTile];
-  std::vector<int64_t> ms(members * g), live(members * g);  // a head's queries, and what each sees of a tile
+  const int64_t count = members * g;  // queries per KV head: g per member
+  std::vector<int64_t> ms(nh * count), live(count);  // each head's queries, and what each member's see of a tile
+  for (int64_t hl = 0; hl < nh; ++hl)
+    for (int64_t j = 0; j < members; ++j)
+      for (int64_t gi = 0; gi < g; ++gi) ms[hl * count + j * g + gi] = (j * nh + hl) * g + gi;
   for (int64_t t0 = it.t0; t0 < it.t1; t0 += kTile) {
     const int64_t n = std::min(kTile, it.t1 - t0);
     walker.locate(n, ktok, vtok);
+    for (int64_t j = 0; j < members; ++j) {
+      const int64_t seen = live_in_tile(visible(sh, it, j), t0, n);
+      for (int64_t gi = 0; gi < g; ++gi) live[j * g + gi] = seen;
+    }
     for (int64_t hl = 0; hl < nh; ++hl) {
       for (int64_t blk = 0; blk < W / 16; ++blk) {
         __m512i r[16];
@@ -158,15 +166,8 @@ void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, 
       for (int64_t t = 0; t < n; ++t) vrow[t] = vtok[t] + hl * sh.v_head;
       if constexpr (BF16_PROBS) pair_values(tile, vrow, n);
       scout.ahead_of(t0 + kTile * (hl + 1) / nh);
-      int64_t count = 0;  // this head's queries: g per member
-      for (int64_t j = 0; j < members; ++j)
-        for (int64_t gi = 0; gi < g; ++gi) ms[count++] = (j * nh + hl) * g + gi;
-      for (int64_t j = 0; j < members; ++j) {
-        const int64_t seen = live_in_tile(visible(sh, it, j), t0, n);
-        for (int64_t gi = 0; gi < g; ++gi) live[j * g + gi] = seen;
-      }
       for (int64_t b0 = 0; b0 < count; b0 += QB) {
-        const int64_t *bm = ms.data() + b0, *bl = live.data() + b0;
+        const int64_t *bm = ms.data() + hl * count + b0, *bl = live.data() + b0;
         switch (std::min(QB, count - b0)) {
           case 1: bf16_block<HD, 1, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
           case 2: bf16_block<HD, 2, BF16_PROBS>(tile, bm, bl, qhi, qlo, any_lo, vrow, sc); break;
