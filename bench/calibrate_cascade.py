@@ -22,7 +22,9 @@ token_row_us, group_us, merge_us) are then refitted on whole decodes with and wi
 points), and the margin fitted on the same decodes. It then checks the model's decision
 (worth) against the measured faster path, the kernel's whole decode with and without the group
 (cpu.paged_decode.CpuDecode, merges included), on held-out (members, shared tokens) points, each row with
-its own 112 tokens after the shared ones.
+its own 112 tokens after the shared ones. Where the kernel is built with its blocked bf16 routine (AVX512-BF16), the
+cpu backend prices bf16 K/V under its own cost name, "cpu/avx512bf16": only bf16 is measured, into
+cascade_calibration_cpu_avx512bf16.json, for the _CPU_BF16_BLOCKED entry (fp32 K/V run the other routine there).
 
 Prints the entries to paste into cascade_cost.py, the fit's worst relative error and the break-even shared
 length per group size, and writes them as JSON with top-level goals.
@@ -169,6 +171,17 @@ HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
 MARGIN = [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]
 MARGIN_QUICK = [(2, 272), (8, 96)]
 CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade_cost.py
+BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
+
+
+def cpu_cost_name() -> str:
+    """The cost name the cpu backend prices its decodes under on this CPU (CpuBackend.cost_name)."""
+    from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16
+    from kvloop.engine.kernels.cpu import build
+
+    if not build.load():
+        raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
+    return f"cpu/{BLOCKED_BF16}" if build.blocked_bf16() else "cpu"
 
 
 def best_of_each(fns: list, reps: int) -> list[float]:
@@ -375,14 +388,15 @@ def paste_line(name: str, cost: AttentionCost, width: int = 110) -> str:
 def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], points: list[tuple[int, int]],
                   margin_points: list[tuple[int, int]], reps: int) -> list[str]:
     """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade_cost.py."""
-    from kvloop.engine.kernels.cpu import build
-
-    if not build.load():
-        raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
-    merges = measure_cpu_merge(rows_grid, reps)
+    merges = measure_cpu_merge(rows_grid, reps)  # the kernel is loaded (cpu_cost_name)
     paste, summary = [], []
+    # with the blocked bf16 routine built, bf16 K/V take it (its own entry); other dtypes, the routine measured
+    # on CPUs without it
+    names = BLOCKED_NAMES if result["cost_name"] != "cpu" else CPU_NAMES
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")
+        if name not in names:
+            continue
         stacked, plain = measure_cpu(dtype, rows_grid, tokens_grid, reps)
         segments, fixed_us, worst = fit_cpu(stacked, plain, merges)
         decodes = measure_decodes(dtype, margin_points, reps)
@@ -401,7 +415,7 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
             "held_out_wrong_beyond_tie": len(wrong), "held_out_cascaded_slower_beyond_tie": len(wrong) - len(missed),
             "held_out": checks,
             "samples_us": {"stacked": stacked, "plain": plain, "merge": merges}}
-        paste.append(paste_line(CPU_NAMES[name], cost))
+        paste.append(paste_line(names[name], cost))
         even = {m: "never" if n is None else f"{n:,}" for m, n in evens.items()}
         summary.append(f"{name}: segments fit within {worst:.0%}, cascade terms on whole decodes within "
                        f"{decode_worst:.0%} of a step, margin {cost.min_gain:.2f}, break-even shared tokens {even[2]} for 2 sharers, "
@@ -454,9 +468,12 @@ def main() -> None:
                    help="the decode path to measure: the torch path or the C++ CPU kernel")
     p.add_argument("--quick", action="store_true", help="a tiny grid (smoke run)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu].json")
+    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu[_avx512bf16]].json "
+                                               "(the cpu backend's cost name on this CPU)")
     args = p.parse_args()
-    out = Path(args.out or f"bench/results/cascade_calibration{'_cpu' if args.backend == 'cpu' else ''}.json")
+    cost_name = cpu_cost_name() if args.backend == "cpu" else "torch"
+    stem = "" if cost_name == "torch" else "_" + cost_name.replace("/", "_")
+    out = Path(args.out or f"bench/results/cascade_calibration{stem}.json")
     torch.set_num_threads(args.threads)
     rows_grid = [1, 2, 4, 8, 16, 32]
     tokens_grid = [64, 256, 1024, 2048]
@@ -470,12 +487,13 @@ def main() -> None:
     else:
         from kvloop.engine.bench.machine import cpu_flags
 
-        result.update(backend="cpu", quick=args.quick, cpu_flags=cpu_flags())
+        result.update(backend="cpu", cost_name=cost_name, quick=args.quick, cpu_flags=cpu_flags())
         paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT,
                               MARGIN_QUICK if args.quick else MARGIN, reps)
         result["goals"] = cpu_goals(result)
         command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
-        print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the _CPU_BF16 and _CPU_FP32 lines, and "
+        entries = " and ".join(BLOCKED_NAMES.values() if cost_name != "cpu" else CPU_NAMES.values())
+        print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the {entries} lines, and "
               f"update their comment: `{command}` on {result['cpu_flags']['model']} ---")
         print("\n".join(paste))
     out.parent.mkdir(parents=True, exist_ok=True)

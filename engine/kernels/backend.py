@@ -41,6 +41,12 @@ class AttentionBackend(ABC):
 
     name: str = ""
 
+    @property
+    def cost_name(self) -> str:
+        """The name its decode trade-off is measured under (kernels/cascade_cost.py): the backend's, or a variant of
+        it where its kernel takes another code path on this CPU."""
+        return self.name
+
     @abstractmethod
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata) -> None:

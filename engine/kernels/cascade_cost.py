@@ -95,10 +95,26 @@ _CPU_FP32 = AttentionCost(call_us=2.047, row_us=1.7709, token_us=0.07751, token_
                           merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.02851,
                           min_gain=0.0)
 
-# Per attention backend (backend.py's names), per KV dtype.
+# The kernel's blocked bf16 routine (AVX512F/BW + AVX512-BF16; backend "cpu", cost name "cpu/avx512bf16"), bf16 K/V
+# only: K transposed once per tile and scored with bf16 dot products, several stacked queries per K/V load, so a
+# plain row already costs less per token and a group gains less. Measured with `bench/calibrate_cascade.py --backend
+# cpu --threads 2` on an AMD EPYC with AVX512-BF16, quiet machine (bench/results/cascade_calibration_cpu_avx512bf16
+# .json): the cascade terms fit whole decodes within 17% of a plain step (the segments alone within 95%, as the other
+# routine's). Break-even 288 shared tokens for any group size: cascade measured slower at 192 shared tokens and less
+# for 12-24 sharers (16 x 192: 160 against 154 us plain), where the _CPU_BF16 entry cascades from 80 tokens. On the 35
+# held-out decodes it cascades where cascade measured slower at none; it stays plain at 4 and 6 sharers of 192 tokens
+# where cascade was 5-6% faster.
+_CPU_BF16_BLOCKED = AttentionCost(call_us=0.0, row_us=2.6018, token_us=0.02572, token_row_us=0.016463,
+                                  merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.0,
+                                  min_gain=0.0)
+
+# Per attention backend (backend.py's names, or a backend's cost name "name/variant": AttentionBackend.cost_name),
+# per KV dtype. A variant measured for some KV dtypes only runs the others through its backend's routine.
+BLOCKED_BF16 = "avx512bf16"  # the cpu kernel's variant with the blocked bf16 routine
 COSTS: dict[str, dict[str, AttentionCost]] = {
     "torch": {"bfloat16": _BF16, "float16": _BF16, "float32": _FP32},
     "cpu": {"bfloat16": _CPU_BF16, "float16": _CPU_BF16, "float32": _CPU_FP32},
+    f"cpu/{BLOCKED_BF16}": {"bfloat16": _CPU_BF16_BLOCKED},
 }
 # Backends decided by another's entries, said here rather than found by a silent fallback. Triton has no
 # calibration of its own yet: the torch path's entries keep deciding for it, as they did before per-backend ones.
@@ -107,10 +123,13 @@ STAND_INS: dict[str, str] = {"triton": "torch"}
 
 def cost_for(kv_dtype: str, backend: str = "torch") -> AttentionCost:
     """The model for a KV dtype name ("bfloat16", "torch.bfloat16", ...) on an attention backend's decode path
-    (its registered name; the torch path by default, as the simulator prices steps). An error for a backend
-    without entries: its cascade decisions would otherwise rest on another path's trade-off."""
-    entries = COSTS.get(STAND_INS.get(backend, backend))
+    (its cost name: the registered name, or "name/variant"; the torch path by default, as the simulator prices
+    steps). An error for a backend without entries: its cascade decisions would otherwise rest on another path's
+    trade-off."""
+    dtype = kv_dtype.removeprefix("torch.")
+    name = STAND_INS.get(backend, backend)
+    entries = COSTS.get(name)
     if entries is None:
         raise ValueError(f"no attention cost model for backend {backend!r}; measured: {sorted(COSTS)}, "
                          f"standing in: {STAND_INS} (bench/calibrate_cascade.py measures one)")
-    return entries[kv_dtype.removeprefix("torch.")]
+    return entries.get(dtype) or COSTS[name.partition("/")[0]][dtype]  # a variant's other dtypes: its backend's

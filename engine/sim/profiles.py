@@ -64,10 +64,10 @@ def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, a
 
 
 def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, int, str, str]:
-    """(efficiency, weight bytes, KV dtype, attention backend) fitted by bench/sim_calibrate.py; placeholders
-    when it has not run (the engine's default here: an fp32 model, bf16 KV). A fit made before the KV dtype
-    was recorded ran fp32 KV; one made before the backend was recorded priced decode attention as the torch
-    path's."""
+    """(efficiency, weight bytes, KV dtype, attention backend's cost name) fitted by bench/sim_calibrate.py;
+    placeholders when it has not run (the engine's default here: an fp32 model, bf16 KV). A fit made before the
+    KV dtype was recorded ran fp32 KV; one made before the backend was recorded priced decode attention as the
+    torch path's."""
     p = Path(path) if path else CALIBRATION_FILE
     if not p.exists():
         return CPU_EFF_DEFAULT, 4, "bfloat16", "torch"

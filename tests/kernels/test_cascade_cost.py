@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvloop.engine.kernels.cascade_cost import COSTS, STAND_INS, AttentionCost, cost_for
+from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16, COSTS, STAND_INS, AttentionCost, cost_for
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_RESULTS = ROOT / "bench" / "results" / "cascade_calibration_cpu.json"
+# the CPU kernel's calibrations: its one-query routine (AVX2 machines), its blocked bf16 routine (AVX512-BF16)
+CPU_RESULTS = [ROOT / "bench" / "results" / f"cascade_calibration_{stem}.json" for stem in ("cpu", f"cpu_{BLOCKED_BF16}")]
 ENTRIES = [(backend, dtype) for backend, by_dtype in COSTS.items() for dtype in by_dtype]
 
 
@@ -44,9 +45,22 @@ def test_each_backend_gets_its_own_entry_or_a_named_stand_in():
         cost_for("bfloat16", "decode-only")
 
 
+def test_a_kernel_variant_prices_its_own_dtypes_and_its_backends_others():
+    """The blocked bf16 routine reads bf16 K/V only: its cost name gets its own bf16 entry, and the cpu backend's
+    entries for the dtypes it leaves to the other routine. A variant nobody measured is an error."""
+    blocked = f"cpu/{BLOCKED_BF16}"
+    assert cost_for("bfloat16", blocked) is COSTS[blocked]["bfloat16"] is not COSTS["cpu"]["bfloat16"]
+    assert cost_for("torch.bfloat16", blocked) is COSTS[blocked]["bfloat16"]
+    for dtype in ("float16", "float32"):
+        assert cost_for(dtype, blocked) is COSTS["cpu"][dtype]
+    with pytest.raises(ValueError, match="no attention cost model for backend 'cpu/avx9'"):
+        cost_for("bfloat16", "cpu/avx9")
+
+
 def test_cpu_kernel_cascades_sixteen_sharers_of_a_document():
     for dtype in ("bfloat16", "float32"):
-        assert cost_for(dtype, "cpu").worth(16, 1888), dtype
+        for name in ("cpu", f"cpu/{BLOCKED_BF16}"):
+            assert cost_for(dtype, name).worth(16, 1888), (name, dtype)
 
 
 def test_cpu_entry_never_cascades_where_its_calibration_measured_it_slower():
@@ -54,11 +68,17 @@ def test_cpu_entry_never_cascades_where_its_calibration_measured_it_slower():
     calibration that produced the entry, the model never picks cascade where it measured slower (beyond
     the tie margin), and it does pick it for 16 sharers of a 1,888-token document. A conservative miss
     (plain where cascade was faster, as at 4 sharers with 2 threads) costs speed, not correctness."""
-    if not CPU_RESULTS.exists():
+    results = [json.loads(path.read_text()) for path in CPU_RESULTS if path.exists()]
+    if not results:
         pytest.skip("no CPU calibration results (bench/calibrate_cascade.py --backend cpu)")
-    result = json.loads(CPU_RESULTS.read_text())
+    for result in results:
+        check_against_its_calibration(result)
+
+
+def check_against_its_calibration(result: dict) -> None:
     for dtype, measured in result["dtypes"].items():
-        cost = cost_for(dtype, "cpu")
+        cost = cost_for(dtype, result.get("cost_name", "cpu"))
+        assert cost is COSTS[result.get("cost_name", "cpu")][dtype]  # the entry this calibration measured
         assert cost.worth(16, 1888), dtype
         for point in measured["held_out"]:
             if cost.worth(point["members"], point["shared_tokens"]) and not point["tie"]:
@@ -96,7 +116,13 @@ def test_runner_prices_with_the_backend_its_model_runs(backend: str):
                       num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=64)
     model = LlamaModel(cfg, random_weights(cfg, seed=0), torch.float32, attention_backend=backend)
     runner = ModelRunner(model, num_blocks=4, block_size=16, kv_dtype=torch.bfloat16)
-    assert runner.attention_cost is COSTS[backend]["bfloat16"]
+    name = backend
+    if backend == "cpu":
+        from kvloop.engine.kernels.cpu import build
+
+        name = f"cpu/{BLOCKED_BF16}" if build.blocked_bf16() else "cpu"  # bf16 K/V take the blocked routine there
+    assert model.attention.cost_name == name
+    assert runner.attention_cost is COSTS[name]["bfloat16"]
 
 
 def load_calibration():
