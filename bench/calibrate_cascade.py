@@ -175,13 +175,13 @@ BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's 
 
 
 def cpu_cost_name() -> str:
-    """The cost name the cpu backend prices its decodes under on this CPU (CpuBackend.cost_name)."""
-    from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16
+    """The cost name the cpu backend prices its decodes under on this CPU (its CpuBackend.cost_name)."""
+    from kvloop.engine.kernels.backend import get_backend
     from kvloop.engine.kernels.cpu import build
 
     if not build.load():
         raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
-    return f"cpu/{BLOCKED_BF16}" if build.blocked_bf16() else "cpu"
+    return get_backend("cpu", "cpu").cost_name
 
 
 def best_of_each(fns: list, reps: int) -> list[float]:
