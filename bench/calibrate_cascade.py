@@ -174,6 +174,12 @@ CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries
 BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
 
 
+def entry_names(cost_name: str) -> dict[str, str]:
+    """KV dtype -> the cascade_cost.py entry a cpu calibration under this cost name measures: with the blocked bf16
+    routine built, bf16 K/V take it (its own entry); other dtypes run the routine measured on CPUs without it."""
+    return CPU_NAMES if cost_name == "cpu" else BLOCKED_NAMES
+
+
 def cpu_cost_name() -> str:
     """The cost name the cpu backend prices its decodes under on this CPU (its CpuBackend.cost_name)."""
     from kvloop.engine.kernels.backend import get_backend
@@ -390,9 +396,7 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
     """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade_cost.py."""
     merges = measure_cpu_merge(rows_grid, reps)  # the kernel is loaded (cpu_cost_name)
     paste, summary = [], []
-    # with the blocked bf16 routine built, bf16 K/V take it (its own entry); other dtypes, the routine measured
-    # on CPUs without it
-    names = BLOCKED_NAMES if result["cost_name"] != "cpu" else CPU_NAMES
+    names = entry_names(result["cost_name"])
     for dtype in (torch.bfloat16, torch.float32):
         name = str(dtype).removeprefix("torch.")
         if name not in names:
@@ -492,7 +496,7 @@ def main() -> None:
                               MARGIN_QUICK if args.quick else MARGIN, reps)
         result["goals"] = cpu_goals(result)
         command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
-        entries = " and ".join(BLOCKED_NAMES.values() if cost_name != "cpu" else CPU_NAMES.values())
+        entries = " and ".join(entry_names(cost_name).values())
         print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the {entries} lines, and "
               f"update their comment: `{command}` on {result['cpu_flags']['model']} ---")
         print("\n".join(paste))

@@ -35,16 +35,17 @@ class CpuBackend(WithDecode):
     """A decode-only step's layer is one operator call (decode_layer: K/V write and paged decode); at batch 1
     the dozen torch calls it replaces cost more than the attention itself. Mixed steps compose as WithDecode."""
 
-    def __init__(self, name, decode, base, prefill=None, variant: str = ""):
+    def __init__(self, name, decode, base, prefill=None):
         super().__init__(name, decode, base)
-        self._prefill = prefill  # the kernel's prefill (CpuPrefill) where it has its blocked bf16 path, else None
-        self._variant = variant  # the kernel's code path on this CPU ("avx512bf16": the blocked bf16 routine)
+        # the kernel's prefill (CpuPrefill) where it has its blocked bf16 routine, else None: that routine being built
+        # decides both the prefill path and the cost name
+        self._prefill = prefill
 
     @property
     def cost_name(self) -> str:
         """"cpu/avx512bf16" where the blocked bf16 routine is built (its own measured trade-off for bf16 K/V), else
         "cpu"."""
-        return f"{self.name}/{self._variant}" if self._variant else self.name
+        return f"{self.name}/{BLOCKED_BF16}" if self._prefill is not None else self.name
 
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
@@ -90,6 +91,5 @@ def create(device: torch.device | str) -> AttentionBackend:
 
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
-    blocked = build.blocked_bf16()  # decided once, not per layer
-    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), CpuPrefill() if blocked else None,
-                      BLOCKED_BF16 if blocked else "")
+    prefill = CpuPrefill() if build.blocked_bf16() else None  # decided once, not per layer
+    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill)
