@@ -196,6 +196,7 @@ class EngineCore:
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        began = time.perf_counter()  # the whole step is the gap between a decode row's tokens
         batch = self.scheduler.schedule()
         failed = self._failed_outputs()
         if not batch:
@@ -215,6 +216,7 @@ class EngineCore:
             self.num_steps += 1
             self._observe_prefill(batch, time.perf_counter() - started)
             outputs = failed + self._process(batch, result)
+            self.scheduler.observe_step(time.perf_counter() - began, bool(batch.decodes))
         if self.control is not None:
             self.control.after_step(self, outputs)
         return outputs

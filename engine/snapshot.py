@@ -35,6 +35,9 @@ class EngineSnapshot:
     num_preemptions_by_kind: Mapping[str, int] = field(default_factory=dict)  # "swap" / "recompute"
     num_rejections: int = 0  # requests refused at add (too long, queue full, ...)
     num_oom_events: int = 0  # static mode's reservations that did not fit the pool
+    tpot_target_s: float = 0.0  # the TPOT target admission holds (0: none; scheduler/tpot_gate.py)
+    decode_step_s: float = 0.0  # the gate's recent decode step time (0: no target, or no step yet)
+    tpot_holds: int = 0  # admission attempts the TPOT target held back
     requests_finished: int = 0  # any finish reason: stop, length, abort, error
     tokens_generated: int = 0  # output tokens of the finished requests
     # engine
@@ -95,6 +98,9 @@ def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, 
         num_preemptions_by_kind=scheduler.preemptions_by_kind,
         num_rejections=scheduler.num_rejections,
         num_oom_events=scheduler.num_oom_events,
+        tpot_target_s=scheduler.tpot_gate.target_s or 0.0,
+        decode_step_s=scheduler.tpot_gate.step_s or 0.0,
+        tpot_holds=scheduler.tpot_gate.holds,
         requests_finished=scheduler.requests_finished,
         tokens_generated=scheduler.tokens_generated,
         num_steps=num_steps,

@@ -195,6 +195,9 @@ def spec_schema() -> dict[str, Any]:
                                      "live budget the coordinator moves within feedback.stepTokenBudget.",
                                      SB.FLOOR, 1048576, 2048),
             "chunkedPrefill": b("Split long prompts into chunks.", True),
+            "tpotTargetMs": n("Time per output token (ms) the engine holds: while its recent decode steps are "
+                              "slower, waiting requests wait (running ones are never preempted for it). Unset: "
+                              "no target, the batch cap alone bounds the running requests.", 1.0, 600000.0),
         }, default={}),
         "kvCache": kv,
     }, default={})

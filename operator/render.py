@@ -39,7 +39,8 @@ def engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         "block_size": eng["blockSize"], "max_model_len": eng["maxModelLen"],
         "scheduler": {"mode": eng["scheduler"]["mode"], "max_num_seqs": eng["scheduler"]["maxNumSeqs"],
                       "max_num_batched_tokens": eng["scheduler"]["maxNumBatchedTokens"],
-                      "chunked_prefill": eng["scheduler"]["chunkedPrefill"]},
+                      "chunked_prefill": eng["scheduler"]["chunkedPrefill"],
+                      "tpot_target_ms": eng["scheduler"].get("tpotTargetMs")},
         "kv_cache": {
             "device_pool_mib": kv["devicePoolMiB"], "host_pool_mib": kv["hostPoolMiB"],
             "disk_dir": C.KV_DISK_DIR if kv["disk"]["enabled"] else None,

@@ -212,7 +212,8 @@ def make_target(name: str, sizing: Sizing, threads: int | None = None, hf_dtype:
         from kvloop.engine.bench.targets.http import HTTPTarget
 
         return HTTPTarget(name[5:], name)
-    if "@cap" in name or "+coord" in name:  # W5's variants: codesign@cap64, codesign+coord@10s (w5_variants)
+    if "@cap" in name or "@tpot" in name or "+coord" in name:  # variants: codesign@cap64, codesign@tpot80,
+        # codesign+coord@10s (w5_variants)
         from kvloop.engine.bench.w5_engine import variant_target
 
         return variant_target(name, sizing, threads)[0]

@@ -4,6 +4,8 @@ coordinator, so that one list of names drives the simulator (`kvloop simulate --
 
     continuous+lru                  the mode at the scale's default cap (max_num_seqs)
     codesign@cap64                  coordinator off, batch cap fixed at 64 (the fixed-cap sweep)
+    codesign@tpot80                 admission held to an 80 ms TPOT target (SchedulerConfig.tpot_target_ms)
+    codesign@cap24@tpot80           both
     codesign+coord                  the coordinator with the sidecar's default settings (--feedback default)
     codesign+coord@10s+events       ... with a 10 s period and the event path on (the period sweep)
 """
@@ -28,7 +30,7 @@ TPOT_OBJECTIVE_S: dict[str, float | None] = {"gpu": 0.05, "cpu": None}
 # every mode but off) and `+events` only names that in the run.
 EVENT_PATH_FIELD = "event_path"
 
-_NAME = re.compile(r"^(?P<mode>[\w.+-]+?)(?:@cap(?P<cap>\d+))?"
+_NAME = re.compile(r"^(?P<mode>[\w.+-]+?)(?:@cap(?P<cap>\d+))?(?:@tpot(?P<tpot>\d+(?:\.\d+)?))?"
                    r"(?P<coord>\+coord(?:@(?P<period>\d+(?:\.\d+)?)s)?(?P<events>\+events)?)?$")
 
 
@@ -39,10 +41,11 @@ class Variant:
     coordinator: bool = False
     period_s: float | None = None  # None: the settings' period
     events: bool = False  # the coordinator's event path on
+    tpot_ms: float | None = None  # the scheduler's TPOT target (admission waits while steps are slower)
 
     @property
     def name(self) -> str:
-        out = self.mode + (f"@cap{self.cap}" if self.cap else "")
+        out = self.mode + (f"@cap{self.cap}" if self.cap else "") + (f"@tpot{self.tpot_ms:g}" if self.tpot_ms else "")
         if self.coordinator:
             out += "+coord" + (f"@{self.period_s:g}s" if self.period_s else "") + ("+events" if self.events else "")
         return out
@@ -51,16 +54,21 @@ class Variant:
 def parse_variant(name: str) -> Variant:
     m = _NAME.match(name.strip())
     if m is None:
-        raise ValueError(f"bad system name {name!r} (mode[@capN][+coord[@Ps][+events]])")
+        raise ValueError(f"bad system name {name!r} (mode[@capN][@tpotMS][+coord[@Ps][+events]])")
     policy = get_policy(m["mode"])  # raises on an unknown mode
     v = Variant(m["mode"], int(m["cap"]) if m["cap"] else None, bool(m["coord"]),
-                float(m["period"]) if m["period"] else None, bool(m["events"]))
+                float(m["period"]) if m["period"] else None, bool(m["events"]),
+                float(m["tpot"]) if m["tpot"] else None)
     if v.coordinator and not policy.feedback_loop:
         raise ValueError(f"{name!r}: the coordinator steers only feedback-loop modes, not {m['mode']!r}")
     if v.coordinator and v.cap:
         raise ValueError(f"{name!r}: a fixed cap and the coordinator exclude each other")
     if v.cap is not None and v.cap < 1:
         raise ValueError(f"{name!r}: the cap must be >= 1")
+    if v.tpot_ms is not None and v.tpot_ms <= 0:
+        raise ValueError(f"{name!r}: the TPOT target must be > 0 ms")
+    if v.tpot_ms and policy.static_batching:
+        raise ValueError(f"{name!r}: the TPOT target holds admission, and static batching admits none")
     return v
 
 
@@ -123,5 +131,8 @@ def coordinator_settings(v: Variant, base=None, cap_max: int | None = None):
 
 
 def sized(v: Variant, sizing):
-    """The run's sizing: a fixed cap replaces max_num_seqs (the cap the scheduler starts from)."""
-    return replace(sizing, max_num_seqs=v.cap) if v.cap else sizing
+    """The run's sizing: a fixed cap replaces max_num_seqs (the cap the scheduler starts from), a TPOT target
+    the sizing's."""
+    if v.cap:
+        sizing = replace(sizing, max_num_seqs=v.cap)
+    return replace(sizing, tpot_target_ms=v.tpot_ms) if v.tpot_ms else sizing

@@ -31,6 +31,9 @@ class SchedulerConfig:
                                          setting="scheduler.max_num_batched_tokens", help="token budget of one step")
     max_model_len: int = option(8192, flag="--max-model-len", setting="max_model_len",
                                 help="longest sequence (prompt + output) in tokens")
+    tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
+                                          help="time per output token to hold: while the smoothed decode step "
+                                               "is slower, waiting requests wait (default: no target)")
     mode: str = AUTO  # a policy's name (policy.py), or AUTO: the KV manager's
     max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
     # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence
@@ -57,6 +60,8 @@ class SchedulerConfig:
             raise ValueError(f"scheduler mode must be one of {scheduler_modes()}")
         if self.cascade_groups not in CASCADE_GROUPS:
             raise ValueError(f"cascade_groups must be one of {CASCADE_GROUPS}")
+        if self.tpot_target_ms is not None and self.tpot_target_ms <= 0:
+            raise ValueError("tpot_target_ms must be > 0 (or unset)")
         if self.cascade_cap_factor < 1:
             raise ValueError("cascade_cap_factor must be >= 1")
         if self.static_oom not in STATIC_OOM:

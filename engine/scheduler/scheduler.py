@@ -12,6 +12,7 @@ while the batch cap, the token budget and memory allow, as the policy (policy.py
   the simulator (step_cost.py), stays within what `batch_cap` plain rows would cost; the room running
   groups save and a joiner's small price are what let it in. At most cascade_cap_factor x the cap.
 - static batching (static): fixed batches instead of admission (static.py).
+With a TPOT target (tpot_gate.py), admission also waits while the measured decode steps are slower than it.
 
 Time comes from `clock` (default time.monotonic; the simulator passes its virtual clock): aging and the
 static fill timeout run on it."""
@@ -38,6 +39,7 @@ from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
 from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.step_cost import StepCost
+from kvloop.engine.scheduler.tpot_gate import TpotGate
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
 
@@ -59,6 +61,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.view = PrefixView(kv)
         self.gate = AdmissionGate(kv, self.view, config.decode_reserve_tokens)
+        self.tpot_gate = TpotGate(config.tpot_target_ms)
         self.preemptor = Preemptor(kv)
         self.static = (StaticBatcher(config.static_batch_size, config.static_fill_timeout_s, config.static_oom)
                        if self.policy.static_batching else None)
@@ -167,7 +170,8 @@ class Scheduler:
     def admit(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         """schedule()'s second half: waiting requests join the batch within what the running rows left of the
         token budget (the simulator's fast step places the running rows itself, then calls this)."""
-        if self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling:
+        if (self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling
+                and self.tpot_gate.open(len(self.running))):  # asked again per request: an idle engine takes one
             if self.policy.groups_prefixes:
                 self._admit_grouped(batch, budget, now)
             else:
@@ -186,7 +190,8 @@ class Scheduler:
         return budget
 
     def _admit_fcfs(self, batch: ScheduledBatch, budget: int, now: float) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.batch_cap:
+        while (self.waiting and budget > 0 and len(self.running) < self.batch_cap
+               and self.tpot_gate.open(len(self.running))):
             n = self._try_start(self.waiting[0], budget, now)
             if not n:
                 break  # FCFS: the head of the queue waits for memory
@@ -201,7 +206,7 @@ class Scheduler:
         headroom = self.gate.headroom(self.running)
         past_cap: list[float] | None = None  # [priced step, its budget] once the cap is reached
         for seq in order:
-            if budget <= 0 or len(self.running) >= self.row_ceiling:
+            if budget <= 0 or len(self.running) >= self.row_ceiling or not self.tpot_gate.open(len(self.running)):
                 return
             extra = 0.0
             if len(self.running) >= self.batch_cap:
@@ -331,6 +336,12 @@ class Scheduler:
         self.kv.check_integrity([*self.running, *self.waiting])
 
     # ---- after the step -------------------------------------------------------------------------
+    def observe_step(self, seconds: float, decoded: bool) -> None:
+        """How long a step took (the engine's wall time, the simulator's virtual time); `decoded`: rows sampled
+        a next token in it (its length is their time per output token, which the TPOT gate holds)."""
+        if decoded:
+            self.tpot_gate.observe(seconds)
+
     def update_from_output(self, batch: ScheduledBatch, result: StepResult, now: float | None = None,
                            eos_token_ids: Collection[int] = ()) -> list[Sampled]:
         """The step's bookkeeping (bookkeeping.py), item by item in the batch's order: computed tokens,

@@ -86,6 +86,12 @@ class SnapshotCollector(Collector):
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
         yield self._gauge("kvloop:step_token_budget", "Live token budget of one step (the prefill chunk size).",
                           s.step_token_budget)
+        yield self._gauge("kvloop:tpot_target_seconds", "TPOT target admission holds the decode step time to "
+                          "(0: none).", s.tpot_target_s)
+        yield self._gauge("kvloop:decode_step_seconds", "Recent length of the steps in which rows decode, as the "
+                          "TPOT target's gate sees it (0: no target).", s.decode_step_s)
+        yield self._counter("kvloop:admission_tpot_holds", "Admission attempts that waited for the decode step "
+                            "time to come back under the TPOT target.", s.tpot_holds)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
                           s.watermark)
         yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.",

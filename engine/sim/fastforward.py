@@ -174,6 +174,9 @@ class FastForward:
             now += dt
             sim.rec.itl.add(dt, n)
         runner.busy_s += sum(times)
+        if sched.tpot_gate.target_s is not None:  # every window step decodes (the gate's input only when it has one)
+            for dt in times:
+                sched.observe_step(dt, True)
         runner.steps += done
         sim.num_steps += done
         sim.now = now
@@ -251,6 +254,7 @@ class FastForward:
         prefills = [ScheduledSeq(row, start, n) for _, row, start, n in placed if n != 1] + admitted.prefills
         cost = runner.charge(contexts, [(it.start, it.num_tokens, it.samples) for it in prefills], groups)
         sim.now = now2 = now + (cost.seconds + sim.charge_moves())
+        sched.observe_step(now2 - now, bool(contexts))
         sim.num_steps += 1
         self._apply(j, now, now2, placed, admitted, prefills)
         return CONTINUE

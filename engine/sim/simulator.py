@@ -192,7 +192,9 @@ class Simulator:
                 self._idle_to(min(heap[0][0] if heap else math.inf, self.now + IDLE_TICK_S))
                 continue
             result = self.runner.execute(batch)
-            self.now += self.runner.last.seconds + self.charge_moves()
+            dt = self.runner.last.seconds + self.charge_moves()
+            self.now += dt
+            sched.observe_step(dt, bool(batch.decodes))
             self.num_steps += 1
             self._process(batch, result)
             if cfg.check_integrity_every and self.num_steps % cfg.check_integrity_every == 0:

@@ -8,6 +8,7 @@ import pytest
 from kvloop.engine.bench import workloads
 from kvloop.engine.bench.metrics import RequestRecord, Sample
 from kvloop.engine.bench.phases import by_kind, phase_index, split, timeline
+from kvloop.engine.bench.sizing import mode_configs
 from kvloop.engine.bench.w5_variants import (
     Variant,
     coordinator_base,
@@ -138,6 +139,14 @@ def test_variant_names():
     from kvloop.engine.bench.sizing import Sizing
 
     assert sized(parse_variant("codesign@cap8"), Sizing()).max_num_seqs == 8
+    v = parse_variant("codesign@cap24@tpot80")
+    assert v == Variant("codesign", cap=24, tpot_ms=80.0) and v.name == "codesign@cap24@tpot80"
+    run = sized(parse_variant("continuous+lru@tpot62.5"), Sizing())
+    assert run.tpot_target_ms == 62.5 and run.max_num_seqs == Sizing().max_num_seqs
+    assert mode_configs("codesign", run)[0].tpot_target_ms == 62.5
+    for bad in ("codesign@tpot0", "codesign@tpot80@cap8", "codesign@tpotfast", "static@tpot80"):
+        with pytest.raises(ValueError):
+            parse_variant(bad)
 
 
 def test_the_coordinators_tpot_objective_per_scale():

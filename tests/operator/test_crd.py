@@ -127,6 +127,7 @@ INVALID = {
     "step token budget above the engine's": (with_spec(feedback={"stepTokenBudget": {"max": 4096}}),
                                              "must not exceed engine.scheduler.maxNumBatchedTokens"),
     "tpot objective of 0": (with_spec(feedback={"targets": {"tpotP50Seconds": 0}}), "tpotP50Seconds"),
+    "tpot target of 0": (with_spec(engine={"scheduler": {"tpotTargetMs": 0}}), "tpotTargetMs"),
     "gpu requests differ from limits": (with_spec(resources={"requests": {"nvidia.com/gpu": 1},
                                                              "limits": {"nvidia.com/gpu": 2}}), "nvidia.com/gpu"),
     "bad memory quantity": (with_spec(resources={"limits": {"memory": "lots"}}), "memory"),

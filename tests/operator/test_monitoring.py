@@ -24,10 +24,11 @@ ENGINE_METRICS = {
                 "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
                 "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
                 "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused",
-                "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret"],
+                "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:admission_tpot_holds"],
     "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
               "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
-              "kvloop:batch_cap", "kvloop:retention_watermark", "kvloop:step_token_budget"],
+              "kvloop:batch_cap", "kvloop:retention_watermark", "kvloop:step_token_budget",
+              "kvloop:tpot_target_seconds", "kvloop:decode_step_seconds"],
     "histogram": ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
                   "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                   "kvloop:time_to_first_token_seconds", "kvloop:inter_token_latency_seconds",
@@ -95,8 +96,11 @@ def test_step_budget_panels_show_engine_target_and_objective():
     budget = [t["expr"] for t in panels["Step token budget over time"]["targets"]]
     assert [NAME.findall(e) for e in budget] == [["kvloop:step_token_budget"], ["kvloop:feedback_step_token_budget"]]
     tpot = panels["TPOT against the objective"]["targets"]
-    assert [t["legendFormat"] for t in tpot] == ["P50", "P99", "P50 objective"]
+    assert [t["legendFormat"] for t in tpot] == ["P50", "P99", "P50 objective", "decode step (TPOT target's gate)",
+                                                 "engine TPOT target"]
     assert tpot[2]["expr"] == "vector($tpot_objective)"
+    assert [NAME.findall(t["expr"]) for t in tpot[3:]] == [["kvloop:decode_step_seconds"],
+                                                          ["kvloop:tpot_target_seconds"]]
     variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
     # The objective line starts at the CRD's default objective.
     from kvloop.operator.spec import DEFAULTS

@@ -37,6 +37,15 @@ def test_model_sources_and_disk_tier_render_volumes():
     assert vols["control"]["emptyDir"]["medium"] == "Memory"
 
 
+def test_the_tpot_target_reaches_the_engine_settings(tmp_path):
+    from kvloop.engine.settings_file import load_engine_settings
+
+    for spec, expected in (({"engine": {"scheduler": {"tpotTargetMs": 80}}}, 80.0), ({}, None)):
+        path = tmp_path / "engine.yaml"
+        path.write_text(kinds(spec)["ConfigMap"]["data"]["engine.yaml"])
+        assert load_engine_settings(path)[0].scheduler.tpot_target_ms == expected
+
+
 def test_gpu_spec_gets_toleration_and_no_surge():
     out = kinds({"resources": {"limits": {"nvidia.com/gpu": 1}}, "engine": {"device": "cuda"}, "replicas": 2,
                  "routing": {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}}})

@@ -18,8 +18,8 @@ KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:
           "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
           "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
           "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_lower_tier_recomputed",
-          "kvloop:eviction_regret",
-          "kvloop:cache_config_info"]
+          "kvloop:eviction_regret", "kvloop:tpot_target_seconds", "kvloop:decode_step_seconds",
+          "kvloop:admission_tpot_holds", "kvloop:cache_config_info"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds"]
 
@@ -78,7 +78,8 @@ def test_metrics_read_the_engine_snapshot():
                     host_copies_refused=6, eviction_regret=1)
     snap = EngineSnapshot(num_waiting=2, kv_usage=0.5, kv_host_blocks_used=16, kv_host_blocks_total=64,
                           num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2}, watermark=0.3,
-                          kv_mode="codesign", step_failures=1, kv_stats=stats)
+                          kv_mode="codesign", step_failures=1, kv_stats=stats, tpot_target_s=0.08,
+                          decode_step_s=0.095, tpot_holds=4)
     reg = EngineMetrics("m", lambda: snap).registry
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
     assert value(fams["vllm:prefix_cache_queries"]) == 100
@@ -98,4 +99,7 @@ def test_metrics_read_the_engine_snapshot():
     assert value(fams["kvloop:cache_admissions_refused"]) == 5
     assert value(fams["kvloop:cache_host_copies_refused"]) == 6
     assert value(fams["kvloop:eviction_regret"]) == 1
+    assert value(fams["kvloop:tpot_target_seconds"]) == 0.08
+    assert value(fams["kvloop:decode_step_seconds"]) == 0.095
+    assert value(fams["kvloop:admission_tpot_holds"]) == 4
     assert fams["kvloop:cache_config_info"].samples[0].labels["mode"] == "codesign"

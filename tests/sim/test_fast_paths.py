@@ -184,6 +184,24 @@ def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
     assert fast["feedback"] == slow["feedback"]
 
 
+@pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
+def test_fast_forward_is_exact_with_a_tpot_target(simulate, mode):
+    """The TPOT gate reads every step's time (windows hand theirs over at their end) and holds admission in the
+    steps fast-forward takes itself: the same run as step by step, held as often."""
+    sizing = Sizing(kv_cache_tokens=3072, host_cache_tokens=8192, disk_cache_tokens=32768, max_num_seqs=16,
+                    max_num_batched_tokens=256, static_batch=4, tpot_target_ms=100.0)  # the smoke sizing, held
+    runs = []
+    for fast in (True, False):
+        runs.append(simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
+                             fast_forward=fast, sizing=sizing))
+    (fast_sim, fast), (slow_sim, slow) = runs
+    assert fast_sim.scheduler.tpot_gate.holds == slow_sim.scheduler.tpot_gate.holds > 0
+    assert fast["sim"]["steps"] == slow["sim"]["steps"]
+    assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
+    assert fast["client"] == slow["client"] and fast["client"]["completed"] == 32
+    assert fast["server"] == slow["server"]
+
+
 def test_output_tokens_split_into_base_and_position_as_called():
     """Fast-forward writes steady rows' tokens from a request's kept hash (OutputTokens.base/at): the same
     tokens as the runner's call, also after the request is forgotten."""
