@@ -134,7 +134,7 @@ def w2_goals(w2: dict) -> list[dict]:
     out = []
     for name, r in w2["ratios"].items():
         if name.startswith("llama.cpp"):
-            out.append(goal(f"codesign throughput / {name} on W2", r["codesign_throughput_x"], ">=", W2_GOAL))
+            out.append(goal(f"codesign throughput / {name} on W2", report.ratio_of(r, "throughput"), ">=", W2_GOAL))
     for name, why in w2.get("missing", {}).items():
         out.append(goal(f"codesign throughput / {name} on W2", None, ">=", W2_GOAL, status="not run", why=why))
     return out

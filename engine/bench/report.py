@@ -1,5 +1,6 @@
 """Report: JSON (per system: headline numbers at the main rate, medians over repetitions, capacity from the
-rate sweep, every run), ratios against codesign, goals checked, markdown with tables, PNG plots."""
+rate sweep, every run), ratios of the subject (codesign unless `--subject` names another of the systems, such
+as codesign@tpot80) against each system, goals checked, markdown with tables, PNG plots."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_
             "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share")
 SERVER = ("hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_total", "preemptions", "oom_events",
           "kv_use_mean", "kv_use_mean_while_waiting", "kv_use_max")
-# Issue 19's W1 goals, and issue 16's TPOT one (the last): (system, metric, op, bound) on codesign / system.
+# Issue 19's W1 goals, and issue 16's TPOT one (the last): (system, metric, op, bound) on subject / system.
 # Ratios of throughput (higher is better), P99 TTFT and P50 TPOT (lower is better); each becomes
 # {"name", "value", "op", "bound", "met"}.
 # "vllm-cpu" stands for the strongest vLLM variant in the run (bf16 or fp32: on CPUs without native bf16
@@ -29,6 +30,7 @@ GOALS = (("vllm-cpu", "throughput", ">=", 1.2), ("vllm-cpu", "tpot_p50", "<=", 1
          ("llama.cpp-bf16-np8", "throughput", ">=", 1.5), ("llama.cpp-bf16-np8", "tpot_p50", "<=", 1.0),
          ("continuous+lru", "throughput", ">=", 1.3), ("static", "ttft_p99", "<=", 0.45),
          ("static", "tpot_p50", "<=", 1.2))
+SUBJECT = "codesign"  # the system the ratios and goals are of, unless the run names another
 
 
 def _median(xs: list) -> float | None:
@@ -70,14 +72,21 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def ratios(systems: dict) -> dict:
-    cd = systems.get("codesign")
+def ratios(systems: dict, subject: str = SUBJECT) -> dict:
+    """subject / each other system: throughput (higher is better), P99 TTFT and P50 TPOT (lower is better)."""
+    cd = systems.get(subject)
     if not cd:
         return {}
-    return {name: {"codesign_throughput_x": _ratio(cd["throughput_tok_s"], d.get("throughput_tok_s")),
-                   "codesign_ttft_p99_x": _ratio(cd["ttft_p99_s"], d.get("ttft_p99_s")),
-                   "codesign_tpot_p50_x": _ratio(cd["tpot_p50_s"], d.get("tpot_p50_s"))}
-            for name, d in systems.items() if name != "codesign"}
+    return {name: {"throughput_x": _ratio(cd["throughput_tok_s"], d.get("throughput_tok_s")),
+                   "ttft_p99_x": _ratio(cd["ttft_p99_s"], d.get("ttft_p99_s")),
+                   "tpot_p50_x": _ratio(cd["tpot_p50_s"], d.get("tpot_p50_s"))}
+            for name, d in systems.items() if name != subject}
+
+
+def ratio_of(r: dict, metric: str) -> float | None:
+    """A ratios entry's value (metric: throughput, ttft_p99, tpot_p50), also from reports written before the
+    subject could be chosen (their keys were codesign_<metric>_x)."""
+    return r.get(f"{metric}_x", r.get(f"codesign_{metric}_x"))
 
 
 def strongest_variant(family: str, systems: dict) -> str | None:
@@ -87,28 +96,29 @@ def strongest_variant(family: str, systems: dict) -> str | None:
     return max(scored)[1] if scored else None
 
 
-def goals(systems: dict, rat: dict, missing: dict[str, str]) -> list[dict]:
+def goals(systems: dict, rat: dict, missing: dict[str, str], subject: str = SUBJECT) -> list[dict]:
     out = []
     for family, metric, op, bound in GOALS:
         system = strongest_variant(family, systems) or next(
             (n for n in missing if n == family or n.startswith(family + "-")), family)
-        name = f"codesign {metric} / {system}"
+        name = f"{subject} {metric} / {system}"
         if system in missing or system not in rat:
             out.append(goal(name, None, op, bound, status="not run",
                             why=missing.get(system, "system not in this run")))
             continue
-        out.append(goal(name, rat[system][f"codesign_{metric}_x"], op, bound))
-    cd = systems.get("codesign")
+        out.append(goal(name, rat[system][f"{metric}_x"], op, bound))
+    cd = systems.get(subject)
     if cd:
-        out.append(goal("codesign oom_events", cd.get("oom_events") or 0, "<=", 0))
+        out.append(goal(f"{subject} oom_events", cd.get("oom_events") or 0, "<=", 0))
     return out
 
 
-def build(suite: SuiteResult, meta: dict, slo: SLO) -> dict:
+def build(suite: SuiteResult, meta: dict, slo: SLO, subject: str = SUBJECT) -> dict:
     systems = summarize(suite, slo)
-    rat = ratios(systems)
+    rat = ratios(systems, subject)
     return {"meta": meta, "slo": {"ttft_p99_s": slo.ttft_s, "tpot_p99_s": slo.tpot_s}, "systems": systems,
-            "missing": suite.missing, "ratios": rat, "goals": goals(systems, rat, suite.missing)}
+            "missing": suite.missing, "subject": subject, "ratios": rat,
+            "goals": goals(systems, rat, suite.missing, subject)}
 
 
 def machine_lines(machine: dict | None) -> list[str]:
@@ -137,11 +147,12 @@ def markdown(report: dict, plots: list[str]) -> str:
                      f"{fmt(d['capacity_req_s'], 2)} | {fmt(d['noise_other_cores_mean'])} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
-    lines += ["", "## Ratios (codesign / system)", "", "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
+    lines += ["", f"## Ratios ({report.get('subject', SUBJECT)} / system)", "",
+              "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
               "|---|---|---|---|"]
     for name, r in report["ratios"].items():
-        lines.append(f"| {name} | {fmt(r['codesign_throughput_x'])} | {fmt(r['codesign_ttft_p99_x'])} | "
-                     f"{fmt(r.get('codesign_tpot_p50_x'))} |")
+        lines.append(f"| {name} | {fmt(ratio_of(r, 'throughput'))} | {fmt(ratio_of(r, 'ttft_p99'))} | "
+                     f"{fmt(ratio_of(r, 'tpot_p50'))} |")
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
@@ -223,10 +234,11 @@ def plots(suite: SuiteResult, out_dir: Path, stem: str) -> list[str]:
     return files
 
 
-def write(suite: SuiteResult, meta: dict, out_dir: Path, stem: str, slo: SLO | None = None) -> dict:
+def write(suite: SuiteResult, meta: dict, out_dir: Path, stem: str, slo: SLO | None = None,
+          subject: str = SUBJECT) -> dict:
     slo = slo or SLO()
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = build(suite, meta, slo)
+    report = build(suite, meta, slo, subject)
     pngs = plots(suite, out_dir, stem)
     report["plots"] = [Path(p).name for p in pngs]
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -52,7 +52,7 @@ def test_smoke_in_process(tmp_path):
     cd = report["systems"]["codesign"]
     assert cd["hit_rate_device"] is not None and cd["hit_rate_total"] > 0  # shared documents and system prompt
     assert cd["hit_rate_host"] is not None  # codesign has a host tier
-    assert report["ratios"]["static"]["codesign_throughput_x"] > 0
+    assert report["ratios"]["static"]["throughput_x"] > 0 and report["subject"] == "codesign"
     md = (tmp_path / "smoke.md").read_text()
     assert "| codesign |" in md and "kvloop bench" in md  # the table and the exact command
     for png in report["plots"]:
