@@ -11,7 +11,7 @@ cascaded group (codesign) adds little, so more rows fit under the same target th
 The bar starts at the target and follows the long-run mean step time (integral correction, within
 [BAR_FLOOR x target, target]): every admission brings its prefill chunks into the steps after it, so a bar at
 the target alone let W1's TPOT P50 land 10-20% above it in the simulator; with the correction it lands within a
-few percent (scheduler sweeps in the closing note of the change that added this).
+few percent (bench/tpot_target.py: the targets against a sweep of fixed caps).
 
 The engine reports each step's wall time (EngineCore.step), the simulator its virtual time; a lone request is
 always admitted (progress), and without a target the gate is always open."""
