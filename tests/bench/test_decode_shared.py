@@ -1,18 +1,10 @@
 """bench/decode_shared.py's pure half: the issue's goals per path and the tables, from made-up runs (no model)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("kvloop_bench_decode_shared", ROOT / "bench" / "decode_shared.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("decode_shared")
 
 
 def times(step: float, attention: float) -> dict:

@@ -1,18 +1,10 @@
 """bench/tpot_target.py's pure half: the goals from made-up runs (the sweep itself is a benchmark)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from .scripts import load_script
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("kvloop_bench_tpot_target", ROOT / "bench" / "tpot_target.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tpot_target")
 
 
 def run(system: str, mode: str, tput: float, tpot_ms: float, cap: int = 64, target: float | None = None) -> dict:
