@@ -107,3 +107,10 @@ def test_smoke_live_server(live_server):
     assert srv["available"] and srv["kv_use_series"] and srv["hit_rate_device"] is not None
     assert srv["preemptions"] is not None and srv["oom_events"] is not None
     assert sum(r.cached_tokens for r in res.records) > 0  # usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_subject_that_does_not_run_is_refused_before_any_run(tmp_path):
+    with pytest.raises(SystemExit, match="--subject 'codesign@tpot80' is not one of --systems"):
+        main(["bench", "--workload", "w1-smoke", "--systems", "static,codesign", "--subject", "codesign@tpot80",
+              "--no-progress", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())
