@@ -35,10 +35,11 @@ TPOT_SLACK = 1.05  # TPOT P50 at most this times the target
 CAP_SHARE = 0.97  # throughput at least this share of the best fixed cap within the target
 
 
-def simulate(name: str, v: Variant, profile, sizing, rate: float) -> dict:
-    sim = Simulator(profile, BenchWorkload(bw.w1(1.0, seed=0, rate=rate)), SimConfig(mode=v.mode, sizing=sized(v, sizing)))
+def simulate(v: Variant, profile, sizing, rate: float) -> dict:
+    run_sizing = sized(v, sizing)
+    sim = Simulator(profile, BenchWorkload(bw.w1(1.0, seed=0, rate=rate)), SimConfig(mode=v.mode, sizing=run_sizing))
     c = sim.run()["client"]
-    return {"system": name, "mode": v.mode, "cap": sized(v, sizing).max_num_seqs, "tpot_target_ms": v.tpot_ms,
+    return {"system": v.name, "mode": v.mode, "cap": run_sizing.max_num_seqs, "tpot_target_ms": v.tpot_ms,
             "throughput_tok_s": c["output_throughput_tok_s"], "ttft_p50_s": c["ttft_p50_s"],
             "ttft_p99_s": c["ttft_p99_s"], "tpot_p50_s": c["tpot_p50_s"], "tpot_p99_s": c["tpot_p99_s"],
             "completed": c["completed"], "failed": c["failed"], "holds": sim.scheduler.tpot_gate.holds}
@@ -122,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     sizing = sizing_for(profile, a.kv_cache_tokens)
     variants = [Variant(m, cap=c) for m in MODES for c in CAPS] + [Variant(m, tpot_ms=t) for m in MODES for t in TARGETS]
     t0 = time.process_time()
-    runs = [simulate(v.name, v, profile, sizing, a.rate) for v in variants]
+    runs = [simulate(v, profile, sizing, a.rate) for v in variants]
     command = " ".join([".venv/bin/python", "bench/tpot_target.py", *(argv if argv is not None else sys.argv[1:])])
     report = {"meta": {"name": a.name, "profile": profile.name, "calibration": a.calibration, "rate": a.rate,
-                       "kv_cache_tokens": a.kv_cache_tokens, "num_requests": bw.w1(1.0, seed=0, rate=a.rate).num_requests,
+                       "kv_cache_tokens": a.kv_cache_tokens, "num_requests": runs[0]["completed"] + runs[0]["failed"],
                        "cpu_s": round(time.process_time() - t0, 1), "machine": machine_info(), "command": command,
                        "summary": "Each row one simulated run of the same workload. A fixed cap bounds the running "
                                   "requests; a TPOT target (`mode@tpotN`) leaves the default cap and holds admission "

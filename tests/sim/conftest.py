@@ -11,6 +11,12 @@ SMOKE_SIZING = Sizing(kv_cache_tokens=3072, host_cache_tokens=8192, disk_cache_t
 
 
 @pytest.fixture
+def smoke_sizing() -> Sizing:
+    """The sizing `simulate` runs at unless given another (for tests that change one field of it)."""
+    return SMOKE_SIZING
+
+
+@pytest.fixture
 def simulate():
     def run(mode="codesign", seed=0, wl=None, **cfg):
         cfg.setdefault("sizing", SMOKE_SIZING)

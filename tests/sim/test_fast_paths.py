@@ -3,6 +3,7 @@ against the block-by-block walk they replaced."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 
@@ -185,11 +186,10 @@ def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
 
 
 @pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
-def test_fast_forward_is_exact_with_a_tpot_target(simulate, mode):
+def test_fast_forward_is_exact_with_a_tpot_target(simulate, smoke_sizing, mode):
     """The TPOT gate reads every step's time (windows hand theirs over at their end) and holds admission in the
     steps fast-forward takes itself: the same run as step by step, held as often."""
-    sizing = Sizing(kv_cache_tokens=3072, host_cache_tokens=8192, disk_cache_tokens=32768, max_num_seqs=16,
-                    max_num_batched_tokens=256, static_batch=4, tpot_target_ms=100.0)  # the smoke sizing, held
+    sizing = dataclasses.replace(smoke_sizing, tpot_target_ms=100.0)
     runs = []
     for fast in (True, False):
         runs.append(simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
