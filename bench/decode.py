@@ -4,8 +4,9 @@ Systems (`--systems`; default: all below except those marked "on request", each 
 where it is not installed):
 - kvloop (`kvloop serve` with its defaults for this machine), kvloop-fp32 (--dtype float32
   --quantization none: the exact path), kvloop-bf16w (float32 arithmetic on bf16 weights, the CPU
-  kernel), kvloop-int8 (weight-only int8); kvloop-int4 and kvloop-bf16-kernel-decode (with native bf16: the
-  bf16-weight kernel for steps of up to 12 rows, oneDNN above) on request;
+  kernel), kvloop-int8 (weight-only int8); kvloop-int4 and kvloop-dense (--quantization none: with native
+  bf16, oneDNN's bf16 GEMM for every step, the default there before the bf16-weight kernel took decode-sized
+  steps) on request;
 - vllm-cpu-bf16, vllm-cpu-f32 (the latter by default only on CPUs without native bf16): vLLM's CPU
   backend, scripts/install_vllm_cpu.sh;
 - llama.cpp-bf16, llama.cpp-q8_0 (llama.cpp-f32 on request): llama-server, scripts/build_llama_server.sh;
@@ -65,8 +66,8 @@ SYSTEMS: dict[str, dict] = {
     "kvloop-fp32": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "none"]},
     "kvloop-bf16w": {"kind": "kvloop", "args": ["--dtype", "float32", "--quantization", "bf16"]},
     "kvloop-int8": {"kind": "kvloop", "args": ["--quantization", "int8"]},
-    # on a CPU with native bf16: the bf16-weight kernel for decode-sized steps, oneDNN above (model/linear.py)
-    "kvloop-bf16-kernel-decode": {"kind": "kvloop", "args": ["--quantization", "bf16"], "default": False},
+    # dense weights in the model dtype for every step (with native bf16: oneDNN's bf16 GEMM; model/linear.py)
+    "kvloop-dense": {"kind": "kvloop", "args": ["--quantization", "none"], "default": False},
     "kvloop-int4": {"kind": "kvloop", "args": ["--quantization", "int4"], "default": False},
     "vllm-cpu-bf16": {"kind": "vllm", "tpot": True},
     "vllm-cpu-f32": {"kind": "vllm", "tpot": True, "default": "no-native-bf16"},
@@ -284,13 +285,13 @@ def kvloop_defaults() -> tuple[str, str]:
 def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
     """What each system computes with, in words (kvloop's defaults resolved for this machine)."""
     dtype, weights = kvloop_defaults()
-    kernel_decode = f"{dtype}, bf16 weights"
-    if dtype == "bfloat16":  # native bf16: the kernel for decode-sized steps only
+    default = f"{dtype}, {weights} weights"
+    if dtype == "bfloat16" and weights == "bf16":  # native bf16: the kernel for decode-sized steps only
         from kvloop.engine.kernels.cpu.linear_bf16w import DENSE_ABOVE_ROWS
 
-        kernel_decode = f"bfloat16, bf16-weight kernel up to {DENSE_ABOVE_ROWS} rows, oneDNN above"
-    out = {"kvloop": f"defaults here: {dtype}, {weights} weights",
-           "kvloop-bf16-kernel-decode": kernel_decode,
+        default = f"bfloat16, bf16-weight kernel up to {DENSE_ABOVE_ROWS} rows, oneDNN over dense weights above"
+    out = {"kvloop": f"defaults here: {default}",
+           "kvloop-dense": f"{dtype}, dense {dtype} weights for every step",
            "kvloop-fp32": "float32, dense float32 weights (exact path)",
            "kvloop-bf16w": "float32 arithmetic, bf16 weights (CPU kernel)",
            "kvloop-int8": f"{dtype}, weight-only int8 (per channel)",

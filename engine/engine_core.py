@@ -8,6 +8,7 @@ from collections import Counter
 
 import torch
 
+from kvloop.engine import host_memory
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.cpu_features import cpu_has_native_bf16
 from kvloop.engine.kernels.cpu import linear_bf16w
@@ -32,6 +33,9 @@ from kvloop.engine.tokenizer.tokenizer import Tokenizer
 log = logging.getLogger("kvloop.engine")
 WARMUP_REQUEST_ID = "__warmup__"
 PRICE_MIN_PREFILL_TOKENS = 64  # a step with fewer prefill tokens does not price recomputing (too noisy)
+# With native bf16, quantization auto keeps the linear weights twice (packed for the kernel, dense for oneDNN)
+# only while both copies take at most this share of the host's available memory at start-up.
+DENSE_COPY_MEMORY_SHARE = 0.5
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -40,18 +44,31 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_quantization(name: str, dtype_name: str, device: str) -> str:
-    """The weight format. auto: where dtype auto chose float32 (a CPU without native bf16), bf16 weights with
-    float32 arithmetic when that kernel is built: half the bytes a decode step streams, like bf16 weights on
-    the machines that compute in bf16; dense weights in the model dtype elsewhere. On a CPU with native bf16,
-    --quantization bf16 is the faster choice for one or a few streams only (model/linear.py)."""
+def resolve_quantization(name: str, dtype_name: str, device: str, linear_params: int = 0) -> str:
+    """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where dtype
+    auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
+    step streams. Where it chose bf16 (native bf16) the kernel serves decode-sized steps, where it is faster than
+    oneDNN's bf16 GEMM (2.1x a whole step at 1 row here), and dense bf16 weights through oneDNN the larger ones
+    (the compiled step's second graph; model/linear.py): two bf16 copies of the `linear_params` linear weights,
+    kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model
+    keeps one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
     if name != "auto":
         return name
-    if dtype_name == "auto" and device == "cpu" and not cpu_has_native_bf16():
-        if linear_bf16w.available():
+    if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
+        if cpu_has_native_bf16():
+            both = 2 * 2 * linear_params  # packed + dense, bf16
+            available = host_memory.available_bytes()
+            if available is not None and both > DENSE_COPY_MEMORY_SHARE * available:
+                log.info("dense bf16 weights through oneDNN for every step: the bf16-weight kernel's second copy "
+                         "of the weights (%.1f GiB for both) would take over %.0f%% of the available %.1f GiB",
+                         both / 2**30, 100 * DENSE_COPY_MEMORY_SHARE, available / 2**30)
+                return "none"
+            log.info("bf16 weights: decode-sized steps through the bf16-weight kernel, larger ones through "
+                     "oneDNN's bf16 GEMM (--quantization none keeps oneDNN for every step)")
+        else:
             log.info("weights in bf16, arithmetic in float32 (no native bf16 here; --quantization none keeps "
                      "dense float32 weights)")
-            return "bf16"
+        return "bf16"
     return "none"
 
 
@@ -85,7 +102,8 @@ class EngineCore:
             # A GGUF's weights are dequantized and packed at every load: cache the result (model/weight_cache.py)
             model = build_model(checkpoint.config, checkpoint.weights, self.dtype, config.device,
                                 config.attention_backend,
-                                resolve_quantization(config.quantization, config.dtype, config.device),
+                                resolve_quantization(config.quantization, config.dtype, config.device,
+                                                     checkpoint.config.linear_params),
                                 cache_fingerprint=checkpoint.fingerprint if checkpoint.path.suffix == ".gguf" else None)
             tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
             fingerprint = checkpoint.fingerprint

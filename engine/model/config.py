@@ -32,6 +32,13 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.kv_size * dtype_bytes
 
+    @property
+    def linear_params(self) -> int:
+        """Weights of the linear layers (q/k/v, o, gate/up, down in every layer, and the head)."""
+        h = self.hidden_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * self.intermediate_size
+        return self.num_layers * per_layer + self.vocab_size * h
+
     def to_dict(self) -> dict:
         return asdict(self)
 

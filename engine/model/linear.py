@@ -4,11 +4,12 @@
 - "bf16": weights rounded to bf16 (half of fp32's bytes), arithmetic in fp32, through the CPU kernel
   kernels/cpu/linear_bf16w. Under a float32 model (a CPU without native bf16, where torch's bf16 matmul is
   emulated) the kernel beats torch's fp32 GEMM at every batch size measured (1 to 512 rows), so it serves all
-  steps and no dense copy is kept. Under a bf16 model (asked for: --quantization bf16 on a CPU with native
-  bf16) it serves decode-sized steps (up to linear_bf16w.DENSE_ABOVE_ROWS rows: 2.7x faster than oneDNN's
-  bf16 GEMM at 1 row) and a dense bf16 copy the rest, twice the weights' memory. Not the default there: the
-  dense branch runs inside the kernel's operator, where inductor cannot prepack it for oneDNN as it does a
-  plain bf16 linear in the compiled step, so steps of 8 rows and more were slower than the default's.
+  steps and no dense copy is kept. Under a bf16 model (a CPU with native bf16) it serves decode-sized steps
+  (up to linear_bf16w.DENSE_ABOVE_ROWS rows: 2.7x faster than oneDNN's bf16 GEMM at 1 row) and a dense bf16
+  copy the rest (twice the weights' memory) through a plain F.linear: the compiled step holds two graphs, one
+  per branch (runner/compiled_step.py; `dense_graph` says which one is being traced), because inductor
+  prepacks a plain bf16 linear for oneDNN but not a GEMM called inside the kernel's operator (that one-graph
+  form made steps of 8 rows and more slower than dense weights alone). Eager steps branch on their rows.
   Without a built kernel (or off the CPU) the layer falls back to "none".
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
@@ -30,6 +31,9 @@ the weights. So those layers keep their dense weights too and use them for steps
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -37,6 +41,27 @@ from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w
 
 FORMATS = ("none", "bf16", "int4", "int8")
 GROUP = 32
+_dense_graph = False  # read while a compiled step is traced: which of a bf16 model's two graphs this is
+
+
+@contextmanager
+def dense_graph(dense: bool) -> Iterator[None]:
+    """While a compiled step is traced (and run): bf16 layers with a dense copy take it (True) or the kernel
+    (False). The traced graph keeps the branch it saw; it is no guard (the step's guards are on its inputs)."""
+    global _dense_graph
+    before, _dense_graph = _dense_graph, dense
+    try:
+        yield
+    finally:
+        _dense_graph = before
+
+
+def dense_above_rows(model) -> int | None:
+    """Steps with more tokens than this take the model's dense weights (the compiled step's second graph);
+    None where the model's linears have one path for every step."""
+    head = getattr(model, "lm_head", None)
+    dense = isinstance(head, Linear) and head.fmt == "bf16" and head.weight is not None
+    return linear_bf16w.DENSE_ABOVE_ROWS if dense else None
 
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +102,7 @@ class Linear:
             self.bias = None if bias is None else bias.float().contiguous()
             dense = dtype == torch.bfloat16
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
+            self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
             return
         if int8_kernel:  # the packed int8 weights and fp32 scales are all that is kept; the bias stays fp32
             self.weight = None
@@ -103,6 +129,9 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "bf16":
             if self.weight is not None:  # a bf16 model: the kernel for decode-sized steps, oneDNN above
+                compiling = torch.compiler.is_compiling()
+                if _dense_graph if compiling else x.shape[0] > linear_bf16w.DENSE_ABOVE_ROWS:
+                    return F.linear(x, self.weight, self.dense_bias)
                 return linear_bf16w.linear_or_dense(x, self.packed, self.weight, self.bias)
             return linear_bf16w.linear(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
         if self.fmt == "int8" and self.weight is None:

@@ -39,6 +39,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -46,6 +47,7 @@ import torch
 from kvloop.engine.cache_root import cache_root
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.backend import LayerFn
+from kvloop.engine.model.linear import dense_above_rows, dense_graph
 from kvloop.engine.runner import step_artefact
 
 log = logging.getLogger("kvloop.compile")
@@ -120,14 +122,41 @@ def _own_code(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+class _Graph:
+    """One graph of the step: its own copy of the step's code (so its own dynamo cache), torch.compile's function,
+    the ahead-of-time graph once compiled or loaded (with an artefact), and which weights its bf16 linears read
+    (`dense`: None where the model's linears have one path, model/linear.dense_graph)."""
+
+    def __init__(self, layers_forward: Callable, artefact: Path | None, dense: bool | None):
+        def layers(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return layers_forward(input_ids, positions, _attend)
+
+        self.layers = _own_code(layers)
+        self.compiled = torch.compile(self.layers, dynamic=False, fullgraph=True,
+                                      options={**INDUCTOR_OPTIONS, "guard_filter_fn": keep_guard})
+        self.artefact = artefact
+        self.dense = dense
+        self.aot = None  # torch's AOTCompiledFunction, once warm_up compiled or loaded it (with an artefact)
+        self.loaded = False
+
+    def weights(self):
+        """The context its tracing and runs take place in: the bf16 linears' branch this graph holds."""
+        return nullcontext() if self.dense is None else dense_graph(self.dense)
+
+
 class CompiledStep:
     """model.layers_forward compiled (or loaded as an earlier start compiled it, from `artefact`): call it like
-    model.forward (ids, positions, metadata, KV cache)."""
+    model.forward (ids, positions, metadata, KV cache).
+
+    One graph serves every step, except for a bf16 model whose linears keep the bf16-weight kernel's packed
+    weights and a dense copy (model/linear.py): steps of up to `dense_above` tokens run a graph whose linears
+    take the kernel (decode-sized steps, bound by the bytes of weights they read), larger ones a graph whose
+    linears are plain F.linear over the dense copy, which inductor prepacks for oneDNN's GEMM. Each graph is
+    compiled (and saved) on its own; both serve any number of tokens, so a step goes to one by its size."""
 
     def __init__(self, model, artefact: Path | None = None):
         self.model = model
         self.artefact = artefact  # where the compiled step is saved for the next start; None: not saved
-        self.loaded = False  # warm_up loaded the step from artefact (rather than compiling it)
         self.warm = False
         self.warm_up_seconds: float | None = None
         # what a step whose inputs the graph's guards reject does once warm: run eagerly, never compile on a
@@ -136,14 +165,21 @@ class CompiledStep:
         self._ran_eagerly = False
         layers_forward = model.layers_forward  # one bound method: the saved step names it (external data)
         self._external = {"layers_forward": layers_forward}
+        self.dense_above = dense_above_rows(model)  # None: one graph
+        if self.dense_above is None:
+            self._graphs = [_Graph(layers_forward, artefact, None)]
+        else:
+            dense_artefact = None if artefact is None else artefact.with_name(f"{artefact.stem}-dense{artefact.suffix}")
+            self._graphs = [_Graph(layers_forward, artefact, False), _Graph(layers_forward, dense_artefact, True)]
 
-        def layers(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            return layers_forward(input_ids, positions, _attend)
+    @property
+    def loaded(self) -> bool:
+        """warm_up loaded every graph from its artefact (rather than compiling it)."""
+        return all(g.loaded for g in self._graphs)
 
-        self._layers = _own_code(layers)
-        self._compiled = torch.compile(self._layers, dynamic=False, fullgraph=True,
-                                       options={**INDUCTOR_OPTIONS, "guard_filter_fn": keep_guard})
-        self._graph = None  # with an artefact: torch's AOTCompiledFunction, once warm_up compiled or loaded it
+    def _graph_for(self, input_ids: torch.Tensor) -> _Graph:
+        dense = self.dense_above is not None and input_ids.shape[0] > self.dense_above
+        return self._graphs[1 if dense else 0]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_cache: torch.Tensor) -> torch.Tensor:
@@ -151,14 +187,15 @@ class CompiledStep:
         # (bind, unbind) where the backend's library serves the operator itself for this step (the CPU kernel's,
         # decode-only): bound for the step only, so that no other step (nor another call) runs it
         native = getattr(attend, "native_step", None)
+        graph = self._graph_for(input_ids)
         try:
             if native is not None:
                 native[0]()
-            with torch.inference_mode():
-                if self._graph is None:
+            with torch.inference_mode(), graph.weights():
+                if graph.aot is None:
                     return self._traced(input_ids, positions)
-                if self._graph.guard_check(input_ids, positions):
-                    return self._graph(input_ids, positions)
+                if graph.aot.guard_check(input_ids, positions):
+                    return graph.aot(input_ids, positions)
                 return self._eagerly(input_ids, positions)
         finally:
             _bound.attend = None
@@ -172,7 +209,7 @@ class CompiledStep:
         torch._dynamo.decorators.mark_unbacked(input_ids, 0)
         torch._dynamo.decorators.mark_unbacked(positions, 0)
         with torch.compiler.set_stance(self.stance_when_warm if self.warm else "default"):
-            return self._compiled(input_ids, positions)
+            return self._graph_for(input_ids).compiled(input_ids, positions)
 
     def _eagerly(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A step the AOT graph does not serve (its guards said so): eager once warm, an error before
@@ -182,59 +219,68 @@ class CompiledStep:
         if not self._ran_eagerly:
             self._ran_eagerly = True
             log.warning("compile: a step's inputs do not match the compiled step's guards; such steps run eagerly")
-        return self._layers(input_ids, positions)
+        return self._graph_for(input_ids).layers(input_ids, positions)
 
-    def _compile_ahead(self, input_ids: torch.Tensor, positions: torch.Tensor):
-        """Traces and compiles the step ahead of time over example inputs, as a function that can be saved."""
+    @staticmethod
+    def _compile_ahead(graph: _Graph, input_ids: torch.Tensor, positions: torch.Tensor):
+        """Traces and compiles a graph ahead of time over example inputs, as a function that can be saved."""
         # N unbacked, as in _traced. Only the examples are marked: a loaded graph's guards reject marked
         # inputs, and neither a compiled nor a loaded graph needs them to serve every N.
         torch._dynamo.decorators.mark_unbacked(input_ids, 0)
         torch._dynamo.decorators.mark_unbacked(positions, 0)
-        with torch.inference_mode():
-            graph = self._compiled.aot_compile(((input_ids, positions), {}))
-        graph.disable_guard_check()  # __call__ checks them first, to run eagerly where they fail
-        return graph
+        with torch.inference_mode(), graph.weights():
+            aot = graph.compiled.aot_compile(((input_ids, positions), {}))
+        aot.disable_guard_check()  # __call__ checks them first, to run eagerly where they fail
+        return aot
 
     def warm_up(self, block_size: int, kv_dtype: torch.dtype | None = None) -> float:
-        """Loads the step's graph from self.artefact (saved by an earlier start) or compiles it (and saves it
-        there; without an artefact, traces it at the first step), then runs a decode step and a two-token
-        prefill through it over a one-block scratch cache; returns the seconds it took. A saved step that does
-        not load or run is removed and compiled again."""
+        """Loads each graph from its artefact (saved by an earlier start) or compiles it (and saves it there;
+        without an artefact, traces it at its first step), then runs a decode step and a prefill through it over
+        a scratch cache (for the dense graph, of more tokens than the kernel's graph takes); returns the seconds
+        it took. A saved graph that does not load or run is removed and compiled again."""
         started = time.perf_counter()
+        for graph in self._graphs:
+            self._warm_up_graph(graph, block_size, kv_dtype)
+        self.warm = True
+        self.warm_up_seconds = time.perf_counter() - started
+        return self.warm_up_seconds
+
+    def _warm_up_graph(self, graph: _Graph, block_size: int, kv_dtype: torch.dtype | None) -> None:
         device = self.model.device
-        kv = self.model.new_kv_cache(1, block_size, kv_dtype)
-        table = torch.zeros(1, 1, dtype=torch.long, device=device)
 
         def tensor(values) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
-        decode = AttentionMetadata(tensor([0]), 1, table, tensor([1]), max_decode_context=1)
-        prefill = AttentionMetadata(tensor([0, 1]), 0, table[:0], tensor([]), [PrefillChunk(0, 2, 2, table[0])])
+        # n rows: a block each (each decode row attends to its block's first slot), the prefill over n tokens
+        n = self.dense_above + 1 if graph.dense else 1
+        kv = self.model.new_kv_cache(n, block_size, kv_dtype)
+        rows = tensor(range(n))
+        decode = AttentionMetadata(rows * block_size, n, rows[:, None], tensor([1] * n), max_decode_context=1)
+        length = max(2, n)
+        chunk = PrefillChunk(0, length, length, rows[: -(-length // block_size)])
+        prefill = AttentionMetadata(tensor(range(length)), 0, rows[:0, None], tensor([]), [chunk])
 
         def run_warm_up_steps() -> None:
-            self(tensor([0]), tensor([0]), decode, kv)
-            self(tensor([0, 1]), tensor([0, 1]), prefill, kv)
+            self(tensor([0] * n), tensor([0] * n), decode, kv)
+            self(tensor(range(length)), tensor(range(length)), prefill, kv)
 
-        if self.artefact is not None:
+        if graph.artefact is not None:
             with torch.inference_mode():  # as the step runs: loading builds its guards against the dispatch state
-                self._graph = step_artefact.load(self.artefact, self._external)
-        if self._graph is not None:
-            self._graph.disable_guard_check()
+                graph.aot = step_artefact.load(graph.artefact, self._external)
+        if graph.aot is not None:
+            graph.aot.disable_guard_check()
             try:
                 run_warm_up_steps()
-                self.loaded = True
+                graph.loaded = True
             except Exception as exc:  # noqa: BLE001 - loaded but unusable here: compile it again
-                step_artefact.discard(self.artefact, exc)
-                self._graph = None
-        if self._graph is None and self.artefact is not None:
-            self._graph = self._compile_ahead(tensor([0]), tensor([0]))
+                step_artefact.discard(graph.artefact, exc)
+                graph.aot = None
+        if graph.aot is None and graph.artefact is not None:
+            graph.aot = self._compile_ahead(graph, tensor([0]), tensor([0]))
             run_warm_up_steps()
-            step_artefact.save(self.artefact, self._graph, self._external)
-        elif self._graph is None:
+            step_artefact.save(graph.artefact, graph.aot, self._external)
+        elif graph.aot is None:
             run_warm_up_steps()  # traces and compiles at the first
-        self.warm = True
-        self.warm_up_seconds = time.perf_counter() - started
-        return self.warm_up_seconds
 
 
 def cannot_compile(model) -> str | None:

@@ -92,9 +92,10 @@ def test_compiled_step_equals_eager():
 
 @compiles
 @torch._dynamo.config.patch(disable=False)
-def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_once_for_both_of_its_branches():
-    """A bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM above, inside one
-    operator: one graph serves decode steps of 1-6 rows and 24-token prefill chunks, with eager's logits."""
+def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches():
+    """A bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM over the dense copy
+    above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and 24-token prefill
+    chunks (the GEMM's) with no other graph, with eager's logits."""
     from kvloop.engine.kernels.cpu import linear_bf16w
 
     if not linear_bf16w.available():
@@ -132,6 +133,7 @@ def compiled_and_eager_bf16(model: LlamaModel) -> tuple[list[torch.Tensor], list
     compiled = bf16_engine("on")
     step = compiled.runner.compiled
     assert step is not None and step.warm, "compiling the tiny model failed (see the log)"
+    assert step.dense_above is not None and [g.dense for g in step._graphs] == [False, True]
     step.stance_when_warm = "fail_on_recompile"
     got_tokens: list[dict[str, list[int]]] = []
     try:
@@ -205,6 +207,41 @@ def test_a_truncated_saved_step_is_compiled_again_with_a_warning(saved, tmp_path
     assert not step.loaded and "unusable" in caplog.text
     step_artefact.payload(bad)  # saved again, whole (its checksum holds)
     assert all(torch.equal(a, b) for a, b in zip(prefill_then_decode(step, model), traced_out, strict=True))
+
+
+@compiles
+@torch._dynamo.config.patch(disable=False)
+def test_a_bf16_models_two_graphs_are_saved_apart_and_both_load(tmp_path: Path):
+    """The kernel's graph and the dense graph each go to a file of their own; a fresh CompiledStep loads both
+    (no tracing) and gives the bits of the steps that saved them, for a 3-token prefill and a 1-row decode (the
+    kernel's graph) and a 20-token prefill (the dense graph)."""
+    from kvloop.engine.kernels.cpu import linear_bf16w
+
+    if not linear_bf16w.available():
+        pytest.skip("the bf16-weight kernel is not built")
+    model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.bfloat16, quantization="bf16")
+    artefact = tmp_path / "tiny-bf16.step"
+
+    def steps(step) -> list[torch.Tensor]:
+        kv = model.new_kv_cache(2, 16, torch.bfloat16)
+        table = torch.arange(2)
+        none = torch.tensor([], dtype=torch.long)
+        short = AttentionMetadata(torch.arange(3), 0, table[:0, None], none, [PrefillChunk(0, 3, 3, table[:1])])
+        decode = AttentionMetadata(torch.tensor([3]), 1, table[None, :1], torch.tensor([4]), max_decode_context=4)
+        long = AttentionMetadata(torch.arange(20), 0, table[:0, None], none, [PrefillChunk(0, 20, 20, table)])
+        return [step(torch.tensor([5, 17, 300]), torch.arange(3), short, kv).clone(),
+                step(torch.tensor([42]), torch.tensor([3]), decode, kv).clone(),
+                step(torch.arange(20) + 7, torch.arange(20), long, kv).clone()]
+
+    outputs = []
+    for expect_loaded in (False, True):
+        step = compiled_step.CompiledStep(model, artefact)
+        step.warm_up(16, torch.bfloat16)
+        assert step.loaded == expect_loaded
+        step.stance_when_warm = "fail_on_recompile"
+        outputs.append(steps(step))
+    assert artefact.exists() and artefact.with_name("tiny-bf16-dense.step").exists()
+    assert all(torch.equal(a, b) for a, b in zip(*outputs, strict=True))
 
 
 def test_the_saved_steps_key_follows_the_model_and_its_environment(tmp_path: Path, monkeypatch):

@@ -65,18 +65,41 @@ def test_layer_falls_back_to_dense_weights_without_the_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("native_bf16", [False, True])
-def test_auto_picks_bf16_weights_only_under_dtype_auto_without_native_bf16(monkeypatch, native_bf16):
-    from kvloop.engine import engine_core
+def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16):
+    from kvloop.engine import engine_core, host_memory
 
     monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: native_bf16)
-    # with native bf16 the default stays oneDNN: the kernel's two-branch layer is asked for (--quantization bf16)
-    assert engine_core.resolve_quantization("auto", "auto", "cpu") == ("none" if native_bf16 else "bf16")
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**40)
+    # with native bf16 too: the kernel for decode-sized steps, oneDNN over a dense copy for the rest
+    assert engine_core.resolve_quantization("auto", "auto", "cpu") == "bf16"
     assert engine_core.resolve_quantization("auto", "float32", "cpu") == "none"  # explicit fp32: the exact path
     assert engine_core.resolve_quantization("auto", "bfloat16", "cpu") == "none"
     assert engine_core.resolve_quantization("int8", "auto", "cpu") == "int8"
     assert engine_core.resolve_quantization("bf16", "auto", "cpu") == "bf16"
     monkeypatch.setattr(linear_bf16w, "available", lambda: False)
     assert engine_core.resolve_quantization("auto", "auto", "cpu") == "none"
+
+
+@pytest.mark.parametrize("available_gib", [None, 1.01, 0.99])
+def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memory(monkeypatch, available_gib):
+    """Packed + dense bf16 copies of 134.5M linear weights (the embedded model): 0.501 GiB. Kept only while that is
+    at most half of the available memory (1.002 GiB); where /proc/meminfo cannot be read, kept."""
+    from kvloop.engine import engine_core, host_memory
+
+    monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
+    available = None if available_gib is None else int(available_gib * 2**30)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: available)
+    params = 134_479_872
+    want = "bf16" if available_gib is None or available_gib > 1.002 else "none"
+    assert engine_core.resolve_quantization("auto", "auto", "cpu", params) == want
+
+
+def test_meminfo_available_is_read_in_bytes():
+    from kvloop.engine.host_memory import meminfo_available_bytes
+
+    text = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20971520 kB\n"
+    assert meminfo_available_bytes(text) == 20 * 2**30
+    assert meminfo_available_bytes("MemTotal: 1 kB\n") is None
 
 
 # ---- a bf16 model: the kernel for decode-sized steps, torch's GEMM above ---------------------------
@@ -134,3 +157,16 @@ def test_model_logits_match_fp32_over_the_same_rounded_weights(models):
 
 def test_model_greedy_tokens_match_fp32_over_the_same_rounded_weights(models, checkpoint):
     kernel_ref.assert_greedy_tokens_match(*models, checkpoint)
+
+
+def test_linear_params_counts_the_models_linear_weights():
+    """What the memory rule above counts: every linear layer's weights, the head included (untied here)."""
+    from kvloop.engine.model.config import ModelConfig
+    from kvloop.engine.model.llama import LlamaModel
+    from kvloop.engine.model.random_weights import random_weights
+
+    cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=80, num_layers=3, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position=64)
+    model = LlamaModel(cfg, random_weights(cfg, seed=0), torch.float32)
+    layers = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert cfg.linear_params == sum(lin.weight.numel() for lin in (*layers, model.lm_head))

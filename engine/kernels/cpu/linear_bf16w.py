@@ -12,7 +12,10 @@ the few rows of a decode step. Measured on an AMD EPYC with AVX512-BF16 (2 threa
 linears, one pass, bf16 activations widened and rounded back): 3.6 against 9.8 ms at 1 row, 7.5 against 11.3
 at 4, even at 8, 1.1x torch's time at 12 and 1.3x at 16 (1.4-1.8x at 512); whole engine steps at 12 rows
 (1,300-token contexts) were no slower with the kernel, within this VM's noise. `linear_or_dense` takes both:
-the kernel up to `DENSE_ABOVE_ROWS` rows, torch's GEMM over a dense copy of the same weights above.
+the kernel up to `DENSE_ABOVE_ROWS` rows, torch's GEMM over a dense copy of the same weights above. A compiled
+step instead holds two graphs (runner/compiled_step.py): its kernel graph calls this operator for steps of up
+to DENSE_ABOVE_ROWS tokens, its dense graph a plain F.linear, which inductor prepacks for oneDNN (the GEMM inside
+the operator is not prepacked: that one-graph form made steps of 8 rows and more slower than oneDNN alone).
 
 Loading goes through build.load, which never compiles: without a build the caller keeps dense weights."""
 
