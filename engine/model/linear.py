@@ -128,11 +128,10 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "bf16":
-            if self.weight is not None:  # a bf16 model: the kernel for decode-sized steps, oneDNN above
-                compiling = torch.compiler.is_compiling()
-                if _dense_graph if compiling else x.shape[0] > linear_bf16w.DENSE_ABOVE_ROWS:
-                    return F.linear(x, self.weight, self.dense_bias)
-                return linear_bf16w.linear_or_dense(x, self.packed, self.weight, self.bias)
+            # a bf16 model (a dense copy): oneDNN over it for steps past the kernel's rows, the kernel below them
+            if self.weight is not None and (_dense_graph if torch.compiler.is_compiling()
+                                            else x.shape[0] > linear_bf16w.DENSE_ABOVE_ROWS):
+                return F.linear(x, self.weight, self.dense_bias)
             return linear_bf16w.linear(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
         if self.fmt == "int8" and self.weight is None:
             return linear_int8w.linear(x.float(), self.packed, self.scales, self.out_features, self.bias).to(x.dtype)

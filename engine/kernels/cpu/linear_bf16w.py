@@ -1,5 +1,5 @@
 """bf16 weights, fp32 arithmetic: the linear kernel (csrc/linear_bf16w.cpp) for CPUs without native bf16, and
-for decode-sized steps of a bf16 model on CPUs with it (`linear_or_dense`).
+for decode-sized steps of a bf16 model on CPUs with it.
 
 Decode at small batch is bound by the bytes of weights a step reads. Stored as bf16 they are half of fp32's,
 and widening bf16 to fp32 is exact, so the products and sums stay fp32 (no emulated bf16 arithmetic). The
@@ -11,11 +11,11 @@ On a CPU with native bf16 torch's bf16 GEMM (oneDNN) is the fast choice for pref
 the few rows of a decode step. Measured on an AMD EPYC with AVX512-BF16 (2 threads, the embedded model's
 linears, one pass, bf16 activations widened and rounded back): 3.6 against 9.8 ms at 1 row, 7.5 against 11.3
 at 4, even at 8, 1.1x torch's time at 12 and 1.3x at 16 (1.4-1.8x at 512); whole engine steps at 12 rows
-(1,300-token contexts) were no slower with the kernel, within this VM's noise. `linear_or_dense` takes both:
-the kernel up to `DENSE_ABOVE_ROWS` rows, torch's GEMM over a dense copy of the same weights above. A compiled
-step instead holds two graphs (runner/compiled_step.py): its kernel graph calls this operator for steps of up
-to DENSE_ABOVE_ROWS tokens, its dense graph a plain F.linear, which inductor prepacks for oneDNN (the GEMM inside
-the operator is not prepacked: that one-graph form made steps of 8 rows and more slower than oneDNN alone).
+(1,300-token contexts) were no slower with the kernel, within this VM's noise. So a bf16 model's layer
+(model/linear.py) takes the kernel up to `DENSE_ABOVE_ROWS` rows and torch's GEMM over a dense copy of the same
+weights above; a compiled step holds a graph for each (runner/compiled_step.py), so that inductor prepacks the
+GEMM for oneDNN (an earlier single operator that called the GEMM inside made steps of 8 rows and more slower
+than oneDNN alone: nothing prepacks a GEMM called from our operator).
 
 Loading goes through build.load, which never compiles: without a build the caller keeps dense weights."""
 
@@ -31,7 +31,7 @@ BLOCK = 16
 # interleaves, which take slots 0-3 and 8-11 into one register and 4-7 and 12-15 into the other.
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
-DENSE_ABOVE_ROWS = 12  # linear_or_dense: steps with more rows take torch's GEMM (crossover 8-12 rows, above)
+DENSE_ABOVE_ROWS = 12  # a bf16 model's steps with more rows take torch's GEMM (crossover 8-12 rows, above)
 
 
 def available() -> bool:
@@ -43,16 +43,10 @@ def register_fakes() -> None:
     """The operator's output shape for torch.compile's tracing, so a compiled step keeps the op in its graph;
     build.load calls this once the library is loaded."""
     torch.library.register_fake("kvloop_cpu::linear_bf16w")(_linear_shape)
-    torch.library.register_fake("kvloop_cpu::linear_bf16w_or_dense")(_linear_or_dense_shape)
 
 
 def _linear_shape(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((x.shape[0], n))
-
-
-def _linear_or_dense_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, n: int,
-                           bias: torch.Tensor | None, max_rows: int) -> torch.Tensor:
-    return _linear_shape(x, packed, n, bias)  # the same output whichever branch runs
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -75,11 +69,3 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | N
     """x [M, K] float32 @ W[N, K]^T + bias → [M, N] float32; each output one fp32 FMA chain over k in order,
     so a row's result is the same in any batch and with any thread count."""
     return torch.ops.kvloop_cpu.linear_bf16w(x, packed, n, bias)
-
-
-def linear_or_dense(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    max_rows: int = DENSE_ABOVE_ROWS) -> torch.Tensor:
-    """x [M, K] (bf16) @ W^T + bias → [M, N] in x's dtype: up to `max_rows` rows through the kernel (fp32
-    arithmetic over the packed weights, rounded to x's dtype), more through torch's GEMM over `weight`, the same
-    weights dense [N, K] in x's dtype. bias: fp32 or None."""
-    return torch.ops.kvloop_cpu.linear_bf16w_or_dense(x, packed, weight, weight.shape[0], bias, max_rows)

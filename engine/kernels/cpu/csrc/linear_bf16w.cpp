@@ -55,30 +55,13 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
   return kvloop::linear_tiles::linear<Bf16Weights>(x, packed, at::Tensor(), n, bias);
 }
 
-// A bf16 model's layer on a CPU with native bf16: steps of up to max_rows rows (decode-sized, bound by the
-// bytes of weights they read) through the kernel above, x widened to fp32 (exact) and the result rounded to
-// x's dtype; larger steps through torch's GEMM over `weight`, the same weights dense in x's dtype (oneDNN's
-// bf16 GEMM, which wins once enough rows share each weight). One operator, so a compiled step holds it
-// whatever its row count. bias: [N] fp32 or None.
-at::Tensor linear_bf16w_or_dense(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight,
-                                 int64_t n, const c10::optional<at::Tensor>& bias, int64_t max_rows) {
-  if (x.size(0) <= max_rows) {
-    return linear_bf16w(x.to(at::kFloat).contiguous(), packed, n, bias).to(x.scalar_type());
-  }
-  c10::optional<at::Tensor> dense_bias;
-  if (bias.has_value() && bias->defined()) dense_bias = bias->to(x.scalar_type());
-  return at::linear(x, weight, dense_bias);
-}
-
 }  // namespace
 
 // A fragment: the namespace itself is declared by paged_decode.cpp's library (either may load first).
 TORCH_LIBRARY_FRAGMENT(kvloop_cpu, m) {
   m.def("linear_bf16w(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
-  m.def("linear_bf16w_or_dense(Tensor x, Tensor packed, Tensor weight, int n, Tensor? bias, int max_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("linear_bf16w", &linear_bf16w);
-  m.impl("linear_bf16w_or_dense", &linear_bf16w_or_dense);
 }
