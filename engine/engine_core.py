@@ -47,15 +47,19 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 def resolve_quantization(name: str, dtype_name: str, device: str, linear_params: int = 0) -> str:
     """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where dtype
     auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
-    step streams. Where it chose bf16 (native bf16) the kernel serves decode-sized steps, where it is faster than
-    oneDNN's bf16 GEMM (2.1x a whole step at 1 row here), and dense bf16 weights through oneDNN the larger ones
-    (the compiled step's second graph; model/linear.py): two bf16 copies of the `linear_params` linear weights,
-    kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model
-    keeps one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
+    step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16), the
+    kernel serves every step: it beat oneDNN's bf16 GEMM at every row count measured (model/linear.py). Built
+    without them, the kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense bf16 weights
+    through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of the `linear_params`
+    linear weights, kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a
+    larger model keeps one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
-        if cpu_has_native_bf16():
+        if cpu_has_native_bf16() and linear_bf16w.native():
+            log.info("bf16 weights through the bf16-weight kernel's bf16 pairs (AVX512-BF16) for every step "
+                     "(--quantization none keeps oneDNN's bf16 GEMM)")
+        elif cpu_has_native_bf16():
             both = 2 * 2 * linear_params  # packed + dense, bf16
             available = host_memory.available_bytes()
             if available is not None and both > DENSE_COPY_MEMORY_SHARE * available:

@@ -6,8 +6,9 @@ What varies per step stays outside the graph. The graph's inputs are the step's 
 opaque operator, kvloop_step::attention, that reads the metadata and the KV cache from the step being run
 (bound by CompiledStep.__call__), as vLLM's piecewise graphs do. So a new batch size, context length,
 block table or cascade plan never recompiles: there is one graph for every N (N = 1 included, so a row's
-arithmetic does not depend on the batch it is in), or, for a bf16 model with the bf16-weight kernel, one for
-steps of up to 12 tokens and one for larger steps (CompiledStep's docstring). The operator's kernel is Python (step_attention: the
+arithmetic does not depend on the batch it is in), or, for a bf16 model with the bf16-weight kernel built
+without bf16 pairs (model/linear.py), one for steps of up to 12 tokens and one for larger steps (CompiledStep's
+docstring). The operator's kernel is Python (step_attention: the
 model's bound attention), except where the backend's library serves the step itself: the CPU attention
 kernel's library has a C++ kernel for CPU tensors that runs a bound decode-only step's layer without a call
 back into Python (bound per step through the LayerFn's `native_step`) and otherwise calls the Python one.

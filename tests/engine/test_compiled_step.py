@@ -92,14 +92,17 @@ def test_compiled_step_equals_eager():
 
 @compiles
 @torch._dynamo.config.patch(disable=False)
-def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches():
-    """A bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM over the dense copy
-    above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and 24-token prefill
-    chunks (the GEMM's) with no other graph, with eager's logits."""
+@pytest.mark.parametrize("pairs", [False, True])
+def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs):
+    """Built without bf16 pairs, a bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM
+    over the dense copy above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and
+    24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. With bf16 pairs (AVX512-BF16)
+    the kernel serves both from one graph, and no dense copy is kept."""
     from kvloop.engine.kernels.cpu import linear_bf16w
 
-    if not linear_bf16w.available():
-        pytest.skip("the bf16-weight kernel is not built")
+    if not linear_bf16w.available() or (pairs and not linear_bf16w.native()):
+        pytest.skip("the bf16-weight kernel is not built (with bf16 pairs)")
+    monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
     assert 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24  # the schedule's decodes and chunks fall on either side
     # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the runs
     # then feed different tokens. So logits compare up to and including the first step whose sampled tokens
@@ -108,7 +111,7 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
     # 24-token chunk, the GEMM's branch) and more.
     for seed in (6, 7, 8, 9):
         model = LlamaModel(TINY, random_weights(TINY, seed=seed, std=0.2), torch.bfloat16, quantization="bf16")
-        assert model.lm_head.fmt == "bf16" and model.lm_head.weight is not None  # the dense copy for large steps
+        assert model.lm_head.fmt == "bf16" and (model.lm_head.weight is None) == pairs  # a dense copy for oneDNN?
         compiled_logits, eager_logits, parted = compiled_and_eager_bf16(model)
         if parted >= 1:
             break
@@ -133,7 +136,8 @@ def compiled_and_eager_bf16(model: LlamaModel) -> tuple[list[torch.Tensor], list
     compiled = bf16_engine("on")
     step = compiled.runner.compiled
     assert step is not None and step.warm, "compiling the tiny model failed (see the log)"
-    assert step.dense_above is not None and [g.dense for g in step._graphs] == [False, True]
+    two = model.lm_head.weight is not None
+    assert (step.dense_above is not None) == two and [g.dense for g in step._graphs] == ([False, True] if two else [None])
     step.stance_when_warm = "fail_on_recompile"
     got_tokens: list[dict[str, list[int]]] = []
     try:
@@ -211,14 +215,15 @@ def test_a_truncated_saved_step_is_compiled_again_with_a_warning(saved, tmp_path
 
 @compiles
 @torch._dynamo.config.patch(disable=False)
-def test_a_bf16_models_two_graphs_are_saved_apart_and_both_load(tmp_path: Path):
-    """The kernel's graph and the dense graph each go to a file of their own; a fresh CompiledStep loads both
-    (no tracing) and gives the bits of the steps that saved them, for a 3-token prefill and a 1-row decode (the
-    kernel's graph) and a 20-token prefill (the dense graph)."""
+def test_a_bf16_models_two_graphs_are_saved_apart_and_both_load(tmp_path: Path, monkeypatch):
+    """Built without bf16 pairs: the kernel's graph and the dense graph each go to a file of their own; a fresh
+    CompiledStep loads both (no tracing) and gives the bits of the steps that saved them, for a 3-token prefill and
+    a 1-row decode (the kernel's graph) and a 20-token prefill (the dense graph)."""
     from kvloop.engine.kernels.cpu import linear_bf16w
 
     if not linear_bf16w.available():
         pytest.skip("the bf16-weight kernel is not built")
+    monkeypatch.setattr(linear_bf16w, "native", lambda: False)
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.bfloat16, quantization="bf16")
     artefact = tmp_path / "tiny-bf16.step"
 

@@ -82,11 +82,16 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16)
 
 @pytest.mark.parametrize("available_gib", [None, 1.01, 0.99])
 def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memory(monkeypatch, available_gib):
-    """Packed + dense bf16 copies of 134.5M linear weights (the embedded model): 0.501 GiB. Kept only while that is
-    at most half of the available memory (1.002 GiB); where /proc/meminfo cannot be read, kept."""
+    """A kernel without bf16 pairs keeps a dense copy for oneDNN: packed + dense bf16 copies of 134.5M linear weights
+    (the embedded model), 0.501 GiB. Kept only while that is at most half of the available memory (1.002 GiB);
+    where /proc/meminfo cannot be read, kept. With bf16 pairs there is one copy, and no rule."""
     from kvloop.engine import engine_core, host_memory
 
     monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(linear_bf16w, "native", lambda: True)
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)
+    assert engine_core.resolve_quantization("auto", "auto", "cpu", 134_479_872) == "bf16"
+    monkeypatch.setattr(linear_bf16w, "native", lambda: False)
     available = None if available_gib is None else int(available_gib * 2**30)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: available)
     params = 134_479_872
@@ -102,13 +107,56 @@ def test_meminfo_available_is_read_in_bytes():
     assert meminfo_available_bytes("MemTotal: 1 kB\n") is None
 
 
-# ---- a bf16 model: the kernel for decode-sized steps, torch's GEMM above ---------------------------
+# ---- a bf16 model, bf16 pairs (AVX512-BF16): the kernel for every step ----------------------------
+
+needs_pairs = pytest.mark.skipif("not linear_bf16w.native()", reason="the kernel was built without AVX512-BF16")
+
+
+def bf16_output_slack(x: torch.Tensor, wb: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """Rounding the output to bf16 (half an ulp, 2^-8 relative) plus the fp32 sums, and a little for results near 0."""
+    return 2.0**-8 * exact.abs() + 2 * fp32_error_bound(x.float(), wb.float(), None) + 1e-6
+
+
+@needs_pairs
+@pytest.mark.parametrize("m", [1, 7, 12, 13, 33])
+@pytest.mark.parametrize("n,k", [(37, 54), (100, 130), (16, 8), (70, 53)])  # 53: odd K takes the fp32 tiles
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_activations_match_float64_within_bf16_rounding(m, n, k, with_bias):
+    w, x32, bias = kernel_ref.linear_case(m, n, k, with_bias)
+    x, wb = x32.to(torch.bfloat16), w.to(torch.bfloat16).double()
+    y = linear_bf16w.linear_bf16(x, linear_bf16w.pack(w), n, bias)
+    exact = x.double() @ wb.T + (0 if bias is None else bias.double())
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    assert ((y.double() - exact).abs() <= bf16_output_slack(x, wb, exact)).all()
+
+
+@needs_pairs
+def test_bf16_activations_give_a_row_the_same_bits_in_any_batch():
+    w, x, bias = kernel_ref.linear_case(33, 70, 300, True, seed=1)
+    packed = linear_bf16w.pack(w)
+    kernel_ref.assert_batch_invariant(lambda rows: linear_bf16w.linear_bf16(rows, packed, 70, bias),
+                                      x.to(torch.bfloat16))
+
+
+@needs_pairs
+def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count():
+    n, k = 70, 130
+    w, x32, bias = kernel_ref.linear_case(40, n, k, True)
+    layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
+    assert layer.fmt == "bf16" and layer.weight is None and layer.dense_bias is None
+    x = x32.to(torch.bfloat16)
+    for m in (1, linear_bf16w.DENSE_ABOVE_ROWS + 1, 40):
+        assert torch.equal(layer(x[:m]), linear_bf16w.linear_bf16(x[:m], layer.packed, n, layer.bias))
+
+
+# ---- a bf16 model, fp32 tiles: the kernel for decode-sized steps, torch's GEMM above -----------------
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(with_bias):
-    """Both branches against float64 over the same bf16 operands, within rounding the output to bf16 (half an
-    ulp, 2^-8 relative) plus the fp32 sums; the kernel's branch is the fp32 kernel's bits rounded to bf16."""
+def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(monkeypatch, with_bias):
+    """Where the kernel has no bf16 pairs. Both branches against float64 over the same bf16 operands, within
+    rounding the output to bf16 plus the fp32 sums; the kernel's branch is the fp32 kernel's bits rounded to bf16."""
+    monkeypatch.setattr(linear_bf16w, "native", lambda: False)
     n, k = 70, 130
     w, x32, bias = kernel_ref.linear_case(2 * linear_bf16w.DENSE_ABOVE_ROWS, n, k, with_bias)
     layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
@@ -122,8 +170,7 @@ def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(with_bi
         b = 0 if bias is None else (bias if kernel_branch else bias.to(torch.bfloat16)).double()
         exact = x[:m].double() @ wb.T + b
         assert y.dtype == torch.bfloat16 and y.shape == (m, n)
-        slack = 2.0**-8 * exact.abs() + 2 * fp32_error_bound(x[:m].float(), wb.float(), None) + 1e-6
-        assert ((y.double() - exact).abs() <= slack).all(), m
+        assert ((y.double() - exact).abs() <= bf16_output_slack(x[:m], wb, exact)).all(), m
         if kernel_branch:
             kernel = linear_bf16w.linear(x[:m].float(), layer.packed, n, layer.bias).to(torch.bfloat16)
             assert torch.equal(y, kernel)
@@ -132,9 +179,12 @@ def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(with_bi
                                                              if bias is not None else None))
 
 
-def test_bf16_layer_looks_up_rows_from_its_dense_copy():
+@pytest.mark.parametrize("pairs", [False, True])
+def test_bf16_layer_looks_up_rows_from_its_dense_copy_or_packed_weights(monkeypatch, pairs):
+    monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
     w = torch.randn(50, 24)
     layer = Linear(w, None, torch.bfloat16, torch.device("cpu"), "bf16")
+    assert (layer.weight is None) == pairs
     ids = torch.tensor([0, 49, 17, 16])
     assert torch.equal(layer[ids], w.to(torch.bfloat16)[ids])
 

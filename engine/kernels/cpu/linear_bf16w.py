@@ -1,21 +1,18 @@
-"""bf16 weights, fp32 arithmetic: the linear kernel (csrc/linear_bf16w.cpp) for CPUs without native bf16, and
-for decode-sized steps of a bf16 model on CPUs with it.
+"""bf16 weights, fp32 sums: the linear kernel (csrc/linear_bf16w.cpp) for CPUs without native bf16 (fp32
+activations, `linear`), and for bf16 models on CPUs with it (bf16 activations, `linear_bf16`).
 
 Decode at small batch is bound by the bytes of weights a step reads. Stored as bf16 they are half of fp32's,
-and widening bf16 to fp32 is exact, so the products and sums stay fp32 (no emulated bf16 arithmetic). The
-kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
+and widening bf16 to fp32 is exact, so `linear`'s products and sums stay fp32 (no emulated bf16 arithmetic).
+`linear_bf16`, built for AVX512-BF16 (`native`), multiplies pairs of bf16 into fp32 sums with one instruction
+per 16 pairs (csrc/linear_dpbf16.h): measured on an AMD EPYC (2 threads, the embedded model's layers) it beat
+oneDNN's bf16 GEMM at every row count from 1 to 512 (model/linear.py has the numbers), so a bf16 model keeps
+no dense copy of its weights. Built without AVX512-BF16 it widens x and runs `linear`'s fp32 tiles, faster
+than oneDNN only up to `DENSE_ABOVE_ROWS` rows (3.6 against 9.8 ms at 1 row; 1.1x oneDNN's time at 12 and 1.3x
+at 16); a bf16 model then keeps a dense copy for larger steps (model/linear.py, runner/compiled_step.py).
+
+The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
 one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original [N, K]
 matrix back out of a packed one, so a tied embedding is looked up from the head's weights (no second copy).
-
-On a CPU with native bf16 torch's bf16 GEMM (oneDNN) is the fast choice for prefill-sized steps, but not for
-the few rows of a decode step. Measured on an AMD EPYC with AVX512-BF16 (2 threads, the embedded model's
-linears, one pass, bf16 activations widened and rounded back): 3.6 against 9.8 ms at 1 row, 7.5 against 11.3
-at 4, even at 8, 1.1x torch's time at 12 and 1.3x at 16 (1.4-1.8x at 512); whole engine steps at 12 rows
-(1,300-token contexts) were no slower with the kernel, within this VM's noise. So a bf16 model's layer
-(model/linear.py) takes the kernel up to `DENSE_ABOVE_ROWS` rows and torch's GEMM over a dense copy of the same
-weights above; a compiled step holds a graph for each (runner/compiled_step.py), so that inductor prepacks the
-GEMM for oneDNN (an earlier single operator that called the GEMM inside made steps of 8 rows and more slower
-than oneDNN alone: nothing prepacks a GEMM called from our operator).
 
 Loading goes through build.load, which never compiles: without a build the caller keeps dense weights."""
 
@@ -31,7 +28,7 @@ BLOCK = 16
 # interleaves, which take slots 0-3 and 8-11 into one register and 4-7 and 12-15 into the other.
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
-DENSE_ABOVE_ROWS = 12  # a bf16 model's steps with more rows take torch's GEMM (crossover 8-12 rows, above)
+DENSE_ABOVE_ROWS = 12  # without bf16 pairs, a bf16 model's larger steps take torch's GEMM (crossover 8-12 rows)
 
 
 def available() -> bool:
@@ -43,10 +40,16 @@ def register_fakes() -> None:
     """The operator's output shape for torch.compile's tracing, so a compiled step keeps the op in its graph;
     build.load calls this once the library is loaded."""
     torch.library.register_fake("kvloop_cpu::linear_bf16w")(_linear_shape)
+    torch.library.register_fake("kvloop_cpu::linear_bf16w_bf16")(_linear_shape)
 
 
 def _linear_shape(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((x.shape[0], n))
+    return x.new_empty((x.shape[0], n))  # in x's dtype: float32 for linear, bfloat16 for linear_bf16
+
+
+def native() -> bool:
+    """Whether `linear_bf16` multiplies bf16 pairs natively (the kernel built for AVX512-BF16)."""
+    return available() and torch.ops.kvloop_cpu.linear_bf16w_native()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -69,3 +72,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | N
     """x [M, K] float32 @ W[N, K]^T + bias → [M, N] float32; each output one fp32 FMA chain over k in order,
     so a row's result is the same in any batch and with any thread count."""
     return torch.ops.kvloop_cpu.linear_bf16w(x, packed, n, bias)
+
+
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] bfloat16 @ W[N, K]^T + bias (fp32) → [M, N] bfloat16, rounded once from the fp32 result; each output
+    one fp32 chain over k in order (k pairs with AVX512-BF16), so a row's result is the same in any batch."""
+    return torch.ops.kvloop_cpu.linear_bf16w_bf16(x, packed, n, bias)

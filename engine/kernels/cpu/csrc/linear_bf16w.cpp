@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "linear_dpbf16.h"
 #include "linear_tiles.h"
 
 namespace {
@@ -55,13 +56,53 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
   return kvloop::linear_tiles::linear<Bf16Weights>(x, packed, at::Tensor(), n, bias);
 }
 
+// x: [M, K] bf16 (a bf16 model's activations); packed as above; bias: [N] fp32 or None. Returns [M, N] bf16: the
+// fp32 result (plus bias) rounded to nearest even. With AVX512-BF16 (linear_dpbf16.h) two products per lane and
+// instruction; elsewhere, or for an odd K, the fp32 tiles over the widened x (the same values up to the order of
+// the fp32 sums).
+at::Tensor linear_bf16w_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                             const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be a 2-D bfloat16 tensor");
+#ifdef KVLOOP_AVX512BF16
+  const int64_t K = x.size(1);
+  if (K % 2 == 0) {
+    TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == BLOCK,
+                "packed must be a [N/16, K, 16] bfloat16 tensor");
+    TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_bf16w_bf16 is a CPU kernel");
+    const int64_t M = x.size(0), blocks = packed.size(0);
+    TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
+    TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
+    const auto o = kvloop::linear_operands::prepare(x, packed, at::Tensor(), n, bias);
+    if (o.done) return o.y.to(at::kBFloat16);  // no work: the bias per row (fp32), or zeros
+    kvloop::linear_dpbf16::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,
+                                  static_cast<const uint16_t*>(o.w.data_ptr()), blocks, n,
+                                  o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
+                                  reinterpret_cast<uint16_t*>(o.y.data_ptr()), SLOT_OF_COL);
+    return o.y;
+  }
+#endif
+  return linear_bf16w(x.to(at::kFloat), packed, n, bias).to(at::kBFloat16);
+}
+
+// Whether linear_bf16w_bf16 multiplies in bf16 pairs (built for AVX512-BF16) rather than through the fp32 tiles.
+bool linear_bf16w_native() {
+#ifdef KVLOOP_AVX512BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 // A fragment: the namespace itself is declared by paged_decode.cpp's library (either may load first).
 TORCH_LIBRARY_FRAGMENT(kvloop_cpu, m) {
   m.def("linear_bf16w(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+  m.def("linear_bf16w_bf16(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
+  m.def("linear_bf16w_native() -> bool", &linear_bf16w_native);
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("linear_bf16w", &linear_bf16w);
+  m.impl("linear_bf16w_bf16", &linear_bf16w_bf16);
 }
