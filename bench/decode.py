@@ -286,10 +286,12 @@ def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
     """What each system computes with, in words (kvloop's defaults resolved for this machine)."""
     dtype, weights = kvloop_defaults()
     default = f"{dtype}, {weights} weights"
-    if dtype == "bfloat16" and weights == "bf16":  # native bf16: the kernel for decode-sized steps only
-        from kvloop.engine.kernels.cpu.linear_bf16w import DENSE_ABOVE_ROWS
+    if dtype == "bfloat16" and weights == "bf16":  # native bf16: the kernel's bf16 pairs, or the two-graph form
+        from kvloop.engine.kernels.cpu import linear_bf16w
 
-        default = f"bfloat16, bf16-weight kernel up to {DENSE_ABOVE_ROWS} rows, oneDNN over dense weights above"
+        default = ("bfloat16, bf16-weight kernel (AVX512-BF16 pairs) for every step" if linear_bf16w.native() else
+                   f"bfloat16, bf16-weight kernel up to {linear_bf16w.DENSE_ABOVE_ROWS} rows, oneDNN over dense "
+                   "weights above")
     out = {"kvloop": f"defaults here: {default}",
            "kvloop-dense": f"{dtype}, dense {dtype} weights for every step",
            "kvloop-fp32": "float32, dense float32 weights (exact path)",

@@ -49,12 +49,12 @@ class EngineConfig:
     cascade: str = "auto"
     quantization: str = option("auto", flag="--quantization", setting="quantization", choices=QUANTIZATIONS,
                                help="weight format (model/linear.py): none: dense in the model dtype (the exact "
-                                    "path); bf16: bf16 weights, float32 arithmetic (CPU kernel); int8: per-channel "
-                                    "int8 weights, float32 arithmetic (CPU kernel, every step size; without it "
-                                    "decode-sized steps only; under a bf16 model: the kernel for steps of up to 12 rows, "
-                                    "dense bf16 weights above, for one or a few streams); int4: decode-sized "
-                                    "steps; auto: bf16 under --dtype auto on a CPU without native bf16 when the "
-                                    "kernel is built, else none")
+                                    "path); bf16: bf16 weights through a CPU kernel, float32 sums (under a bf16 "
+                                    "model with AVX512-BF16: bf16 pairs in hardware, every step; built without "
+                                    "it: the kernel for steps of up to 12 rows, dense bf16 weights above); int8: "
+                                    "per-channel int8 weights, float32 arithmetic (CPU kernel, every step size; "
+                                    "without it decode-sized steps only); int4: decode-sized steps; auto: bf16 "
+                                    "under --dtype auto on a CPU when the kernel is built, else none")
     compile: str = option("auto", flag="--compile", setting="compile", choices=COMPILE_MODES,
                           help="compile the model's step with torch.compile (inductor's C++ backend; runner/"
                                "compiled_step.py) at start-up, artefacts cached on disk; auto: on a CPU under "
