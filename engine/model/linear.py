@@ -6,8 +6,9 @@
   widens the weights and beats torch's fp32 GEMM at every batch size measured (1 to 512 rows), so it serves
   all steps and no dense copy is kept. Under a bf16 model (a CPU with native bf16) built with AVX512-BF16, the
   kernel multiplies bf16 pairs in hardware and again serves every step with no dense copy: the embedded model's
-  layers took 2.1 against oneDNN's 10.3 ms at 1 row, 8.8 against 19.4 at 16, 31 against 46 at 64 and 240
-  against 250-269 at 512 (torch's F.linear, unprepacked as the compiled step calls it; 2 threads, AMD EPYC);
+  layers (one pass, 2 threads, AMD EPYC) took 2.1 ms at 1 row, 8.8 at 16, 31 at 64 and 240 at 512, against
+  torch's F.linear over dense bf16 weights 10.3, 19.4, 46 and 250-269, and even against oneDNN with its weights
+  prepacked ahead (mkldnn._linear_pointwise, which the compiled step does not get) 5.3, 12.5, 35 and 243-247;
   whole decode steps at 16 rows of 2,000 tokens 55 against 77 ms. A kernel built without AVX512-BF16 (an old
   compiler) multiplies in fp32, faster than oneDNN only for decode-sized steps (up to
   linear_bf16w.DENSE_ABOVE_ROWS rows), so there the layer keeps a dense bf16 copy for the rest (twice the

@@ -49,6 +49,16 @@ def check(out, ref, seed, atol=ATOL, rtol=RTOL) -> None:
     torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
 
 
+def stacked_tolerance(values: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> dict[str, float]:
+    """The tolerance of outputs whose items stack several rows' queries (a group's shared prefix) over bf16 `values`:
+    the blocked bf16 routine rounds their probabilities to bf16 for the value product (as for prefill), each
+    weight off by at most 2^-9 relative, so the output by at most 2^-9 of the largest |value|, twice that allowed
+    (unwritten slots of a test cache hold NaN: not values). Elsewhere (another K/V dtype, or a build without that routine) the given tolerance."""
+    if values.dtype == torch.bfloat16 and build.blocked_bf16():
+        return {"atol": max(atol, 2.0 ** -8 * values.float().nan_to_num(0.0).abs().max().item()), "rtol": rtol}
+    return {"atol": atol, "rtol": rtol}
+
+
 # 1: a lone token; 15/16/17: one short of, on and one past a block edge; 700 and 1100: several context
 # splits (512 tokens) merged inside the kernel, ending mid-block
 LENS = [1, 15, 16, 17, 700, 1100, 48]
@@ -125,13 +135,14 @@ def test_prefix_and_suffix_merged_in_the_kernel_equal_full_attention(kv_dtype, s
         out, lse = pd.decode(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens)
     ref_out, ref_lse = reference_lse(q, paged, tables, lens, 0.125)
     assert out.shape == q.shape and lse.shape == q.shape[:2]
-    check(out, ref_out, seed)
-    check(lse, ref_lse, seed)
+    tol = stacked_tolerance(paged.v_cache)
+    check(out, ref_out, seed, **tol)
+    check(lse, ref_lse, seed)  # the sums of the probabilities stay fp32
     # the partial results the kernel merged, and torch's merge of them, agree with it
     parts, parts_lse = pd.attend(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens)
     acc, acc_lse = parts[members:], parts_lse[members:]
     merge_into(acc, acc_lse, torch.arange(members), parts[:members], parts_lse[:members])
-    check(out, acc, seed)
+    check(out, acc, seed, **tol)
     check(lse, acc_lse, seed)
 
 
@@ -153,7 +164,7 @@ def test_stacked_queries_of_any_count_equal_full_attention(heads, kv_heads, head
                             + [([r], tables[r, 2:].tolist(), n - 32) for r, n in enumerate(lens)])
     out, lse = pd.decode(q, paged.k_cache, paged.v_cache, segs, scale)
     ref_out, ref_lse = reference_lse(q, paged, tables, lens, scale)
-    check(out, ref_out, seed)
+    check(out, ref_out, seed, **stacked_tolerance(paged.v_cache))
     check(lse, ref_lse, seed)
 
 
@@ -208,7 +219,7 @@ def test_decode_step_with_and_without_cascade(kv_dtype):
         meta = meta_for(tables, lens, p)
         out = decode(q, k_cache, v_cache, meta, 0.125)
         assert out.dtype == q.dtype
-        check(out, ref, seed)
+        check(out, ref, seed, **(stacked_tolerance(v_cache) if p is not None else {}))
         assert decode.work(meta, BS) is decode.work(meta, BS)  # built once per step
     bf16_out = decode(q.bfloat16(), k_cache, v_cache, meta_for(tables, lens, plan), 0.125)
     assert bf16_out.dtype == torch.bfloat16
@@ -237,7 +248,7 @@ def test_cpu_backend_runs_a_mixed_step():
     assert cpu.name == "cpu" and backend.available("cpu") and not backend.available("meta")
     out = cpu.forward(q, k_cache, v_cache, meta, 0.125)
     ref = reference.paged_step(q, k_cache, v_cache, meta, 0.125)
-    check(out[: len(lens)], ref[: len(lens)], seed)
+    check(out[: len(lens)], ref[: len(lens)], seed, **stacked_tolerance(v_cache))
     # the prefill rows' probabilities are bf16 on the blocked path: off by at most 2^-9 of the largest |value|
     tol = 2.0 ** -8 * v_cache.float().abs().max().item() if build.blocked_bf16() else ATOL
     check(out[len(lens):], ref[len(lens):], seed, atol=tol, rtol=0 if build.blocked_bf16() else RTOL)
@@ -373,7 +384,8 @@ def test_decode_layer_equals_the_composed_write_and_decode(kv_dtype, q_dtype, ca
     assert fused.dtype == q_dtype and fused.shape == q.shape and fused.is_contiguous()
     assert torch.equal(fused, composed), f"seed {seed}: the outputs differ"
     ref = reference.paged_decode(q.float(), fused_cache[1, 0], fused_cache[1, 1], meta.decode_block_tables, lens, 0.125)
-    check(fused.float(), ref, seed, **({} if q_dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}))
+    tol = {"atol": ATOL, "rtol": RTOL} if q_dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    check(fused.float(), ref, seed, **(stacked_tolerance(fused_cache, **tol) if cascade else tol))
 
 
 def test_decode_layer_refuses_a_slot_outside_the_cache_and_writes_nothing():

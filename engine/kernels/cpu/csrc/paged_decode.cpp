@@ -21,7 +21,9 @@
 // item streams its tokens in tiles of 16 with an online softmax in fp32, asking for the lines of the tokens
 // it reads next into L2 (Scout). Two tile routines: bf16 K/V on CPUs with AVX512-BF16 (head_dim 64 or 128)
 // score a block of stacked queries at once with bf16 dot products on the transposed tile (run_item_bf16; for
-// paged_prefill's compute-bound work the probabilities are rounded to bf16 too, two tokens per instruction);
+// paged_prefill's compute-bound work, and for the items that stack several rows' queries (a cascade group's
+// shared prefix), the probabilities are rounded to bf16 too, two tokens per instruction; a single row's item
+// is bound by its reads and keeps them in fp32);
 // everything else widens the tile to fp32 in a small buffer (fp32 read in place) and scores one query at a
 // time with AVX2 (run_item). An output with a single partial result gets it written directly; the
 // others are merged in a second pass, in a fixed order (segment order, then split order). Splits have a
@@ -240,17 +242,20 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     const KV* k = k_cache.const_data_ptr<KV>();
     const KV* v = v_cache.const_data_ptr<KV>();
     auto item = sh.d == 64 ? run_item<KV, 64> : sh.d == 128 ? run_item<KV, 128> : run_item<KV, 0>;
+    auto stacked = item;  // an item of several members (a cascade group's shared prefix) or a causal one
 #ifdef KVLOOP_AVX512BF16
     if constexpr (std::is_same_v<KV, c10::BFloat16>) {
-      if (sh.d == 64) item = causal ? run_item_bf16<64, true> : run_item_bf16<64, false>;
-      if (sh.d == 128) item = causal ? run_item_bf16<128, true> : run_item_bf16<128, false>;
+      if (sh.d == 64) item = causal ? run_item_bf16<64, true> : run_item_bf16<64, false>, stacked = run_item_bf16<64, true>;
+      if (sh.d == 128)
+        item = causal ? run_item_bf16<128, true> : run_item_bf16<128, false>, stacked = run_item_bf16<128, true>;
     }
 #endif
 #pragma omp parallel num_threads(threads)
     {
       Scratch scratch(item_members * per_item * sh.group, per_item, sh.d);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < n_items; ++i) item(items[i], q, k, v, sh, bl, bs, rp, dest, sc, o, l, w, scratch);
+      for (int64_t i = 0; i < n_items; ++i)
+        (items[i].j1 - items[i].j0 > 1 ? stacked : item)(items[i], q, k, v, sh, bl, bs, rp, dest, sc, o, l, w, scratch);
       std::vector<float> acc;
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < n_merges; ++i) {
