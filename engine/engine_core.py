@@ -56,10 +56,11 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
-        if cpu_has_native_bf16() and linear_bf16w.native():
+        native_bf16 = cpu_has_native_bf16()
+        if native_bf16 and linear_bf16w.native():
             log.info("bf16 weights through the bf16-weight kernel's bf16 pairs (AVX512-BF16) for every step "
                      "(--quantization none keeps oneDNN's bf16 GEMM)")
-        elif cpu_has_native_bf16():
+        elif native_bf16:
             both = 2 * 2 * linear_params  # packed + dense, bf16
             available = host_memory.available_bytes()
             if available is not None and both > DENSE_COPY_MEMORY_SHARE * available:

@@ -56,6 +56,19 @@ def poisoned_alloc() -> Iterator[None]:
         torch.use_deterministic_algorithms(previous)
 
 
+def bf16_probs_atol(kv_dtype: torch.dtype, values: torch.Tensor | list[torch.Tensor]) -> float | None:
+    """The absolute tolerance of CPU attention outputs whose probabilities the blocked bf16 routine rounds to bf16
+    for the value product (prefill, and items stacking several rows' queries): each weight off by at most 2^-9
+    relative, so the output by at most 2^-9 of the largest |value|, twice that allowed (NaN, a test cache's
+    unwritten slots, is no value). None where that routine does not run (K/V not bf16, or not built)."""
+    from kvloop.engine.kernels.cpu import build
+
+    if kv_dtype != torch.bfloat16 or not build.blocked_bf16():
+        return None
+    parts = values if isinstance(values, list) else [values]
+    return 2.0**-8 * max(v.float().nan_to_num(0.0).abs().max().item() for v in parts)
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed: int) -> None:
     atol, rtol = TOL[dtype]
     assert out.dtype == dtype

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_ref import load_attention_kernel, make_paged, new_generator, poisoned_alloc, strided_rows
+from kernel_ref import (
+    bf16_probs_atol,
+    load_attention_kernel,
+    make_paged,
+    new_generator,
+    poisoned_alloc,
+    strided_rows,
+)
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -50,13 +57,10 @@ def check(out, ref, seed, atol=ATOL, rtol=RTOL) -> None:
 
 
 def stacked_tolerance(values: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> dict[str, float]:
-    """The tolerance of outputs whose items stack several rows' queries (a group's shared prefix) over bf16 `values`:
-    the blocked bf16 routine rounds their probabilities to bf16 for the value product (as for prefill), each
-    weight off by at most 2^-9 relative, so the output by at most 2^-9 of the largest |value|, twice that allowed
-    (unwritten slots of a test cache hold NaN: not values). Elsewhere (another K/V dtype, or a build without that routine) the given tolerance."""
-    if values.dtype == torch.bfloat16 and build.blocked_bf16():
-        return {"atol": max(atol, 2.0 ** -8 * values.float().nan_to_num(0.0).abs().max().item()), "rtol": rtol}
-    return {"atol": atol, "rtol": rtol}
+    """The tolerance of outputs whose items stack several rows' queries (a group's shared prefix) over `values`:
+    kernel_ref.bf16_probs_atol's where the blocked bf16 routine rounds their probabilities, else the given one."""
+    bound = bf16_probs_atol(values.dtype, values)
+    return {"atol": atol, "rtol": rtol} if bound is None else {"atol": max(atol, bound), "rtol": rtol}
 
 
 # 1: a lone token; 15/16/17: one short of, on and one past a block edge; 700 and 1100: several context
@@ -250,8 +254,8 @@ def test_cpu_backend_runs_a_mixed_step():
     ref = reference.paged_step(q, k_cache, v_cache, meta, 0.125)
     check(out[: len(lens)], ref[: len(lens)], seed, **stacked_tolerance(v_cache))
     # the prefill rows' probabilities are bf16 on the blocked path: off by at most 2^-9 of the largest |value|
-    tol = 2.0 ** -8 * v_cache.float().abs().max().item() if build.blocked_bf16() else ATOL
-    check(out[len(lens):], ref[len(lens):], seed, atol=tol, rtol=0 if build.blocked_bf16() else RTOL)
+    bound = bf16_probs_atol(v_cache.dtype, v_cache)
+    check(out[len(lens):], ref[len(lens):], seed, atol=bound or ATOL, rtol=0 if bound else RTOL)
 
 
 def test_rows_do_not_depend_on_the_batch_or_threads():

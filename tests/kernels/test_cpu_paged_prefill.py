@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_ref import load_attention_kernel, make_paged, new_generator, strided_rows
+from kernel_ref import bf16_probs_atol, load_attention_kernel, make_paged, new_generator, strided_rows
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
-from kvloop.engine.kernels.cpu import backend, build
+from kvloop.engine.kernels.cpu import backend
 from kvloop.engine.kernels.cpu import paged_decode as pd
 from kvloop.engine.kernels.torch_backend import TorchBackend
 
@@ -65,11 +65,9 @@ def test_causal_segments_equal_float64(kv_dtype, q_dtype, heads, kv_heads, head_
     out, lse = pd.prefill(q, paged.k_cache, paged.v_cache, chunk_segments(paged, chunks), scale, split_tokens)
     assert out.dtype == lse.dtype == torch.float32 and out.shape == q.shape and not out.isnan().any()
     atol, rtol = ATOL, RTOL
-    if kv_dtype == torch.bfloat16 and head_dim in (64, 128) and build.blocked_bf16():
-        # the blocked routine rounds the probabilities to bf16 for the value product (as SDPA's bf16 path does):
-        # each weight off by at most 2^-9 relative, so the output by at most 2^-9 of the largest |value|, twice
-        # that allowed
-        atol, rtol = 2.0 ** -8 * max(v.abs().max().item() for v in paged.values), 0.0
+    bound = bf16_probs_atol(kv_dtype, paged.values) if head_dim in (64, 128) else None  # the blocked routine's head dims
+    if bound is not None:  # its probabilities are bf16 for the value product (as SDPA's bf16 path's are)
+        atol, rtol = bound, 0.0
     torch.testing.assert_close(out.double(), chunk_reference(q, paged, chunks, scale), atol=atol, rtol=rtol,
                                msg=lambda m: f"seed {seed}: {m}")
 

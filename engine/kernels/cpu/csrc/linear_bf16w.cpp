@@ -66,12 +66,8 @@ at::Tensor linear_bf16w_bf16(const at::Tensor& x, const at::Tensor& packed, int6
 #ifdef KVLOOP_AVX512BF16
   const int64_t K = x.size(1);
   if (K % 2 == 0) {
-    TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kBFloat16 && packed.size(2) == BLOCK,
-                "packed must be a [N/16, K, 16] bfloat16 tensor");
-    TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "linear_bf16w_bf16 is a CPU kernel");
+    kvloop::linear_tiles::check_packed(x, packed, n, at::kBFloat16, "bfloat16", "linear_bf16w_bf16");
     const int64_t M = x.size(0), blocks = packed.size(0);
-    TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
-    TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
     const auto o = kvloop::linear_operands::prepare(x, packed, at::Tensor(), n, bias);
     if (o.done) return o.y.to(at::kBFloat16);  // no work: the bias per row (fp32), or zeros
     kvloop::linear_dpbf16::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,

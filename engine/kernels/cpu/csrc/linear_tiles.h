@@ -169,16 +169,23 @@ void run_blocks(const float* x, int64_t M, int64_t K, const typename F::Weight* 
 
 // The operator. x: [M, K] fp32; packed: [ceil(N/16), K, 16] of F's dtype; scale: [N] (any float dtype), or
 // an undefined tensor for none; bias: [N] or None. Returns [M, N] fp32.
+// The packed weight against a 2-D x (whose dtype the caller checked) and n, for operator `name`.
+inline void check_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, at::ScalarType dtype,
+                         const char* dtype_name, const char* name) {
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == dtype && packed.size(2) == BLOCK,
+              "packed must be a [N/16, K, 16] ", dtype_name, " tensor");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), name, " is a CPU kernel");
+  const int64_t K = x.size(1), blocks = packed.size(0);
+  TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
+  TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
+}
+
 template <class F>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n,
                   const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be a 2-D float32 tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == F::kDtype && packed.size(2) == BLOCK,
-              "packed must be a [N/16, K, 16] ", F::kDtypeName, " tensor");
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), F::kName, " is a CPU kernel");
+  check_packed(x, packed, n, F::kDtype, F::kDtypeName, F::kName);
   const int64_t M = x.size(0), K = x.size(1), blocks = packed.size(0);
-  TORCH_CHECK(packed.size(1) == K, "x has ", K, " features, the weight ", packed.size(1));
-  TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
   const auto o = linear_operands::prepare(x, packed, scale, n, bias);
   if (o.done) return o.y;
   const float* xp = o.x.data_ptr<float>();
