@@ -35,6 +35,7 @@ from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
 SHAPES = [(1, 64), (1, 1024), (4, 512), (8, 256), (16, 512), (32, 128), (32, 256), (64, 128)]
 DECODE_STEPS = 20
 GRID_TOP = 8.0  # the largest efficiency of either roofline term the fit tries
+GRID_POINTS = 48  # per term, log-spaced from 0.02
 
 
 def run_shapes(engine, shapes, decode_steps: int, seed: int = 0) -> list[dict]:
@@ -106,8 +107,8 @@ def fit(rows: list[dict], model, kv_dtype: str, backend: str = "torch") -> dict:
     # AVX512-BF16 AMD runs prefill GEMMs at about 450 GFLOP/s against the nominal 200); a grid that stopped at 1
     # pinned both there and left 17% RMS error per step. Every step streams the same weights, so their term trades
     # against the fixed step overhead: judge the fit by its error, not by bw and step_overhead_s one at a time.
-    for bw in np.geomspace(0.02, GRID_TOP, 48):
-        for fl in np.geomspace(0.02, GRID_TOP, 48):
+    for bw in np.geomspace(0.02, GRID_TOP, GRID_POINTS):
+        for fl in np.geomspace(0.02, GRID_TOP, GRID_POINTS):
             roof = np.maximum(f[:, 0] / bw, f[:, 1] / fl) + known
             coef = _nnls((a * w[:, None]), (y - roof) * w)
             pred = roof + a @ coef
