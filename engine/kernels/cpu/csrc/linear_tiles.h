@@ -167,8 +167,6 @@ void run_blocks(const float* x, int64_t M, int64_t K, const typename F::Weight* 
   }
 }
 
-// The operator. x: [M, K] fp32; packed: [ceil(N/16), K, 16] of F's dtype; scale: [N] (any float dtype), or
-// an undefined tensor for none; bias: [N] or None. Returns [M, N] fp32.
 // The packed weight against a 2-D x (whose dtype the caller checked) and n, for operator `name`.
 inline void check_packed(const at::Tensor& x, const at::Tensor& packed, int64_t n, at::ScalarType dtype,
                          const char* dtype_name, const char* name) {
@@ -180,6 +178,8 @@ inline void check_packed(const at::Tensor& x, const at::Tensor& packed, int64_t 
   TORCH_CHECK(n > (blocks - 1) * BLOCK && n <= blocks * BLOCK, "n=", n, " does not match ", blocks, " blocks");
 }
 
+// The operator. x: [M, K] fp32; packed: [ceil(N/16), K, 16] of F's dtype; scale: [N] (any float dtype), or
+// an undefined tensor for none; bias: [N] or None. Returns [M, N] fp32.
 template <class F>
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, int64_t n,
                   const c10::optional<at::Tensor>& bias) {

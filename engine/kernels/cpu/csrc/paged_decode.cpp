@@ -246,12 +246,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 #ifdef KVLOOP_AVX512BF16
     if constexpr (std::is_same_v<KV, c10::BFloat16>) {
       if (sh.d == 64) {
-        item = causal ? run_item_bf16<64, true> : run_item_bf16<64, false>;
         stacked = run_item_bf16<64, true>;
+        item = causal ? stacked : run_item_bf16<64, false>;
       }
       if (sh.d == 128) {
-        item = causal ? run_item_bf16<128, true> : run_item_bf16<128, false>;
         stacked = run_item_bf16<128, true>;
+        item = causal ? stacked : run_item_bf16<128, false>;
       }
     }
 #endif
