@@ -57,6 +57,8 @@ class LawParams:
     kv_band_low: float = 0.85  # raise the cap only below this KV use
     kv_band_high: float = 0.95  # cut the cap above it
     cut_factor: float = 0.75  # multiplicative decrease on pressure
+    # preemptions up to this share of the requests finished in a period stop the cap's raises but do not cut it
+    preemption_share: float = 0.1
     raise_fraction: float = 0.25  # additive increase: this share of the cap (at least 1, at most max_step)
     hit_good: float = 0.5  # hit rate that makes protecting cached prefixes worth it
     light_kv: float = 0.5  # below this KV use with nothing queued, load is light
@@ -127,9 +129,9 @@ def parse_settings(raw: dict | None) -> Settings:
     if not 0 < law.kv_band_low <= law.kv_band_high <= 1 or not 0 < law.cut_factor < 1:
         raise SettingsError("law: need 0 < kv_band_low <= kv_band_high <= 1 and 0 < cut_factor < 1")
     if (not 0 < law.tpot_headroom <= 1 or law.footprint_shift <= 0 or law.event_cooldown_s < 0
-            or law.budget_settle_s < 0):
-        raise SettingsError("law: need 0 < tpot_headroom <= 1, footprint_shift > 0, event_cooldown_s >= 0 and "
-                            "budget_settle_s >= 0")
+            or law.budget_settle_s < 0 or law.preemption_share < 0):
+        raise SettingsError("law: need 0 < tpot_headroom <= 1, footprint_shift > 0, event_cooldown_s >= 0, "
+                            "budget_settle_s >= 0 and preemption_share >= 0")
     period = float(raw.get("period_s", d.period_s))
     if period <= 0:
         raise SettingsError("period_s must be > 0")

@@ -27,7 +27,7 @@ def run(law: ControlLaw, trace: list[Observation]):
         # bounds of every decision: raises within max_step (cuts are multiplicative), inside the clamp
         assert (cap_d.old, w_d.old, b_d.old) == (cap, w, budget)
         assert cap_d.new - cap <= s.batch_cap.max_step and s.batch_cap.min <= cap_d.new <= s.batch_cap.max
-        if cap_d.direction < 0 and cap_d.reason != "memory_derived":
+        if cap_d.direction < 0:
             assert cap_d.new == max(s.batch_cap.min, math.floor(cap * s.law.cut_factor))
         assert abs(w_d.new - w) <= s.watermark.max_step + 1e-9 and s.watermark.min <= w_d.new <= s.watermark.max
         assert abs(b_d.new - budget) <= s.step_token_budget.max_step
@@ -180,7 +180,7 @@ def test_first_footprint_places_the_cap_at_the_memory_derived_maximum():
     assert (c.new, c.reason) == (64, "memory_derived_start")
 
 
-def test_footprint_growth_lowers_the_cap_to_the_memory_derived_maximum():
+def test_footprint_growth_cuts_the_cap_to_the_memory_derived_maximum_once_the_pool_overfills():
     law = ControlLaw(WIDE)
     law.decide(Observation(queue_depth=5, running=50, kv_use=0.5, footprint_blocks=100.0, pool_blocks=10_000))
     assert law.batch_cap == 90
@@ -190,20 +190,41 @@ def test_footprint_growth_lowers_the_cap_to_the_memory_derived_maximum():
     assert (c.new, c.reason) == (90, "cap_not_binding")
     c, _, _ = law.decide(Observation(queue_depth=5, running=60, kv_use=0.9, footprint_blocks=300.0,
                                      pool_blocks=10_000))
-    assert (c.new, c.reason) == (30, "memory_derived")  # memory binds: down to what the pool holds, at once
-    c, _, _ = law.decide(Observation(queue_depth=5, running=30, kv_use=0.8, footprint_blocks=300.0,
+    assert (c.new, c.reason) == (90, "kv_in_band")  # the pool at its target fill: hold
+    c, _, _ = law.decide(Observation(queue_depth=5, running=60, kv_use=0.97, footprint_blocks=300.0,
                                      pool_blocks=10_000))
-    assert c.new == 30 and c.reason == "at_memory_max"  # queued, with room in the band: held by the footprint
+    assert (c.new, c.reason) == (30, "kv_above_band")  # overfilled: down to what the pool holds, at once
+    room = Observation(queue_depth=5, running=30, kv_use=0.8, footprint_blocks=300.0, pool_blocks=10_000)
+    c, _, _ = law.decide(room)
+    assert (c.new, c.reason) == (30, "cooldown")
+    c, _, _ = law.decide(room)
+    # queued, and the pool shows room the estimate did not see: the measured KV use, not the estimate, bounds
+    assert (c.new, c.reason) == (38, "queued_kv_headroom")  # ceil(0.25 x 30)
 
 
-def test_raises_stop_at_the_memory_derived_maximum():
+def test_raises_pass_the_memory_derived_maximum_until_the_pool_fills():
     law = ControlLaw(WIDE)
     law.reset(engine_cap=8)
     law._placed = True  # as if placed earlier: the raise path alone
     law._anchor = 10**6
-    ds = [law.decide(Observation(queue_depth=20, running=law.batch_cap, kv_use=0.3, footprint_blocks=500.0,
-                                 pool_blocks=10_000))[0] for _ in range(4)]
-    assert [d.new for d in ds] == [13, 18, 18, 18] and ds[-1].reason == "at_memory_max"  # 0.9 x 10000 / 500 = 18
+    ds = []
+    for _ in range(5):  # the estimate says 500 blocks a request (0.9 x 10000 / 500 = 18); they take 320
+        cap = law.batch_cap
+        ds.append(law.decide(Observation(queue_depth=20, running=cap, kv_use=cap * 320 / 10_000,
+                                         footprint_blocks=500.0, pool_blocks=10_000))[0])
+    assert [d.new for d in ds] == [13, 18, 23, 28, 28]  # steps of ceil(0.25 x 18)
+    assert ds[-1].reason == "kv_in_band"  # 28 x 320 blocks: 0.9 of the pool
+
+
+def test_rare_preemptions_hold_the_cap_and_many_cut_it():
+    law = ControlLaw(S)  # cap 16, watermark 0.3
+    c, w, _ = law.decide(dataclasses.replace(HEAVY, preemptions=4, requests_finished=40))
+    assert (c.new, c.reason) == (16, "preemptions_tolerated") and not w.changed  # 4 <= 0.1 x 40
+    c, w, _ = law.decide(dataclasses.replace(HEAVY, preemptions=5, requests_finished=40))
+    assert (c.new, c.reason) == (12, "preemptions") and w.reason == "preemptions" and w.direction == -1
+    strict = ControlLaw(dataclasses.replace(S, law=dataclasses.replace(S.law, preemption_share=0.0)))
+    c, _, _ = strict.decide(dataclasses.replace(HEAVY, preemptions=1, requests_finished=40))
+    assert c.reason == "preemptions"  # a share of 0 cuts on every preemption
 
 
 class Plant:
