@@ -14,14 +14,16 @@ Shape (every key optional)::
     law: {kv_band_low: 0.85, kv_band_high: 0.95, cut_factor: 0.75, raise_fraction: 0.25,
           hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3,
           footprint_shift: 0.25, tpot_headroom: 0.8, event_preemptions: 3, event_queue_growth: 0.5,
-          event_cooldown_s: 10}
+          event_cooldown_s: 10, preemption_share: 0.1}
     control: {path: /run/kvloop/control.bin}
     annotation: {enabled: true, key: kvloop.io/feedback, heartbeat_s: 60}
 
 The batch cap's `initial` holds only until the first request is seen: then the cap is placed at the
 memory-derived maximum (sidecar.law). Without one, the cap starts from the pool and the engine's max
 context, else the engine's own cap. `max_step` bounds every raise; cuts are multiplicative and placements
-at the memory-derived maximum (the first request, a shift in the footprint) are not steps.
+at the memory-derived maximum (the first request, a shift in the footprint) are not steps. Raises go past
+that estimate while the pool's measured KV use is below kv_band_low; preemptions up to preemption_share of
+the requests finished in a period hold the cap, more cut it.
 The step token budget never goes above the engine's configured budget (the scheduler's ceiling).
 """
 

@@ -30,7 +30,8 @@ def test_operator_rendered_config_parses(tmp_path):
                                  {"watermark": {"max": 1.0}}, {"batch_cap": {"min": 8, "max": 4}},
                                  {"law": {"kv_band_low": 0.9, "kv_band_high": 0.8}}, [1, 2],
                                  {"step_token_budget": {"min": 0}}, {"step_token_budget": {"min": 512, "max": 256}},
-                                 {"law": {"tpot_headroom": 1.5}}, {"law": {"budget_settle_s": -1}}])
+                                 {"law": {"tpot_headroom": 1.5}}, {"law": {"budget_settle_s": -1}},
+                                 {"law": {"preemption_share": -0.1}}])
 def test_bad_settings_refused(raw):
     with pytest.raises(SettingsError):
         parse_settings(raw)
@@ -39,8 +40,8 @@ def test_bad_settings_refused(raw):
 def test_step_token_budget_and_tpot_objective():
     s = parse_settings({"step_token_budget": {"min": 32, "max": 2048, "max_step": 128, "initial": 4096},
                         "targets": {"tpot_p50_s": 0.08}, "law": {"event_cooldown_s": 3, "event_preemptions": 5,
-                                                                       "budget_settle_s": 60}})
-    assert s.law.budget_settle_s == 60.0
+                                                                       "budget_settle_s": 60, "preemption_share": 0}})
+    assert s.law.budget_settle_s == 60.0 and s.law.preemption_share == 0.0
     assert (s.step_token_budget.min, s.step_token_budget.max, s.step_token_budget.max_step) == (32, 2048, 128)
     assert s.step_token_budget.initial == 2048 and s.tpot_p50_s == 0.08
     assert s.law.event_cooldown_s == 3.0 and s.law.event_preemptions == 5
