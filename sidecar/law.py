@@ -247,7 +247,7 @@ class ControlLaw:
     def _cap_inputs(self, o: Observation) -> dict:
         return _inputs(queue_depth=o.queue_depth, queue_growth=o.queue_growth, running=o.running,
                        running_max=o.running_max, kv_use=o.kv_use, preemptions=o.preemptions,
-                       oom_events=o.oom_events, rejections=o.rejections, ttft_p99_s=o.ttft_p99_s,
+                       requests_finished=o.requests_finished, oom_events=o.oom_events, rejections=o.rejections, ttft_p99_s=o.ttft_p99_s,
                        ttft_objective_s=self.settings.ttft_p99_s, footprint_blocks=self.footprint_blocks,
                        pool_blocks=o.pool_blocks, memory_max=self.memory_max)
 
@@ -320,7 +320,7 @@ class ControlLaw:
         s, p, w = self.settings, self.settings.law, self.watermark
         inputs = _inputs(queue_depth=o.queue_depth, running=o.running, running_max=o.running_max,
                          num_decoding=o.num_decoding, kv_use=o.kv_use, hit_rate=o.hit_rate, preemptions=o.preemptions,
-                         oom_events=o.oom_events)
+                         requests_finished=o.requests_finished, oom_events=o.oom_events)
         if o.oom_events or self._preempting(o):
             self._streak["w_up"] = self._streak["w_down"] = 0
             return self._move("watermark", w, w - s.watermark.max_step, s.watermark,

@@ -220,6 +220,7 @@ def test_rare_preemptions_hold_the_cap_and_many_cut_it():
     law = ControlLaw(S)  # cap 16, watermark 0.3
     c, w, _ = law.decide(dataclasses.replace(HEAVY, preemptions=4, requests_finished=40))
     assert (c.new, c.reason) == (16, "preemptions_tolerated") and not w.changed  # 4 <= 0.1 x 40
+    assert (c.inputs["preemptions"], c.inputs["requests_finished"]) == (4, 40)  # explained
     c, w, _ = law.decide(dataclasses.replace(HEAVY, preemptions=5, requests_finished=40))
     assert (c.new, c.reason) == (12, "preemptions") and w.reason == "preemptions" and w.direction == -1
     strict = ControlLaw(dataclasses.replace(S, law=dataclasses.replace(S.law, preemption_share=0.0)))
