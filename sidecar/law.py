@@ -233,8 +233,8 @@ class ControlLaw:
                 self._anchor = min(self._anchor, self.memory_max)
 
     def _ceiling(self) -> int:
-        """Where a placement puts the cap and the highest a cut leaves it: the memory-derived maximum within the
-        bounds."""
+        """Where a placement puts the cap and the highest a cut leaves it: the memory-derived maximum within
+        the bounds."""
         b = self.settings.batch_cap
         return int(b.clamp(self.memory_max if self.memory_max is not None else b.max))
 
@@ -247,9 +247,9 @@ class ControlLaw:
     def _cap_inputs(self, o: Observation) -> dict:
         return _inputs(queue_depth=o.queue_depth, queue_growth=o.queue_growth, running=o.running,
                        running_max=o.running_max, kv_use=o.kv_use, preemptions=o.preemptions,
-                       requests_finished=o.requests_finished, oom_events=o.oom_events, rejections=o.rejections, ttft_p99_s=o.ttft_p99_s,
-                       ttft_objective_s=self.settings.ttft_p99_s, footprint_blocks=self.footprint_blocks,
-                       pool_blocks=o.pool_blocks, memory_max=self.memory_max)
+                       requests_finished=o.requests_finished, oom_events=o.oom_events, rejections=o.rejections,
+                       ttft_p99_s=o.ttft_p99_s, ttft_objective_s=self.settings.ttft_p99_s,
+                       footprint_blocks=self.footprint_blocks, pool_blocks=o.pool_blocks, memory_max=self.memory_max)
 
     # ---- batch cap ------------------------------------------------------------------------------
     def _cap(self, o: Observation) -> Decision:
@@ -305,7 +305,7 @@ class ControlLaw:
 
     def _raise(self, reason: str, inputs: dict) -> Decision:
         """Additive increase: a share of the memory-derived maximum, at most max_step, up to the settings'
-        maximum (the callers raise only while KV use is below the band: the pool, not the estimate, bounds it)."""
+        maximum (callers raise only while KV use is below the band: the pool, not the estimate, bounds it)."""
         s, p, cap = self.settings, self.settings.law, self.batch_cap
         if self._since_cut < p.hysteresis_periods:
             return Decision("batch_cap", cap, cap, "cooldown", inputs)

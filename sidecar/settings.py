@@ -59,7 +59,7 @@ class LawParams:
     kv_band_low: float = 0.85  # raise the cap only below this KV use
     kv_band_high: float = 0.95  # cut the cap above it
     cut_factor: float = 0.75  # multiplicative decrease on pressure
-    # preemptions up to this share of the requests finished in a period stop the cap's raises but do not cut it
+    # preemptions up to this share of the requests finished in a period stop the cap's raises, do not cut it
     preemption_share: float = 0.1
     raise_fraction: float = 0.25  # additive increase: this share of the cap (at least 1, at most max_step)
     hit_good: float = 0.5  # hit rate that makes protecting cached prefixes worth it

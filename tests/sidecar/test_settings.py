@@ -39,8 +39,9 @@ def test_bad_settings_refused(raw):
 
 def test_step_token_budget_and_tpot_objective():
     s = parse_settings({"step_token_budget": {"min": 32, "max": 2048, "max_step": 128, "initial": 4096},
-                        "targets": {"tpot_p50_s": 0.08}, "law": {"event_cooldown_s": 3, "event_preemptions": 5,
-                                                                       "budget_settle_s": 60, "preemption_share": 0}})
+                        "targets": {"tpot_p50_s": 0.08},
+                        "law": {"event_cooldown_s": 3, "event_preemptions": 5, "budget_settle_s": 60,
+                                "preemption_share": 0}})
     assert s.law.budget_settle_s == 60.0 and s.law.preemption_share == 0.0
     assert (s.step_token_budget.min, s.step_token_budget.max, s.step_token_budget.max_step) == (32, 2048, 128)
     assert s.step_token_budget.initial == 2048 and s.tpot_p50_s == 0.08
