@@ -33,7 +33,8 @@ Event path (between periods, on two consecutive samples, at most one event decis
 a preemption burst (event_preemptions or more) cuts (preemption_burst); a queue that grew by
 event_queue_growth x cap or more, with the cap binding and KV below the band, raises (queue_surge).
 Watermark:
-  1. out-of-memory events or preemptions past the tolerated share -> lower (working memory wins);
+  1. out-of-memory events or preemptions past the tolerated share -> lower (working memory wins); preemptions
+     within that share -> hold (preemptions_tolerated: the pool is at its edge, so no larger reserve either);
   2. requests queue below the cap, hardly any row prefills (prefill is not what keeps them), and the
      running rows' KV use and the watermark reach kv_band_low -> lower at once (the reserve is what holds
      them back: reserve_holds_queue);
@@ -325,6 +326,9 @@ class ControlLaw:
             self._streak["w_up"] = self._streak["w_down"] = 0
             return self._move("watermark", w, w - s.watermark.max_step, s.watermark,
                               "oom" if o.oom_events else "preemptions", inputs)
+        if o.preemptions:  # tolerated ones, as the cap holds on them: a pool at its edge gets no larger reserve
+            self._streak["w_up"] = self._streak["w_down"] = 0
+            return Decision("watermark", w, w, "preemptions_tolerated", inputs)
         queued = o.queue_depth > s.max_queue_depth
         cap_binds = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * self.batch_cap
         prefilling = o.running - o.num_decoding  # mean rows prefilling: under one, prefill is not the bottleneck

@@ -228,6 +228,15 @@ def test_rare_preemptions_hold_the_cap_and_many_cut_it():
     assert c.reason == "preemptions"  # a share of 0 cuts on every preemption
 
 
+def test_tolerated_preemptions_hold_the_watermark_too():
+    law = ControlLaw(S)  # cap 16, watermark 0.3
+    ds = run(law, [dataclasses.replace(HEAVY, preemptions=2, requests_finished=40)] * 4)
+    assert all(w.reason == "preemptions_tolerated" and not w.changed for _, w in ds)  # HEAVY alone raises it
+    assert all(c.reason == "preemptions_tolerated" for c, _ in ds) and law.watermark == pytest.approx(0.3)
+    _, w = run(law, [HEAVY] * 2)[-1]
+    assert w.reason == "heavy_load_good_hits" and w.direction == 1  # the streak starts afresh after them
+
+
 class Plant:
     """A pool of 10,000 blocks; `demand` requests want to run, each of `footprint` blocks. Running requests
     are the cap's or the demand's, fewer; a pool filled past 95% preempts."""
