@@ -287,11 +287,13 @@ def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
     dtype, weights = kvloop_defaults()
     default = f"{dtype}, {weights} weights"
     if dtype == "bfloat16" and weights == "bf16":  # native bf16: the kernel's bf16 pairs, or the two-graph form
-        from kvloop.engine.kernels.cpu import linear_bf16w
+        from kvloop.engine.kernels.cpu import amx, linear_bf16w
 
-        default = ("bfloat16, bf16-weight kernel (AVX512-BF16 pairs) for every step" if linear_bf16w.native() else
-                   f"bfloat16, bf16-weight kernel up to {linear_bf16w.DENSE_ABOVE_ROWS} rows, oneDNN over dense "
-                   "weights above")
+        rows = linear_bf16w.dense_above_rows()
+        pairs = " (AVX512-BF16 pairs)" if linear_bf16w.native() else ""
+        default = (f"bfloat16, bf16-weight kernel{pairs} for every step" if rows is None else
+                   f"bfloat16, bf16-weight kernel{pairs} up to {rows} rows, oneDNN over dense weights above"
+                   f"{' (AMX tiles)' if amx.available() else ''}")
     out = {"kvloop": f"defaults here: {default}",
            "kvloop-dense": f"{dtype}, dense {dtype} weights for every step",
            "kvloop-fp32": "float32, dense float32 weights (exact path)",

@@ -11,7 +11,7 @@ import torch
 from kvloop.engine import host_memory
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.cpu_features import cpu_has_native_bf16
-from kvloop.engine.kernels.cpu import linear_bf16w
+from kvloop.engine.kernels.cpu import amx, linear_bf16w
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.tier_mover import TierMover
 from kvloop.engine.model.checkpoint import Checkpoint, load_checkpoint
@@ -48,16 +48,17 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
     """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where dtype
     auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
     step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16), the
-    kernel serves every step: it beat oneDNN's bf16 GEMM at every row count measured (model/linear.py). Built
-    without them, the kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense bf16 weights
-    through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of the `linear_params`
-    linear weights, kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a
-    larger model keeps one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
+    kernel serves every step on a CPU without AMX: it beat oneDNN's bf16 GEMM at every row count measured
+    (model/linear.py). With AMX tiles (oneDNN's GEMM wins past a few rows), or built without bf16 pairs, the
+    kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense bf16 weights through oneDNN the
+    larger ones (the compiled step's second graph): two bf16 copies of the `linear_params` linear weights, kept
+    only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model keeps
+    one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
         native_bf16 = cpu_has_native_bf16()
-        if native_bf16 and linear_bf16w.native():
+        if native_bf16 and linear_bf16w.dense_above_rows() is None:
             log.info("bf16 weights through the bf16-weight kernel's bf16 pairs (AVX512-BF16) for every step "
                      "(--quantization none keeps oneDNN's bf16 GEMM)")
         elif native_bf16:
@@ -68,8 +69,9 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
                          "of the weights (%.1f GiB for both) would take over %.0f%% of the available %.1f GiB",
                          both / 2**30, 100 * DENSE_COPY_MEMORY_SHARE, available / 2**30)
                 return "none"
-            log.info("bf16 weights: decode-sized steps through the bf16-weight kernel, larger ones through "
-                     "oneDNN's bf16 GEMM (--quantization none keeps oneDNN for every step)")
+            log.info("bf16 weights: steps of up to %d rows through the bf16-weight kernel, larger ones through "
+                     "oneDNN's bf16 GEMM%s (--quantization none keeps oneDNN for every step)",
+                     linear_bf16w.dense_above_rows(), " in AMX tiles" if amx.available() else "")
         else:
             log.info("weights in bf16, arithmetic in float32 (no native bf16 here; --quantization none keeps "
                      "dense float32 weights)")

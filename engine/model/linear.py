@@ -9,11 +9,13 @@
   layers (one pass, 2 threads, AMD EPYC) took 2.1 ms at 1 row, 8.8 at 16, 31 at 64 and 240 at 512, against
   torch's F.linear over dense bf16 weights 10.3, 19.4, 46 and 250-269, and even against oneDNN with its weights
   prepacked ahead (mkldnn._linear_pointwise, which the compiled step does not get) 5.3, 12.5, 35 and 243-247;
-  whole decode steps at 16 rows of 2,000 tokens 55 against 77 ms. A kernel built without AVX512-BF16 (an old
-  compiler) multiplies in fp32, faster than oneDNN only for decode-sized steps (up to
-  linear_bf16w.DENSE_ABOVE_ROWS rows), so there the layer keeps a dense bf16 copy for the rest (twice the
-  weights' memory) through a plain F.linear, and the compiled step holds two graphs, one per branch
-  (runner/compiled_step.py; `dense_graph` says which one is being traced). Eager steps branch on their rows.
+  whole decode steps at 16 rows of 2,000 tokens 55 against 77 ms. On a CPU with AMX tiles oneDNN's bf16 GEMM
+  multiplies in them and wins past a few rows (6.6x at 64 rows, 11x at 512: linear_bf16w.AMX_DENSE_ABOVE_ROWS),
+  and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
+  decode-sized steps: in both cases the layer keeps a dense bf16 copy (twice the weights' memory) for the steps
+  past linear_bf16w.dense_above_rows() rows, through a plain F.linear, and the compiled step holds two graphs,
+  one per branch (runner/compiled_step.py; `dense_graph` says which one is being traced). Eager steps branch on
+  their rows.
   Without a built kernel (or off the CPU) the layer falls back to "none".
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
@@ -65,15 +67,15 @@ def dense_above_rows(model) -> int | None:
     None where the model's linears have one path for every step."""
     head = getattr(model, "lm_head", None)
     dense = isinstance(head, Linear) and head.fmt == "bf16" and head.weight is not None
-    return linear_bf16w.DENSE_ABOVE_ROWS if dense else None
+    return head.dense_above if dense else None
 
 
 def bf16_needs_dense(dtype: torch.dtype) -> bool:
     """Whether a "bf16" layer of a `dtype` model keeps a dense copy of its weights for oneDNN: under a bf16 model
-    whose kernel multiplies in fp32 (built without AVX512-BF16), where oneDNN wins past a few rows. Built with
-    it, the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count measured (1 to 512), so nothing else
-    is kept."""
-    return dtype == torch.bfloat16 and not linear_bf16w.native()
+    whose kernel multiplies in fp32 (built without AVX512-BF16), or on a CPU with AMX tiles, where oneDNN wins
+    past a few rows. Elsewhere the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count measured
+    (1 to 512), so nothing else is kept."""
+    return dtype == torch.bfloat16 and linear_bf16w.dense_above_rows() is not None
 
 
 def quantize_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +115,9 @@ class Linear:
             self.packed = linear_bf16w.pack(weight)
             self.bias = None if bias is None else bias.float().contiguous()
             dense = bf16_needs_dense(dtype)
+            # steps past dense_above rows take the dense copy; the rest the kernel, in bf16 pairs where it has them
+            self.dense_above = linear_bf16w.dense_above_rows() if dense else None
+            self.pairs = dtype == torch.bfloat16 and linear_bf16w.native()
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
             self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
             return
@@ -140,12 +145,12 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "bf16":
-            if x.dtype == torch.bfloat16 and self.weight is None:  # bf16 pairs in hardware, every step
-                return linear_bf16w.linear_bf16(x, self.packed, self.out_features, self.bias)
             # a bf16 model with a dense copy: oneDNN over it for steps past the kernel's rows, the kernel below them
             if self.weight is not None and (_dense_graph if torch.compiler.is_compiling()
-                                            else x.shape[0] > linear_bf16w.DENSE_ABOVE_ROWS):
+                                            else x.shape[0] > self.dense_above):
                 return F.linear(x, self.weight, self.dense_bias)
+            if x.dtype == torch.bfloat16 and self.pairs:  # bf16 pairs in hardware
+                return linear_bf16w.linear_bf16(x, self.packed, self.out_features, self.bias)
             return linear_bf16w.linear(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
         if self.fmt == "int8" and self.weight is None:
             return linear_int8w.linear(x.float(), self.packed, self.scales, self.out_features, self.bias).to(x.dtype)

@@ -59,7 +59,8 @@ def cache_key(model_class, fingerprint: str, cfg, dtype: torch.dtype, quantizati
             return "-"
 
     parts = [f"{model_class.__module__}.{model_class.__qualname__}", fingerprint, repr(cfg), str(dtype), quantization,
-             f"bf16w={linear_bf16w.available()}", f"bf16w_native={linear_bf16w.native()}", f"int8w={linear_int8w.available()}",
+             f"bf16w={linear_bf16w.available()}", f"bf16w_native={linear_bf16w.native()}",
+             f"bf16w_dense_above={linear_bf16w.dense_above_rows()}", f"int8w={linear_int8w.available()}",
              f"torch={torch.__version__}", f"gguf={version('gguf')}", sources_digest(), *extra]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 

@@ -92,18 +92,22 @@ def test_compiled_step_equals_eager():
 
 @compiles
 @torch._dynamo.config.patch(disable=False)
-@pytest.mark.parametrize("pairs", [False, True])
-def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs):
+@pytest.mark.parametrize("pairs,amx", [(False, False), (True, False), (True, True)])
+def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs, amx):
     """Built without bf16 pairs, a bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM
     over the dense copy above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and
-    24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. With bf16 pairs (AVX512-BF16)
-    the kernel serves both from one graph, and no dense copy is kept."""
-    from kvloop.engine.kernels.cpu import linear_bf16w
+    24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. So do bf16 pairs with AMX tiles
+    (AMX_DENSE_ABOVE_ROWS). With bf16 pairs (AVX512-BF16) and no AMX the kernel serves both from one graph, and no
+    dense copy is kept."""
+    from kvloop.engine.kernels.cpu import amx, linear_bf16w
 
     if not linear_bf16w.available() or (pairs and not linear_bf16w.native()):
         pytest.skip("the bf16-weight kernel is not built (with bf16 pairs)")
     monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
-    assert 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24  # the schedule's decodes and chunks fall on either side
+    monkeypatch.setattr(amx, "available", lambda: amx)
+    # the schedule's decodes (1-6 rows) and chunks (24 tokens) fall on either side
+    assert 6 <= linear_bf16w.AMX_DENSE_ABOVE_ROWS < 24 and 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24
+    pairs = pairs and not amx  # from here: whether the kernel serves every step (one graph, no dense copy)
     # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the runs
     # then feed different tokens. So logits compare up to and including the first step whose sampled tokens
     # differ (within the bound below, a flip there is a tie). Which weight seeds flip depends on the CPU's kernels:

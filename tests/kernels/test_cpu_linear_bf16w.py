@@ -14,7 +14,7 @@ import kernel_ref
 import pytest
 import torch
 
-from kvloop.engine.kernels.cpu import linear_bf16w
+from kvloop.engine.kernels.cpu import amx, linear_bf16w
 from kvloop.engine.model.linear import Linear
 from kvloop.engine.model.llama import LlamaModel
 
@@ -89,8 +89,12 @@ def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memo
 
     monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(linear_bf16w, "native", lambda: True)
+    monkeypatch.setattr(amx, "available", lambda: False)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)
     assert engine_core.resolve_quantization("auto", "auto", "cpu", 134_479_872) == "bf16"
+    monkeypatch.setattr(amx, "available", lambda: True)  # AMX tiles: oneDNN's copy is kept, under the same rule
+    assert engine_core.resolve_quantization("auto", "auto", "cpu", 134_479_872) == "none"
+    monkeypatch.setattr(amx, "available", lambda: False)
     monkeypatch.setattr(linear_bf16w, "native", lambda: False)
     available = None if available_gib is None else int(available_gib * 2**30)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: available)
@@ -139,7 +143,8 @@ def test_bf16_activations_give_a_row_the_same_bits_in_any_batch():
 
 
 @needs_pairs
-def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count():
+def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count(monkeypatch):
+    monkeypatch.setattr(amx, "available", lambda: False)
     n, k = 70, 130
     w, x32, bias = kernel_ref.linear_case(40, n, k, True)
     layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
@@ -147,6 +152,27 @@ def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count(
     x = x32.to(torch.bfloat16)
     for m in (1, linear_bf16w.DENSE_ABOVE_ROWS + 1, 40):
         assert torch.equal(layer(x[:m]), linear_bf16w.linear_bf16(x[:m], layer.packed, n, layer.bias))
+
+
+@needs_pairs
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_with_amx_a_bf16_layer_takes_the_pairs_up_to_their_row_bound_and_onednn_above(monkeypatch, with_bias):
+    """On a CPU with AMX tiles oneDNN's bf16 GEMM outruns the pairs past AMX_DENSE_ABOVE_ROWS rows: the layer keeps a
+    dense copy for it. Each branch gives its own routine's bits."""
+    monkeypatch.setattr(amx, "available", lambda: True)
+    assert linear_bf16w.dense_above_rows() == linear_bf16w.AMX_DENSE_ABOVE_ROWS
+    n, k = 70, 130
+    bound = linear_bf16w.AMX_DENSE_ABOVE_ROWS
+    w, x32, bias = kernel_ref.linear_case(3 * bound, n, k, with_bias)
+    layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
+    assert layer.weight.dtype == torch.bfloat16 and layer.packed is not None and layer.dense_above == bound
+    x = x32.to(torch.bfloat16)
+    for m in (1, bound, bound + 1, x.shape[0]):
+        if m <= bound:
+            want = linear_bf16w.linear_bf16(x[:m], layer.packed, n, layer.bias)
+        else:
+            want = torch.nn.functional.linear(x[:m], layer.weight, layer.dense_bias)
+        assert torch.equal(layer(x[:m]), want), m
 
 
 # ---- a bf16 model, fp32 tiles: the kernel for decode-sized steps, torch's GEMM above -----------------
@@ -182,6 +208,7 @@ def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(monkeyp
 @pytest.mark.parametrize("pairs", [False, True])
 def test_bf16_layer_looks_up_rows_from_its_dense_copy_or_packed_weights(monkeypatch, pairs):
     monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
+    monkeypatch.setattr(amx, "available", lambda: False)
     w = torch.randn(50, 24)
     layer = Linear(w, None, torch.bfloat16, torch.device("cpu"), "bf16")
     assert (layer.weight is None) == pairs

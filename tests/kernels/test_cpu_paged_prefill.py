@@ -107,3 +107,15 @@ def test_the_cpu_backend_extends_like_the_torch_backend():
     exact = torch.cat([reference.paged_decode(q[:2], paged.k_cache, paged.v_cache, meta.decode_block_tables,
                                               [70, 90], 0.125), chunk_reference(q[2:], paged, chunks, 0.125)])
     torch.testing.assert_close(ours.double(), exact, atol=1e-2, rtol=8e-3, msg=lambda m: f"seed {seed}: {m}")
+
+
+@pytest.mark.parametrize("amx_tiles", [False, True])
+def test_the_cpu_backend_prefills_through_sdpa_where_the_cpu_has_amx(monkeypatch, amx_tiles):
+    """With AMX tiles torch's bf16 SDPA outruns the kernel's causal segments, so the backend keeps no kernel prefill
+    there; its bf16 K/V decode keeps the blocked routine's cost entry either way."""
+    from kvloop.engine.kernels.cpu import amx, build
+
+    monkeypatch.setattr(amx, "available", lambda: amx_tiles)
+    cpu = backend.create("cpu")
+    assert (cpu._prefill is not None) == (build.blocked_bf16() and not amx_tiles)
+    assert cpu.cost_name == ("cpu/avx512bf16" if build.blocked_bf16() else "cpu")

@@ -1,11 +1,11 @@
 """The "cpu" attention backend: decode rows, cascade groups included, through the CPU paged decode kernel
 (paged_decode.py); K/V writes from the torch backend, by composition (backend.WithDecode), and prefill too,
-except over bf16 K/V where the kernel has its blocked bf16 path (AVX512-BF16): there a step's prefill chunks
-are the kernel's causal segments, read in place (CpuBackend.extend). A decode-only step's layer is one
-operator call. Under the compiled step, that call is made from C++: bind's
-LayerFn carries `native_step`, (bind, unbind) of the step's arguments in the kernel's library, whose CPU kernel
-for kvloop_step::attention then runs decode_layer without calling back into Python (and calls the operator's
-Python kernel, as without this backend, when no step is bound: prefill and mixed steps).
+except over bf16 K/V where the kernel has its blocked bf16 path (AVX512-BF16) and the CPU no AMX tiles: there a
+step's prefill chunks are the kernel's causal segments, read in place (CpuBackend.extend). A decode-only step's
+layer is one operator call. Under the compiled step, that call is made from C++: bind's LayerFn carries
+`native_step`, (bind, unbind) of the step's arguments in the kernel's library, whose CPU kernel for
+kvloop_step::attention then runs decode_layer without calling back into Python (and calls the operator's Python
+kernel, as without this backend, when no step is bound: prefill and mixed steps).
 
 It runs where the kernel's build is there (compiled at install time); it never compiles on a request.
 Registered in backend.py with
@@ -23,7 +23,7 @@ import torch
 
 from kvloop.engine.kernels.backend import AttentionBackend, WithDecode, get_backend
 from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16
-from kvloop.engine.kernels.cpu import build
+from kvloop.engine.kernels.cpu import amx, build
 
 
 def available(device: torch.device | str) -> bool:
@@ -35,24 +35,25 @@ class CpuBackend(WithDecode):
     """A decode-only step's layer is one operator call (decode_layer: K/V write and paged decode); at batch 1
     the dozen torch calls it replaces cost more than the attention itself. Mixed steps compose as WithDecode."""
 
-    def __init__(self, name, decode, base, prefill=None):
+    def __init__(self, name, decode, base, prefill=None, blocked_bf16: bool = False):
         super().__init__(name, decode, base)
-        # the kernel's prefill (CpuPrefill) where it has its blocked bf16 routine, else None: that routine being built
-        # decides both the prefill path and the cost name
-        self._prefill = prefill
+        self._prefill = prefill  # the kernel's prefill (CpuPrefill), or None: the base backend's SDPA
+        self._blocked_bf16 = blocked_bf16  # the blocked bf16 routine is built: bf16 K/V decode through it
 
     @property
     def cost_name(self) -> str:
         """"cpu/avx512bf16" where the blocked bf16 routine is built (its own measured trade-off for bf16 K/V), else
         "cpu"."""
-        return f"{self.name}/{BLOCKED_BF16}" if self._prefill is not None else self.name
+        return f"{self.name}/{BLOCKED_BF16}" if self._blocked_bf16 else self.name
 
     def extend(self, q, k_cache, v_cache, meta, scale):
-        """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
-        cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds them
-        (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 10.7 ms against
-        SDPA's 18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against 4.6). Elsewhere
-        SDPA (the kernel's AVX2 routine scores one query at a time, and was not measured against SDPA)."""
+        """Over bf16 K/V with the kernel's blocked bf16 path on a CPU without AMX, the chunks' attention is one
+        kernel call reading the cache in place, its probabilities rounded to bf16 for the value product as SDPA's
+        bf16 path rounds them (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000
+        10.7 ms against SDPA's 18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against
+        4.6). Elsewhere SDPA: with AMX tiles its bf16 path is the faster one (a 2,000-token prefill's attention,
+        all layers, 2 threads, Intel Xeon: 294 ms against the kernel's 886), and the kernel's AVX2 routine scores
+        one query at a time (not measured against SDPA)."""
         if self._prefill is not None and k_cache.dtype == torch.bfloat16:
             return self._prefill(q, k_cache, v_cache, meta, scale)
         return super().extend(q, k_cache, v_cache, meta, scale)
@@ -91,5 +92,6 @@ def create(device: torch.device | str) -> AttentionBackend:
 
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
-    prefill = CpuPrefill() if build.blocked_bf16() else None  # decided once, not per layer
-    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill)
+    blocked = build.blocked_bf16()  # decided once, not per layer
+    prefill = CpuPrefill() if blocked and not amx.available() else None
+    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked)

@@ -8,7 +8,8 @@ per 16 pairs (csrc/linear_dpbf16.h): measured on an AMD EPYC (2 threads, the emb
 oneDNN's bf16 GEMM at every row count from 1 to 512 (model/linear.py has the numbers), so a bf16 model keeps
 no dense copy of its weights. Built without AVX512-BF16 it widens x and runs `linear`'s fp32 tiles, faster
 than oneDNN only up to `DENSE_ABOVE_ROWS` rows (3.6 against 9.8 ms at 1 row; 1.1x oneDNN's time at 12 and 1.3x
-at 16); a bf16 model then keeps a dense copy for larger steps (model/linear.py, runner/compiled_step.py).
+at 16); a bf16 model then keeps a dense copy for larger steps (model/linear.py, runner/compiled_step.py). So does
+one on a CPU with AMX tiles, where oneDNN's bf16 GEMM wins past AMX_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
 
 The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
 one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original [N, K]
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kvloop.engine.kernels.cpu import build
+from kvloop.engine.kernels.cpu import amx, build
 
 KERNEL = "linear_bf16w"  # csrc/linear_bf16w.cpp
 BLOCK = 16
@@ -29,6 +30,11 @@ BLOCK = 16
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
 DENSE_ABOVE_ROWS = 12  # without bf16 pairs, a bf16 model's larger steps take torch's GEMM (crossover 8-12 rows)
+# With AMX tiles oneDNN's bf16 GEMM outruns the bf16 pairs past a few rows. The embedded model's four layer linears,
+# one each, 2 threads, Intel Xeon with AMX: kernel 89/196/220/280/545/2,117/16,952 us at 1/4/6/8/16/64/512 rows
+# against oneDNN's 269/255/268/271/281/434/1,475 (the head: 1.0/1.7/2.3/4.4 ms against 1.9/1.9/1.9/2.0 at
+# 1/6/8/16 rows); 1 thread crosses over between the same row counts.
+AMX_DENSE_ABOVE_ROWS = 6
 
 
 def available() -> bool:
@@ -50,6 +56,17 @@ def _linear_shape(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Ten
 def native() -> bool:
     """Whether `linear_bf16` multiplies bf16 pairs natively (the kernel built for AVX512-BF16)."""
     return available() and torch.ops.kvloop_cpu.linear_bf16w_native()
+
+
+def dense_above_rows() -> int | None:
+    """Steps of more rows than this take oneDNN's bf16 GEMM over a dense copy of a bf16 model's weights (the
+    kernel serves the smaller ones); None: the kernel serves every step and no dense copy is kept. Without bf16
+    pairs the kernel multiplies in fp32 and oneDNN wins past DENSE_ABOVE_ROWS rows; with them it beats oneDNN at
+    every row count measured on an AVX512-BF16 CPU without AMX (model/linear.py), and loses past
+    AMX_DENSE_ABOVE_ROWS rows to oneDNN's AMX tiles."""
+    if not native():
+        return DENSE_ABOVE_ROWS
+    return AMX_DENSE_ABOVE_ROWS if amx.available() else None
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
