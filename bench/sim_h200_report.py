@@ -293,12 +293,15 @@ CPU minutes apart, so read each figure as ±30%.
 
 The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual seconds), one mode at a
 time on a quiet machine (the speed part's file records which: CPUs differ in Python speed; the same
-runs on an Intel Xeon took 431 and 1,358 CPU s), with gate-under-pressure codesign, which serves every
+runs took 268 and 800 CPU s on an AMD EPYC, 431 and 1,358 on an older Intel Xeon), with gate-under-pressure codesign, which serves every
 request at 80 req/s where plain LRU rejects some. The goal of 120 CPU s per simulated hour is missed
 (the goals below). At 80 req/s an hour is ~200,000 steps with ~275 running rows each, so the goal means
 about 0.6 ms per step: a few microseconds per running row, less than the per-row bookkeeping of one
 Python pass. Meeting it takes a step loop that does no per-row work in a step (decode rows as aggregates,
-admission from running totals), not a faster version of this one. Near saturation almost every step admits a request, so windows are a step or two long
+admission from running totals), not a faster version of this one, and a cheaper KV manager too: in a profile
+of 300 s of codesign at 80 req/s, its per-request work (allocation with the evictions and host demotions it
+brings, prefix lookup, release, the waiting requests' peeks) was about half of the run, so that half alone
+would be ~200 CPU s per simulated hour on this machine. Near saturation almost every step admits a request, so windows are a step or two long
 and the cost is per step and per request: in a profile of codesign, grouped admission takes half the
 time (each step prices the running rows' cascade plan past the cap, scans every running row's
 reserve for the gate's headroom, and peeks the prefix cache for each waiting request), the two
