@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim_h200_report import compare_goals
 
         data["goals"] = compare_goals(data)
+    if args.part == "sweep" and not args.no_baseline:
+        from sim_h200_report import sweep_goals
+
+        data["goals"] = sweep_goals(data)
     if args.part == "speed":
         from sim_h200_report import speed_goals
 

@@ -322,12 +322,12 @@ class ControlLaw:
         inputs = _inputs(queue_depth=o.queue_depth, running=o.running, running_max=o.running_max,
                          num_decoding=o.num_decoding, kv_use=o.kv_use, hit_rate=o.hit_rate, preemptions=o.preemptions,
                          requests_finished=o.requests_finished, oom_events=o.oom_events)
-        if o.oom_events or self._preempting(o):
+        if o.oom_events or o.preemptions:
             self._streak["w_up"] = self._streak["w_down"] = 0
-            return self._move("watermark", w, w - s.watermark.max_step, s.watermark,
-                              "oom" if o.oom_events else "preemptions", inputs)
-        if o.preemptions:  # tolerated ones, as the cap holds on them: a pool at its edge gets no larger reserve
-            self._streak["w_up"] = self._streak["w_down"] = 0
+            if o.oom_events or self._preempting(o):
+                return self._move("watermark", w, w - s.watermark.max_step, s.watermark,
+                                  "oom" if o.oom_events else "preemptions", inputs)
+            # tolerated ones, as the cap holds on them: a pool at its edge gets no larger reserve
             return Decision("watermark", w, w, "preemptions_tolerated", inputs)
         queued = o.queue_depth > s.max_queue_depth
         cap_binds = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * self.batch_cap

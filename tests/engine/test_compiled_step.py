@@ -107,7 +107,7 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
     monkeypatch.setattr(amx, "available", lambda: amx)
     # the schedule's decodes (1-6 rows) and chunks (24 tokens) fall on either side
     assert 6 <= linear_bf16w.AMX_DENSE_ABOVE_ROWS < 24 and 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24
-    pairs = pairs and not amx  # from here: whether the kernel serves every step (one graph, no dense copy)
+    one_graph = pairs and not amx  # the kernel serves every step: one graph, no dense copy
     # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the runs
     # then feed different tokens. So logits compare up to and including the first step whose sampled tokens
     # differ (within the bound below, a flip there is a tie). Which weight seeds flip depends on the CPU's kernels:
@@ -115,7 +115,7 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
     # 24-token chunk, the GEMM's branch) and more.
     for seed in (6, 7, 8, 9):
         model = LlamaModel(TINY, random_weights(TINY, seed=seed, std=0.2), torch.bfloat16, quantization="bf16")
-        assert model.lm_head.fmt == "bf16" and (model.lm_head.weight is None) == pairs  # a dense copy for oneDNN?
+        assert model.lm_head.fmt == "bf16" and (model.lm_head.weight is None) == one_graph  # a dense copy for oneDNN?
         compiled_logits, eager_logits, parted = compiled_and_eager_bf16(model)
         if parted >= 1:
             break

@@ -1,7 +1,6 @@
 """Whether oneDNN multiplies bf16 in AMX tiles on this CPU. Where it does, torch's bf16 GEMM (the linears) and its
-fused SDPA (prefill attention) outrun the CPU kernel's AVX512-BF16 routines past a few rows: measured on an Intel
-Xeon with AMX, 2 threads, the embedded model: linears 11x at 512 rows (linear_bf16w.AMX_DENSE_ABOVE_ROWS), a
-2,000-token prefill's attention 294 against 886 ms (kernels/cpu/backend.py)."""
+fused SDPA (prefill attention) outrun the CPU kernel's AVX512-BF16 routines past a few rows; the measurements are
+where each choice is made (linear_bf16w.AMX_DENSE_ABOVE_ROWS, kernels/cpu/backend.py CpuBackend.extend)."""
 
 from __future__ import annotations
 
