@@ -50,8 +50,7 @@ def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) ->
         sched_kw.update(mode=policy.name, static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)
     lower = policy.cache.lower_tiers
-    kv = KVConfig(mode=policy.cache.name,
-                  host_cache_tokens=sizing.host_cache_tokens if lower else 0,
-                  disk_dir=sizing.disk_dir if lower else None,
-                  disk_cache_tokens=sizing.disk_cache_tokens, **(kv_overrides or {}))
+    kv_kw: dict = {"mode": policy.cache.name, "host_cache_tokens": sizing.host_cache_tokens if lower else 0,
+                   "disk_dir": sizing.disk_dir if lower else None, "disk_cache_tokens": sizing.disk_cache_tokens}
+    kv = KVConfig(**{**kv_kw, **(kv_overrides or {})})  # an override may also resize or switch off a tier
     return SchedulerConfig(**sched_kw), kv

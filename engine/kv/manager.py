@@ -13,7 +13,8 @@ The scheduler talks to the KV cache only through this class:
   the cache policy is heat-gated, blocks whose hash fewer than `admit_min_requests` distinct requests used
   (the ghost table) are on probation and evicted before those that earned their place (kv.two_class). A
   block evicted from the device is copied to the lower tiers whose thresholds its hash passes (lazily: only
-  then), or dropped.
+  then), or dropped; to the host only where such copies pay: blocks of its class are asked for again often
+  enough that loading them saves more than copying costs (kv.copy_value).
 - `swap_out(seq) -> bool` / `swap_in(seq) -> bool` (for preemption): swap_out copies seq's blocks to the
   host tier (pinned there), frees its device blocks and keeps num_computed_tokens; False (nothing
   changed) when there is no host tier or no room, in which case the caller recomputes instead.
@@ -41,6 +42,7 @@ from itertools import filterfalse, takewhile
 
 from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.kv.copy_value import CopyValue
 from kvloop.engine.kv.disk_tier import DiskTier
 from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
@@ -81,6 +83,9 @@ class KVCacheManager(SwapMixin, PersistMixin):
         gated = cfg.cache_policy.heat_gated
         self.host = HostTier(host_slots, TwoClass(host_order) if gated else host_order,
                              self._host_earned) if host_slots else None
+        # copies down to the host are made where they pay (copy_value.py); the class is the ghost count, capped
+        caching_host = self.host is not None and cfg.cache_policy.lower_tiers
+        self.copy_value = CopyValue(host_slots, self.ghost.max_count + 1) if caching_host else None
         disk_slots = cfg.disk_cache_tokens // block_size
         with_disk = cfg.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
         self.disk = DiskTier(disk_slots) if with_disk else None
@@ -201,6 +206,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         for h in filterfalse(self.index.slots.__contains__, hashes):  # not on the device
             if self.regret.asked(h):
                 self.stats.eviction_regret += 1
+            if self.copy_value is not None:
+                self.copy_value.asked(h)
         min_tokens = self.min_reusable_tokens
         if found == 0 or found * bs < min_tokens:
             self.stats.short_prefix_misses += found > 0
@@ -470,6 +477,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         if not self._earned(h):
             self.stats.admissions_refused += 1  # evicted before it earned its place
         if self.config.cache_policy.lower_tiers:
+            if self.copy_value is not None:
+                self.copy_value.evicted(h, self.ghost.count(h))
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
@@ -478,6 +487,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         count = self.ghost.count(h)
         if self.host is not None and self.host.has(h):
             self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
+        elif self.copy_value is not None and not self.copy_value.pays(count, self.block_size, self.tier_costs):
+            self.stats.host_copies_skipped += 1
         elif self.host is not None:
             slot = self.host.acquire(self._host_evicted, self._host_admits(count))
             if slot is None:

@@ -106,6 +106,9 @@ class SnapshotCollector(Collector):
         yield self._counter("kvloop:cache_host_copies_refused",
                             "Device-evicted blocks the host tier did not take: not yet offered by enough distinct "
                             "requests, and every host slot held by blocks that were.", st.host_copies_refused)
+        yield self._counter("kvloop:cache_host_copies_skipped",
+                            "Device-evicted blocks not copied to the host: too few blocks like them are asked for "
+                            "again for the copy to pay (measured).", st.host_copies_skipped)
         yield self._counter("kvloop:cache_lower_tier_recomputed",
                             "Host/disk blocks matched but recomputed (measured cheaper than loading them).",
                             st.lower_tier_recomputed)

@@ -23,7 +23,7 @@ ENGINE_METRICS = {
                 "vllm:generation_tokens", "vllm:request_success", "kvloop:prefix_cache_queries",
                 "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
                 "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-                "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused",
+                "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_host_copies_skipped",
                 "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:admission_tpot_holds"],
     "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
               "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",

@@ -17,8 +17,8 @@ KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:
           "kvloop:inter_token_latency_seconds", "kvloop:e2e_request_latency_seconds",
           "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
           "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-          "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_lower_tier_recomputed",
-          "kvloop:eviction_regret", "kvloop:tpot_target_seconds", "kvloop:decode_step_seconds",
+          "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_host_copies_skipped",
+          "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:tpot_target_seconds", "kvloop:decode_step_seconds",
           "kvloop:admission_tpot_holds", "kvloop:cache_config_info"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds"]
@@ -75,7 +75,7 @@ def test_metrics_read_the_engine_snapshot():
 
     stats = KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=50, hit_tokens_device=40,
                     hit_tokens_host=10, evictions=7, demotions_host=4, promotions_disk=2, admissions_refused=5,
-                    host_copies_refused=6, eviction_regret=1)
+                    host_copies_refused=6, host_copies_skipped=8, eviction_regret=1)
     snap = EngineSnapshot(num_waiting=2, kv_usage=0.5, kv_host_blocks_used=16, kv_host_blocks_total=64,
                           num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2}, watermark=0.3,
                           kv_mode="codesign", step_failures=1, kv_stats=stats, tpot_target_s=0.08,
@@ -98,6 +98,7 @@ def test_metrics_read_the_engine_snapshot():
     assert value(fams["kvloop:cache_promotions"], tier="disk") == 2
     assert value(fams["kvloop:cache_admissions_refused"]) == 5
     assert value(fams["kvloop:cache_host_copies_refused"]) == 6
+    assert value(fams["kvloop:cache_host_copies_skipped"]) == 8
     assert value(fams["kvloop:eviction_regret"]) == 1
     assert value(fams["kvloop:tpot_target_seconds"]) == 0.08
     assert value(fams["kvloop:decode_step_seconds"]) == 0.095
