@@ -299,12 +299,13 @@ def w5_sizing(scale: str, profile: str, calibration: str | None) -> Sizing:
 
 
 def budget_sizing(budget: int | None, scale: str, profile: str, calibration: str | None) -> Sizing | None:
-    """w5_sizing at step token budget `budget` (None: no budget given, sim_one's own sizing)."""
+    """w5_sizing at step token budget `budget` in every step, decoding or not (None: no budget given, sim_one's
+    own sizing)."""
     if budget is None:
         return None
     from dataclasses import replace
 
-    return replace(w5_sizing(scale, profile, calibration), max_num_batched_tokens=budget)
+    return replace(w5_sizing(scale, profile, calibration), max_num_batched_tokens=budget, idle_step_tokens=0)
 
 
 def sweep_meta(args, title: str, phase_rates: tuple[float, float], systems: list[str], t0: float, note: str,

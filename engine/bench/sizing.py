@@ -30,6 +30,7 @@ class Sizing:
     max_context: int = 4096  # longest prompt + output of the workload (llama.cpp per-slot context)
     cascade_cap_factor: float = 2.0  # codesign: rows past the batch cap within its priced budget, at most x cap
     tpot_target_ms: float | None = None  # admission holds the decode step time near this (scheduler/tpot_gate.py)
+    idle_step_tokens: int | None = None  # a step's budget while nothing decodes (None: the scheduler's default)
     disk_dir: str | None = None  # the disk tier is off unless a directory is given
 
     def scaled(self, f: float) -> Sizing:
@@ -46,6 +47,8 @@ def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) ->
     sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens,
                       "cascade_groups": policy.cascade_groups, "cascade_cap_factor": sizing.cascade_cap_factor,
                       "tpot_target_ms": sizing.tpot_target_ms}
+    if sizing.idle_step_tokens is not None:
+        sched_kw["idle_step_tokens"] = sizing.idle_step_tokens
     if policy.static_batching:  # else the scheduler follows the KV manager's mode (auto)
         sched_kw.update(mode=policy.name, static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)

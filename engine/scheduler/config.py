@@ -34,6 +34,10 @@ class SchedulerConfig:
     tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
                                           help="time per output token to hold: while the smoothed decode step "
                                                "is slower, waiting requests wait (default: no target)")
+    # token budget of a step in which no running row decodes (prefills only: no decode latency to protect),
+    # where larger than the budget: a 2,000-token prompt on an idle engine in one step, not four (vLLM's CPU
+    # server budget is 2,048 for every step); 0: the budget in every step. Static batching keeps its own steps
+    idle_step_tokens: int = 2048
     mode: str = AUTO  # a policy's name (policy.py), or AUTO: the KV manager's
     max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
     # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence
@@ -54,6 +58,8 @@ class SchedulerConfig:
     static_oom: str = "fail"  # a reservation that does not fit: fail the request ('error') or retry next batch
 
     def __post_init__(self) -> None:
+        if self.idle_step_tokens < 0:
+            raise ValueError("idle_step_tokens must be >= 0 (0: the budget in every step)")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.mode not in scheduler_modes():

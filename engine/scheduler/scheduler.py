@@ -163,9 +163,18 @@ class Scheduler:
         batch = ScheduledBatch()
         if self.static is not None:
             self.static.form(self, now)
-        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        decoding = any(seq.num_uncomputed_tokens == 1 for seq in self.running)
+        budget = self._schedule_running(batch, self.step_budget(decoding))
         self.admit(batch, budget, now)
         return batch
+
+    def step_budget(self, decoding: bool) -> int:
+        """Tokens this step may carry: the budget, or while no running row decodes (`decoding`: one takes a
+        single token) the idle budget where larger. The simulator's fast step asks the same."""
+        budget = self.config.max_num_batched_tokens
+        if decoding or self.static is not None:
+            return budget
+        return max(budget, self.config.idle_step_tokens)
 
     def admit(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         """schedule()'s second half: waiting requests join the batch within what the running rows left of the

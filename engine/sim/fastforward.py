@@ -207,7 +207,8 @@ class FastForward:
         sim, rows = self.sim, self.rows
         sched, kv, runner = sim.scheduler, sim.kv, sim.runner
         j, now, running = rows.j, sim.now, sched.running
-        budget = sched.config.max_num_batched_tokens
+        decoding = bool(rows.steady) or any(len(seq.token_ids) - seq.num_computed_tokens == 1 for seq in rows.others)
+        budget = sched.step_budget(decoding)
         # the rows that are not steady: what the budget gives each, in running order (as _schedule_running)
         placed: list[tuple[int, object, int, int]] = []  # (rank, row, start, tokens)
         before = spent = 0  # such rows before this one; tokens they took

@@ -88,7 +88,9 @@ def make(checkpoint, fp32_model, tokenizer, tmp_path):
               block_size: int = 16, **kv) -> EngineCore:
         cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=kv_cache_tokens, control_file=str(path),
                            block_size=block_size,
-                           scheduler=SchedulerConfig(**{"max_num_batched_tokens": 256, **(sched or {})}),
+                           # chunked prefills even while nothing decodes: prompt blocks pending show
+                           scheduler=SchedulerConfig(**{"max_num_batched_tokens": 256, "idle_step_tokens": 0,
+                                                        **(sched or {})}),
                            kv=KVConfig(**{"disk_dir": str(tmp_path / "disk"), **kv}), mode=mode)
         return EngineCore(cfg, model=fp32_model, tokenizer=tokenizer, fingerprint=checkpoint.fingerprint,
                           model_name=checkpoint.name)

@@ -63,7 +63,7 @@ def test_batch_of_different_lengths_in_one_flattened_step(make_engine, hf_model,
 def test_chunked_prefill_then_paged_decode(make_engine, hf_model, tokenizer):
     # Chunks of 16 tokens: torch's fp32 GEMM takes another kernel below 16 rows whose rounding alone differs
     # by up to ~8e-5 per product (measured), which would eat the whole 1e-4 budget before the model does.
-    engine = make_engine(kv_cache_tokens=1024, max_num_batched_tokens=16, block_size=4)
+    engine = make_engine(kv_cache_tokens=1024, max_num_batched_tokens=16, idle_step_tokens=0, block_size=4)
     shuffle_free_blocks(engine, 2)
     engine.runner.keep_all_logits = True
     ids = tokenizer.encode(PROMPTS[1] + " " + PROMPTS[3])

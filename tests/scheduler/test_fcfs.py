@@ -26,7 +26,7 @@ def fake_step(s: Scheduler, token: int = 7) -> None:
 
 
 def test_running_first_and_token_budget():
-    s = make(max_num_batched_tokens=10)
+    s = make(max_num_batched_tokens=10, idle_step_tokens=0)  # the budget in every step, decoding or not
     a, b = seq("a", 25), seq("b", 3)
     s.add(a)
     s.add(b)
@@ -38,6 +38,20 @@ def test_running_first_and_token_budget():
     a.num_computed_tokens = 20
     batch = s.schedule()
     assert [(i.seq.request_id, i.num_tokens) for i in batch.prefills] == [("a", 5), ("b", 3)]
+
+
+def test_a_step_in_which_nothing_decodes_takes_the_idle_budget():
+    s = make(max_num_batched_tokens=10, idle_step_tokens=30)
+    a, b, c = seq("a", 25), seq("b", 3), seq("c", 25)
+    s.add(a)
+    s.add(b)
+    batch = s.schedule()  # nothing decodes: both prompts whole, 28 tokens
+    assert [(i.seq.request_id, i.num_tokens) for i in batch.items] == [("a", 25), ("b", 3)]
+    s.update_from_output(batch, StepResult({"a": 7, "b": 7}))
+    s.add(c)
+    batch = s.schedule()  # a and b decode: the budget again, their two tokens and 8 of c's
+    assert [(i.seq.request_id, i.num_tokens) for i in batch.items] == [("a", 1), ("b", 1), ("c", 8)]
+    assert make(max_num_batched_tokens=10, idle_step_tokens=4).step_budget(decoding=False) == 10  # never below
 
 
 def test_batch_cap_limits_running():

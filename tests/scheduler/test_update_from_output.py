@@ -17,7 +17,7 @@ def _sampling(batch) -> list[str]:
 
 def test_tokens_times_and_the_length_finish_by_request_id():
     clock = FakeClock(5.0)
-    s = make(clock=clock, max_num_batched_tokens=8)
+    s = make(clock=clock, max_num_batched_tokens=8, idle_step_tokens=0)  # b's prompt in two chunks
     a, b = req("a", toks(1, 6), max_tokens=2), req("b", toks(2, 6), max_tokens=3)
     s.add(a)
     s.add(b)
