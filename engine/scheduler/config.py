@@ -34,10 +34,11 @@ class SchedulerConfig:
     tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
                                           help="time per output token to hold: while the smoothed decode step "
                                                "is slower, waiting requests wait (default: no target)")
-    # token budget of a step in which no running row decodes (prefills only: no decode latency to protect),
-    # where larger than the budget: a 2,000-token prompt on an idle engine in one step, not four (vLLM's CPU
-    # server budget is 2,048 for every step); 0: the budget in every step. Static batching keeps its own steps
-    idle_step_tokens: int = 2048
+    # a prefill-only step has no decode latency to protect: a 2,000-token prompt on an idle engine in one step,
+    # not four (vLLM's CPU server budget is 2,048 for every step). Static batching keeps its own steps
+    idle_step_tokens: int = option(2048, flag="--idle-step-tokens",
+                                   help="token budget of a step in which no running request decodes, where larger "
+                                        "than the step budget (0: the step budget in every step)")
     mode: str = AUTO  # a policy's name (policy.py), or AUTO: the KV manager's
     max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
     # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence

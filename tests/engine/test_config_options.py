@@ -29,8 +29,9 @@ def test_no_flags_and_an_empty_file_give_the_dataclass_defaults(tmp_path):
 
 def test_flags_reach_nested_fields_under_their_existing_names():
     config = parse("--max-num-seqs", "3", "--max-num-batched-tokens", "99", "--control-stale-after", "5",
-                   "--mode", "static", "--dtype", "float32", "--threads", "2")
+                   "--mode", "static", "--dtype", "float32", "--threads", "2", "--idle-step-tokens", "0")
     assert config.scheduler.max_num_seqs == 3 and config.scheduler.max_num_batched_tokens == 99
+    assert config.scheduler.idle_step_tokens == 0
     assert config.control_stale_after_s == 5.0 and config.threads == 2 and config.dtype == "float32"
     assert config.scheduler.mode == "static" and config.kv.mode == "continuous"  # the policy sets both
 
