@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvloop.engine.kv.load_or_recompute import DEFAULT_BLOCK_LOAD_S, Prices, TierCosts
+from kvloop.engine.kv.load_or_recompute import Prices, TierCosts, load_s, recompute_s
 
 MIN_EVICTIONS = 256  # per class, before its share decides
 
@@ -70,6 +70,5 @@ class CopyValue:
         share = self.share(offers)
         if share is None or prices.token_s is None:
             return True
-        load = prices.load_block_s.get("host", DEFAULT_BLOCK_LOAD_S)
-        recompute = block_size * prices.token_s + prices.pair_s * block_size * (block_size + 1) / 2
-        return share * (recompute - load) > load
+        load = load_s(prices, "host")
+        return share * (recompute_s(prices, block_size, 0) - load) > load

@@ -32,6 +32,18 @@ class Prices:
     pair_s: float = 0.0
 
 
+def load_s(prices: Prices | TierCosts, tier: str) -> float:
+    """Loading one block from `tier` at these prices."""
+    return prices.load_block_s.get(tier, DEFAULT_BLOCK_LOAD_S)
+
+
+def recompute_s(prices: Prices | TierCosts, block_size: int, start: int) -> float:
+    """Recomputing one block whose first token is at position `start` (tokens start .. start+bs-1 attend to
+    start+1 .. start+bs positions); recomputing must have a price (token_s)."""
+    bs = block_size
+    return bs * prices.token_s + prices.pair_s * (bs * start + bs * (bs + 1) / 2)
+
+
 def blocks_to_use(tiers: Sequence[str], block_size: int, prices: Prices) -> int:
     """How many leading blocks of a match to attach: all device blocks (free), then the cut through the
     lower-tier blocks that minimises loading the blocks before it plus recomputing the matched tokens after
@@ -43,11 +55,8 @@ def blocks_to_use(tiers: Sequence[str], block_size: int, prices: Prices) -> int:
     if device == n or prices.token_s is None:
         return n
     best, saving, best_saving = device, 0.0, 0.0
-    bs = block_size
     for i in range(device, n):
-        start = i * bs  # tokens start .. start+bs-1 attend to start+1 .. start+bs positions
-        recompute = bs * prices.token_s + prices.pair_s * (bs * start + bs * (bs + 1) / 2)
-        saving += recompute - prices.load_block_s.get(tiers[i], DEFAULT_BLOCK_LOAD_S)
+        saving += recompute_s(prices, block_size, i * block_size) - load_s(prices, tiers[i])
         if saving > best_saving:
             best, best_saving = i + 1, saving
     return best

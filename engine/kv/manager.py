@@ -477,14 +477,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
         if not self._earned(h):
             self.stats.admissions_refused += 1  # evicted before it earned its place
         if self.config.cache_policy.lower_tiers:
-            if self.copy_value is not None:
-                self.copy_value.evicted(h, self.ghost.count(h))
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
         """Copies a block evicted from the device down (the only copy down: lazy, so blocks reused on the device
         never cost a copy): to the host as its gate allows (host_tier.py), to the disk past its threshold."""
         count = self.ghost.count(h)
+        if self.copy_value is not None:
+            self.copy_value.evicted(h, count)
         if self.host is not None and self.host.has(h):
             self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
         elif self.copy_value is not None and not self.copy_value.pays(count, self.block_size, self.tier_costs):

@@ -11,7 +11,8 @@ every step, and what it finds may change while it waits).
 
 Movements. Blocks enter the device cache at once; under the heat gate those that have not earned their
 place (fewer than admit_min_requests distinct requests) are evicted first, and a block is copied to the
-host or disk tier only when it is evicted from the device and its hash passes that tier's threshold."""
+host or disk tier only when it is evicted from the device and its hash passes that tier's threshold (for the
+host, also only where copies of its class pay: kv.copy_value)."""
 
 from __future__ import annotations
 

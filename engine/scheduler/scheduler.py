@@ -35,7 +35,7 @@ from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.policy import resolve_policy
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
-from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
+from kvloop.engine.scheduler.sequence import SeqStatus, Sequence, decodes
 from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.step_cost import StepCost
@@ -163,18 +163,17 @@ class Scheduler:
         batch = ScheduledBatch()
         if self.static is not None:
             self.static.form(self, now)
-        decoding = any(seq.num_uncomputed_tokens == 1 for seq in self.running)
-        budget = self._schedule_running(batch, self.step_budget(decoding))
+        budget = self._schedule_running(batch, self.step_budget(lambda: any(map(decodes, self.running))))
         self.admit(batch, budget, now)
         return batch
 
-    def step_budget(self, decoding: bool) -> int:
-        """Tokens this step may carry: the budget, or while no running row decodes (`decoding`: one takes a
-        single token) the idle budget where larger. The simulator's fast step asks the same."""
-        budget = self.config.max_num_batched_tokens
-        if decoding or self.static is not None:
+    def step_budget(self, decoding: Callable[[], bool]) -> int:
+        """Tokens this step may carry: the budget, or while no running row decodes (`decoding()`, asked only where
+        the idle budget is larger) the idle budget. The simulator's fast step asks the same."""
+        budget, idle = self.config.max_num_batched_tokens, self.config.idle_step_tokens
+        if idle <= budget or self.static is not None or decoding():
             return budget
-        return max(budget, self.config.idle_step_tokens)
+        return idle
 
     def admit(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         """schedule()'s second half: waiting requests join the batch within what the running rows left of the

@@ -72,3 +72,8 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
+
+
+def decodes(seq: Sequence) -> bool:
+    """Whether seq's next step is a decode row: a single token to compute."""
+    return seq.num_uncomputed_tokens == 1

@@ -30,6 +30,7 @@ from itertools import repeat
 from operator import add
 
 from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.scheduler.sequence import decodes
 from kvloop.engine.sim.lazy_rows import LazyRows, Steady, allocation_due
 
 CONTINUE, SCHEDULE, IDLE = "continue", "schedule", "idle"  # what the step loop does next (FastForward.run)
@@ -207,8 +208,7 @@ class FastForward:
         sim, rows = self.sim, self.rows
         sched, kv, runner = sim.scheduler, sim.kv, sim.runner
         j, now, running = rows.j, sim.now, sched.running
-        decoding = bool(rows.steady) or any(len(seq.token_ids) - seq.num_computed_tokens == 1 for seq in rows.others)
-        budget = sched.step_budget(decoding)
+        budget = sched.step_budget(lambda: bool(rows.steady) or any(map(decodes, rows.others)))
         # the rows that are not steady: what the budget gives each, in running order (as _schedule_running)
         placed: list[tuple[int, object, int, int]] = []  # (rank, row, start, tokens)
         before = spent = 0  # such rows before this one; tokens they took

@@ -51,7 +51,7 @@ def test_a_step_in_which_nothing_decodes_takes_the_idle_budget():
     s.add(c)
     batch = s.schedule()  # a and b decode: the budget again, their two tokens and 8 of c's
     assert [(i.seq.request_id, i.num_tokens) for i in batch.items] == [("a", 1), ("b", 1), ("c", 8)]
-    assert make(max_num_batched_tokens=10, idle_step_tokens=4).step_budget(decoding=False) == 10  # never below
+    assert make(max_num_batched_tokens=10, idle_step_tokens=4).step_budget(lambda: False) == 10  # never below
 
 
 def test_batch_cap_limits_running():
