@@ -92,8 +92,8 @@ def test_compiled_step_equals_eager():
 
 @compiles
 @torch._dynamo.config.patch(disable=False)
-@pytest.mark.parametrize("pairs,amx", [(False, False), (True, False), (True, True)])
-def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs, amx):
+@pytest.mark.parametrize("pairs,tiles", [(False, False), (True, False), (True, True)])
+def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs, tiles):
     """Built without bf16 pairs, a bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM
     over the dense copy above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and
     24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. So do bf16 pairs with AMX tiles
@@ -104,10 +104,10 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
     if not linear_bf16w.available() or (pairs and not linear_bf16w.native()):
         pytest.skip("the bf16-weight kernel is not built (with bf16 pairs)")
     monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
-    monkeypatch.setattr(amx, "available", lambda: amx)
+    monkeypatch.setattr(amx, "available", lambda: tiles)
     # the schedule's decodes (1-6 rows) and chunks (24 tokens) fall on either side
     assert 6 <= linear_bf16w.AMX_DENSE_ABOVE_ROWS < 24 and 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24
-    one_graph = pairs and not amx  # the kernel serves every step: one graph, no dense copy
+    one_graph = pairs and not tiles  # the kernel serves every step: one graph, no dense copy
     # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the runs
     # then feed different tokens. So logits compare up to and including the first step whose sampled tokens
     # differ (within the bound below, a flip there is a tie). Which weight seeds flip depends on the CPU's kernels:

@@ -93,5 +93,9 @@ def create(device: torch.device | str) -> AttentionBackend:
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
     blocked = build.blocked_bf16()  # decided once, not per layer
-    prefill = CpuPrefill() if blocked and not amx.available() else None
+    tiles = amx.available()
+    prefill = CpuPrefill() if blocked and not tiles else None
+    # With AMX tiles, a large cascade group's shared prefix (bf16) goes through ATen's flash attention, whose
+    # oneDNN GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the measurements)
+    torch.ops.kvloop_cpu.set_stacked_flash(tiles)
     return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked)

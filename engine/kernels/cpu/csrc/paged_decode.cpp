@@ -30,7 +30,8 @@
 // fixed length, so a row's result never depends on what else is in the batch or on the thread count.
 //
 // This file builds the work list and merges the partial results; paged_work.h holds the items and their token
-// walk, tile_fp32.h and tile_bf16.h the two tile routines.
+// walk, tile_fp32.h and tile_bf16.h the two tile routines, stacked_flash.h the pieces of a large group's shared
+// prefix that go through ATen's flash attention instead where that is switched on (CPUs with AMX tiles).
 //
 // Layouts (as the runner allocates them): q [rows, heads, head_dim] (last dim contiguous, any row and
 // head strides), k_cache / v_cache [blocks, block_size, kv_heads, head_dim] (last dim contiguous).
@@ -48,6 +49,7 @@
 #include <vector>
 
 #include "paged_work.h"
+#include "stacked_flash.h"
 #include "tile_bf16.h"
 #include "tile_fp32.h"
 
@@ -136,11 +138,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   TORCH_CHECK(rp[0] == 0 && rp[segs] == pairs, "rows_ptr must run from 0 to rows.numel()");
   for (int64_t p = 0; p < pairs; ++p) TORCH_CHECK(rw[p] >= 0 && rw[p] < q.size(0), "query row out of range");
 
-  // Context splits per segment: none for a causal one (its items are runs of rows instead, see below).
-  auto splits_of = [&](int64_t n) { return causal ? 1 : std::max<int64_t>(1, (n + split_tokens - 1) / split_tokens); };
   // Every index is checked before any thread reads it.
-  int64_t base_items = 0;         // (segment, context split) pairs
-  int64_t work = 0, largest = 0;  // the call's work, and its largest base item's (see kMinWorkPerThread)
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     TORCH_CHECK(members >= 0 && n >= 0, "segment ", s, ": negative size");
@@ -149,10 +147,29 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
     TORCH_CHECK(bs[s] >= 0 && bs[s] + used <= blocks.numel(), "segment ", s, ": blocks out of range");
     for (int64_t j = 0; j < used; ++j)
       TORCH_CHECK(bl[bs[s] + j] >= 0 && bl[bs[s] + j] < num_blocks, "segment ", s, ": block id out of range");
-    if (members == 0) continue;
-    base_items += splits_of(n);
-    work += n * sh.kv_heads * members;
-    largest = std::max(largest, std::min(n, split_tokens) * sh.kv_heads * members);
+  }
+  // Each segment's tokens in pieces, each piece one partial result of every member: context splits (a causal
+  // segment's whole context is one piece: its items are runs of rows instead, see below), and where stacked
+  // flash applies, the long runs of adjacent blocks that go through it.
+  const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache);
+  std::vector<int64_t> piece_ptr{0};
+  std::vector<Piece> pieces;
+  int64_t base_items = 0;         // pieces the kernel's items compute
+  int64_t work = 0, largest = 0;  // the items' work, and the largest base item's (see kMinWorkPerThread)
+  for (int64_t s = 0; s < segs; ++s) {
+    const int64_t members = rp[s + 1] - rp[s];
+    if (members > 0) {
+      const size_t first = pieces.size();
+      cut_pieces(bl + bs[s], tk[s], members, sh.block_size, causal ? 0 : split_tokens, flash, pieces);
+      for (size_t i = first; i < pieces.size(); ++i) {
+        if (pieces[i].flash) continue;
+        const int64_t len = pieces[i].t1 - pieces[i].t0;
+        base_items += 1;
+        work += len * sh.kv_heads * members;
+        largest = std::max(largest, len * sh.kv_heads * members);
+      }
+    }
+    piece_ptr.push_back(static_cast<int64_t>(pieces.size()));
   }
   // An item reads all KV heads of its tokens (whole cache lines, in order) unless that leaves too few items
   // to keep every thread busy, or one item (a stacked segment's split) more than a thread's share of the work,
@@ -162,12 +179,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // no partial results to merge (measured 15% of a 512-row chunk's time over 2,000 tokens at 512-token splits).
   const int64_t per_item = !causal && base_items >= 4 * nt && largest * nt <= work ? sh.kv_heads : 1;
 
-  // Partial results per output: a pair's context splits, and per row those of every pair naming it.
+  // Partial results per output: a pair's pieces, and per row those of every pair naming it.
   const int64_t outputs = per_row ? q.size(0) : pairs;
   std::vector<int64_t> parts(outputs, 0);
   for (int64_t s = 0; s < segs; ++s)
     for (int64_t p = rp[s]; p < rp[s + 1]; ++p)
-      parts[per_row ? rw[p] : p] += splits_of(tk[s]);
+      parts[per_row ? rw[p] : p] += piece_ptr[s + 1] - piece_ptr[s];
   const Dest dest{rw, parts.data(), per_row};
   // The merge pass: one task per (output of several parts, item's worth of KV heads), its parts in a run of
   // `part` (segment order, then split order: a fixed order, whatever the threads).
@@ -184,17 +201,16 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   std::vector<Part> part(n_parts);
   std::vector<int64_t> filled(n_parts > 0 ? outputs * chunks : 0, 0);
 
-  std::vector<Item> items;
+  std::vector<Item> items, flash_items;  // flash_items: a flash piece's items, its chunks in order
   int64_t ws_size = 0, item_members = 1;  // the most members of an item (the scratch's size)
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
     if (members == 0) continue;
-    const int64_t splits = splits_of(n);
     // a causal segment's rows in runs of at most kCausalRows, the last (most tokens) first
     const int64_t runs = causal ? (members + kCausalRows - 1) / kCausalRows : 1, run = (members + runs - 1) / runs;
     item_members = std::max(item_members, run);
     for (int64_t h = 0; h < sh.kv_heads; h += per_item) {
-      for (int64_t i = 0; i < splits; ++i) {
+      for (int64_t i = piece_ptr[s]; i < piece_ptr[s + 1]; ++i) {
         for (int64_t r = runs - 1; r >= 0; --r) {
           const int64_t j0 = r * run, j1 = std::min(members, j0 + run), m_count = (j1 - j0) * per_item * sh.group;
           bool merged = false;  // whether a member's output has other parts: the item then needs workspace
@@ -210,8 +226,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                                                                  (j - j0) * per_item * sh.group};
             }
           }
-          const int64_t t0 = i * split_tokens, t1 = splits == 1 ? n : std::min(n, t0 + split_tokens);
-          items.push_back({s, h, h + per_item, t0, t1, off, n, members, j0, j1});
+          (pieces[i].flash ? flash_items : items)
+              .push_back({s, h, h + per_item, pieces[i].t0, pieces[i].t1, off, n, members, j0, j1});
         }
       }
     }
@@ -230,6 +246,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
       std::fill(l + r * sh.heads, l + (r + 1) * sh.heads, kNegInf);
     }
   const float sc = static_cast<float>(scale);
+  // Flash pieces first: one ATen call each, every KV head at once, its results written as its items' would be
+  // (its items, made chunk by chunk above, put piece by piece).
+  std::stable_sort(flash_items.begin(), flash_items.end(),
+                   [](const Item& a, const Item& b) { return std::pair{a.seg, a.t0} < std::pair{b.seg, b.t0}; });
+  for (size_t i = 0; i < flash_items.size(); i += sh.kv_heads / per_item)
+    run_flash_piece(flash_items.data() + i, sh.kv_heads / per_item, q, k_cache, v_cache, sh, bl, bs, rp, dest, scale,
+                    o, l, w);
   const int64_t n_items = static_cast<int64_t>(items.size()), n_merges = static_cast<int64_t>(merges.size());
   // A small call runs on one thread: waking the others costs more than it saves (and on a loaded machine a
   // barrier can wait a whole time slice for a descheduled thread).
@@ -439,6 +462,7 @@ TORCH_LIBRARY(kvloop_cpu, m) {
       &kvloop::bind_decode_step);
   m.def("unbind_decode_step() -> ()", &kvloop::unbind_decode_step);
   m.def("simd() -> str", &kvloop::simd);
+  m.def("set_stacked_flash(bool on) -> bool", &kvloop::set_stacked_flash);
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {

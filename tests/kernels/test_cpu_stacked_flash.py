@@ -1,0 +1,141 @@
+"""Stacked flash (csrc/stacked_flash.h): a large cascade group's shared prefix over runs of adjacent blocks through
+ATen's CPU flash attention, its partial results merged with the kernel's. Against float64 attention over the
+same bf16 values (its outputs are rounded to bf16 before the merge: held to bf16 error), pieces mixed with the
+kernel's (scattered blocks, short runs, nested groups, a prefix ending mid-block); and where it must not run
+(fp32 K/V, fp32 queries, small groups, switched off) the kernel's results bit for bit."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from kernel_ref import load_attention_kernel, new_generator
+
+from kvloop.engine.kernels import reference
+from kvloop.engine.kernels.cpu import amx, backend
+from kvloop.engine.kernels.cpu import paged_decode as pd
+
+BS, HEADS, KV_HEADS, HD = 16, 9, 3, 64
+SCALE = HD ** -0.5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    load_attention_kernel()
+
+
+@contextmanager
+def stacked_flash(on: bool):
+    before = torch.ops.kvloop_cpu.set_stacked_flash(on)
+    try:
+        yield
+    finally:
+        torch.ops.kvloop_cpu.set_stacked_flash(before)
+
+
+class Pool:
+    """A paged cache whose blocks are handed out in order (runs of adjacent ids) or scattered."""
+
+    def __init__(self, num_blocks: int, dtype: torch.dtype, gen: torch.Generator):
+        shape = (num_blocks, BS, KV_HEADS, HD)
+        self.k = torch.randn(shape, generator=gen).to(dtype)
+        self.v = torch.randn(shape, generator=gen).to(dtype)
+        self.free = list(range(1, num_blocks))
+        self.gen = gen
+
+    def adjacent(self, n: int) -> list[int]:
+        out, self.free = self.free[:n], self.free[n:]
+        return out
+
+    def scattered(self, n: int) -> list[int]:
+        picks = sorted(torch.randperm(len(self.free), generator=self.gen)[:n].tolist(), reverse=True)
+        out = [self.free.pop(i) for i in picks]
+        return out[::-1] if len(out) > 1 and out[0] + 1 == out[1] else out
+
+
+def reference_rows(q, pool: Pool, parts, rows: int) -> torch.Tensor:
+    """float64 attention of each row over the tokens of every segment naming it."""
+    out = []
+    for r in range(rows):
+        ks, vs = [], []
+        for members, blocks, n in parts:
+            if r in members:
+                ks.append(reference.gather(pool.k, torch.tensor(blocks), n))
+                vs.append(reference.gather(pool.v, torch.tensor(blocks), n))
+        out.append(reference.attention(q[r : r + 1], torch.cat(ks), torch.cat(vs), SCALE)[0])
+    return torch.stack(out)
+
+
+def decode(q, pool: Pool, parts, on: bool):
+    with stacked_flash(on):
+        return pd.decode(q, pool.k, pool.v, pd.pack_segments(parts), SCALE)
+
+
+def group_parts(pool: Pool, rows: int, layout: str) -> list:
+    """A document shared by rows 0-15 (1,000 tokens, ending mid-block) laid out as `layout`, a nested section
+    shared by rows 0-7 (1,100 tokens in one run), a group of 3 (too small for flash) and each row's own tokens."""
+    doc = {"adjacent": lambda: pool.adjacent(63),
+           "runs": lambda: pool.adjacent(35) + pool.scattered(3) + pool.adjacent(25),
+           "scattered": lambda: pool.scattered(63)}[layout]()
+    parts = [(list(range(16)), doc, 1000), (list(range(8)), pool.adjacent(69), 1100),
+             (list(range(16, 19)), pool.adjacent(63), 1000)]
+    parts += [([r], pool.scattered(3), 17 + r) for r in range(rows)]
+    return parts
+
+
+@pytest.mark.parametrize("layout", ["adjacent", "runs", "scattered"])
+def test_flash_pieces_merged_with_the_kernels_equal_full_attention(layout):
+    gen, seed = new_generator()
+    pool = Pool(400, torch.bfloat16, gen)
+    rows = 20
+    parts = group_parts(pool, rows, layout)
+    q = torch.randn(rows, HEADS, HD, generator=gen).to(torch.bfloat16)
+    out, lse = decode(q, pool, parts, True)
+    kernel_out, kernel_lse = decode(q, pool, parts, False)
+    ref = reference_rows(q, pool, parts, rows)
+    bound = 2.0**-7 * pool.v.float().abs().max().item()  # bf16 probabilities and outputs: a few 2^-9 of |v|
+    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+    torch.testing.assert_close(lse, kernel_lse, atol=1e-4, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+    if layout == "scattered":  # no run long enough: no flash piece, the kernel's own results
+        assert torch.equal(out, kernel_out)
+    else:  # the document's members took a flash piece (its bf16 rounding shows); the group of 3 did not
+        assert not torch.equal(out[:16], kernel_out[:16])
+        assert torch.equal(out[16:19], kernel_out[16:19])
+
+
+def test_where_flash_does_not_apply_the_results_are_the_kernels_bit_for_bit():
+    gen, _ = new_generator()
+    for kv_dtype, q_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
+        pool = Pool(400, kv_dtype, gen)
+        parts = group_parts(pool, 20, "adjacent")
+        q = torch.randn(20, HEADS, HD, generator=gen).to(q_dtype)
+        on, off = decode(q, pool, parts, True), decode(q, pool, parts, False)
+        assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+    pool = Pool(200, torch.bfloat16, gen)  # 3 members: below kFlashMinMembers however long
+    parts = [([0, 1, 2], pool.adjacent(125), 2000)] + [([r], pool.scattered(2), 20) for r in range(3)]
+    q = torch.randn(3, HEADS, HD, generator=gen).to(torch.bfloat16)
+    on, off = decode(q, pool, parts, True), decode(q, pool, parts, False)
+    assert torch.equal(on[0], off[0])
+
+
+def test_a_member_with_no_other_part_gets_the_flash_result_directly():
+    """Rows whose whole context is the shared run (no suffix segment) are written without a merge."""
+    gen, seed = new_generator()
+    pool = Pool(100, torch.bfloat16, gen)
+    parts = [(list(range(6)), pool.adjacent(40), 630)]
+    q = torch.randn(6, HEADS, HD, generator=gen).to(torch.bfloat16)
+    out, lse = decode(q, pool, parts, True)
+    ref = reference_rows(q, pool, parts, 6)
+    bound = 2.0**-7 * pool.v.float().abs().max().item()
+    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+    assert torch.isfinite(lse).all()
+
+
+def test_the_cpu_backend_switches_it_on_where_onednn_has_amx_tiles():
+    before = torch.ops.kvloop_cpu.set_stacked_flash(False)
+    try:
+        backend.create("cpu")
+        assert torch.ops.kvloop_cpu.set_stacked_flash(before) == amx.available()
+    finally:
+        torch.ops.kvloop_cpu.set_stacked_flash(before)
