@@ -13,7 +13,8 @@
   multiplies in them and wins past a few rows (6.6x at 64 rows, 11x at 512: linear_bf16w.AMX_DENSE_ABOVE_ROWS),
   and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
   decode-sized steps: in both cases the layer keeps a dense bf16 copy (twice the weights' memory) for the steps
-  past linear_bf16w.dense_above_rows() rows, through a plain F.linear, and the compiled step holds two graphs,
+  past linear_bf16w.dense_above_rows() rows, through oneDNN with the copy packed once (kernels/cpu/linear_onednn;
+  F.linear where that is not built), and the compiled step holds two graphs,
   one per branch (runner/compiled_step.py; `dense_graph` says which one is being traced). Eager steps branch on
   their rows.
   Without a built kernel (or off the CPU) the layer falls back to "none".
@@ -43,7 +44,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w
+from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w, linear_onednn
 
 FORMATS = ("none", "bf16", "int4", "int8")
 GROUP = 32
@@ -109,6 +110,7 @@ class Linear:
             fmt = "none"  # build.load has logged why the kernel is unavailable
         self.fmt = fmt
         self.dtype = dtype
+        self.onednn = False  # a bf16 layer's dense copy through linear_onednn (_onednn_serves)
         self.quant_max_rows = quant_max_rows
         self.out_features = weight.shape[0]
         if fmt == "bf16":  # the packed bf16 weights (and a dense copy where bf16_needs_dense); the bias stays fp32
@@ -120,6 +122,7 @@ class Linear:
             self.pairs = dtype == torch.bfloat16 and linear_bf16w.native()
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
             self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
+            self.onednn = self._onednn_serves()
             return
         if int8_kernel:  # the packed int8 weights and fp32 scales are all that is kept; the bias stays fp32
             self.weight = None
@@ -135,6 +138,16 @@ class Linear:
             self.packed, scales = linear_int8w.quantize(weight)
             self.scales = scales.to(torch.bfloat16)
 
+    def _onednn_serves(self) -> bool:
+        """Whether the dense bf16 copy goes through oneDNN with its weights packed once (F.linear reorders them
+        on every call): decided where the layer runs, so also when it is read back from the weight cache."""
+        return (self.fmt == "bf16" and self.weight is not None and self.weight.dtype == torch.bfloat16
+                and linear_onednn.available())
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.onednn = self._onednn_serves()
+
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the weight matrix in the model dtype: the lookup of an embedding tied to this layer."""
         if self.weight is not None:
@@ -148,6 +161,8 @@ class Linear:
             # a bf16 model with a dense copy: oneDNN over it for steps past the kernel's rows, the kernel below them
             if self.weight is not None and (_dense_graph if torch.compiler.is_compiling()
                                             else x.shape[0] > self.dense_above):
+                if self.onednn:
+                    return linear_onednn.linear(x, self.weight, self.dense_bias)
                 return F.linear(x, self.weight, self.dense_bias)
             if x.dtype == torch.bfloat16 and self.pairs:  # bf16 pairs in hardware
                 return linear_bf16w.linear_bf16(x, self.packed, self.out_features, self.bias)

@@ -45,6 +45,7 @@ ON_LOAD = {
     "paged_decode": "kvloop.engine.kernels.cpu.paged_decode:register_fakes",
     "linear_bf16w": "kvloop.engine.kernels.cpu.linear_bf16w:register_fakes",
     "linear_int8w": "kvloop.engine.kernels.cpu.linear_int8w:register_fakes",
+    "linear_onednn": "kvloop.engine.kernels.cpu.linear_onednn:register_fakes",
 }
 
 

@@ -1,0 +1,37 @@
+"""A bf16 linear through oneDNN with its weights packed once (csrc/linear_onednn.cpp): F.linear's arithmetic and
+outputs, without F.linear's reorder of the weight into oneDNN's layout on every call (about 40% of a decode
+step's linear time at 8-32 rows here). model/linear.py takes it for a bf16 layer's dense copy.
+
+Loading goes through build.load, which never compiles: without a build the caller keeps F.linear."""
+
+from __future__ import annotations
+
+import torch
+
+from kvloop.engine.kernels.cpu import build
+
+KERNEL = "linear_onednn"
+
+
+def available() -> bool:
+    """Whether the built operator is loaded (loads it on first call; never compiles) and torch has oneDNN."""
+    return torch.backends.mkldnn.is_available() and build.load(KERNEL)
+
+
+def register_fakes() -> None:
+    """The operator's output shape for torch.compile's tracing; build.load calls this once the library is loaded."""
+    torch.library.register_fake("kvloop_cpu::linear_onednn")(_linear_shape)
+
+
+def _linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for bf16 x and a contiguous bf16 weight that lives on (its packed copy is kept)."""
+    return torch.ops.kvloop_cpu.linear_onednn(x, weight, bias)
+
+
+def packed_copies() -> int:
+    """How many packed weights are held (for tests: a freed weight's copy is dropped)."""
+    return torch.ops.kvloop_cpu.linear_onednn_packed()
