@@ -13,8 +13,9 @@
   multiplies in them and wins past a few rows (6.6x at 64 rows, 11x at 512: linear_bf16w.AMX_DENSE_ABOVE_ROWS),
   and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
   decode-sized steps: in both cases the layer keeps a dense bf16 copy (twice the weights' memory) for the steps
-  past linear_bf16w.dense_above_rows() rows, through oneDNN with the copy packed once (kernels/cpu/linear_onednn;
-  F.linear where that is not built), and the compiled step holds two graphs,
+  past linear_bf16w.dense_above_rows() rows, through oneDNN with the copy packed once and kept only in that
+  packed form, `weight` then being a key for it (kernels/cpu/linear_onednn; a plain dense copy through F.linear
+  where that is not built), and the compiled step holds two graphs,
   one per branch (runner/compiled_step.py; `dense_graph` says which one is being traced). Eager steps branch on
   their rows.
   Without a built kernel (or off the CPU) the layer falls back to "none".
@@ -123,6 +124,8 @@ class Linear:
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
             self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
             self.onednn = self._onednn_serves()
+            if self.onednn:  # the dense copy lives on only as oneDNN's packed one, behind a key
+                self.weight = linear_onednn.keyed(self.weight)
             return
         if int8_kernel:  # the packed int8 weights and fp32 scales are all that is kept; the bias stays fp32
             self.weight = None
@@ -145,12 +148,25 @@ class Linear:
                 and linear_onednn.available())
 
     def __setstate__(self, state: dict) -> None:
+        """Read back from the weight cache: oneDNN's packed copy is made anew here (it lives in this process only),
+        from the dense copy or, behind a key, from the kernel's packed weights; where the operator is not built
+        a key turns back into the dense copy F.linear needs."""
         self.__dict__.update(state)
         self.onednn = self._onednn_serves()
+        if self.fmt == "bf16" and self.weight is not None and (self.onednn or linear_onednn.is_key(self.weight)):
+            dense = self.dense_weight()
+            self.weight = linear_onednn.keyed(dense) if self.onednn else dense
+
+    def dense_weight(self) -> torch.Tensor | None:
+        """The dense weight matrix in the model dtype, if the layer has one: its dense copy, or, where that lives
+        only as oneDNN's packed copy, the same values read back out of the kernel's packed weights."""
+        if self.weight is None or not linear_onednn.is_key(self.weight):
+            return self.weight
+        return linear_bf16w.rows(self.packed, torch.arange(self.out_features)).to(self.dtype).contiguous()
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the weight matrix in the model dtype: the lookup of an embedding tied to this layer."""
-        if self.weight is not None:
+        if self.weight is not None and not linear_onednn.is_key(self.weight):
             return self.weight[ids]
         if self.fmt == "bf16":
             return linear_bf16w.rows(self.packed, ids).to(self.dtype)

@@ -171,7 +171,7 @@ def test_with_amx_a_bf16_layer_takes_the_pairs_up_to_their_row_bound_and_onednn_
         if m <= bound:
             want = linear_bf16w.linear_bf16(x[:m], layer.packed, n, layer.bias)
         else:
-            want = torch.nn.functional.linear(x[:m], layer.weight, layer.dense_bias)
+            want = torch.nn.functional.linear(x[:m], layer.dense_weight(), layer.dense_bias)
         assert torch.equal(layer(x[:m]), want), m
 
 
@@ -201,8 +201,8 @@ def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(monkeyp
             kernel = linear_bf16w.linear(x[:m].float(), layer.packed, n, layer.bias).to(torch.bfloat16)
             assert torch.equal(y, kernel)
         else:
-            assert torch.equal(y, torch.nn.functional.linear(x[:m], layer.weight, layer.bias.to(torch.bfloat16)
-                                                             if bias is not None else None))
+            dense_bias = layer.bias.to(torch.bfloat16) if bias is not None else None
+            assert torch.equal(y, torch.nn.functional.linear(x[:m], layer.dense_weight(), dense_bias))
 
 
 @pytest.mark.parametrize("pairs", [False, True])

@@ -1,7 +1,7 @@
 """kvloop_cpu::linear_onednn (kernels/cpu/linear_onednn): F.linear bit for bit over bf16 weights packed once for
 oneDNN; the packed copy follows its weight (a freed weight's copy goes, a new weight at the same address gets its
-own); its fake gives torch.compile the output's shape; and a bf16 model's dense layers take it, also when read back from
-the weight cache."""
+own); its fake gives torch.compile the output's shape; and a bf16 model's dense layers take it behind a key (no
+second dense copy), also when read back from the weight cache."""
 
 from __future__ import annotations
 
@@ -77,18 +77,32 @@ def test_its_fake_gives_the_output_shape_compiled_graphs_trace():
         assert y.shape == (4, 5, 48) and y.dtype == torch.bfloat16
 
 
-def test_a_bf16_models_dense_layers_take_it_also_from_the_weight_cache():
+def test_a_bf16_layers_dense_weights_live_only_in_onednns_copy_also_from_the_cache(monkeypatch):
     w, x, b = linear_case(9, 64, 96, True)
     layer = Linear(w, b, torch.bfloat16, torch.device("cpu"), "bf16")
     if not bf16_needs_dense(torch.bfloat16):
         assert not layer.onednn  # no dense copy here: the bf16 kernel serves every step
         return
-    assert layer.onednn
-    restored = pickle.loads(pickle.dumps(layer))
-    restored.onednn = None  # what a cache file from another machine might say; __setstate__ decides anew
-    again = pickle.loads(pickle.dumps(restored))
-    assert again.onednn is True
-    xb = x.bfloat16()
+    assert layer.onednn and linear_onednn.is_key(layer.weight)  # no dense copy besides oneDNN's packed one
+    dense = w.to(torch.bfloat16)
+    assert torch.equal(layer.dense_weight(), dense)  # read back out of the kernel's packed weights, same bits
+    ids = torch.tensor([3, 0, 63])
+    assert torch.equal(layer[ids], dense[ids])
     rows = layer.dense_above + 1
-    xb = xb.repeat(rows // xb.shape[0] + 1, 1)[:rows]
-    assert torch.equal(again(xb), F.linear(xb, layer.weight, layer.dense_bias))
+    xb = x.bfloat16().repeat(rows // x.shape[0] + 1, 1)[:rows]
+    want = F.linear(xb, dense, layer.dense_bias)
+    assert torch.equal(layer(xb), want)
+    # read back (a new key tensor, as in a fresh process): its packed copy is made anew from the kernel's weights
+    again = pickle.loads(pickle.dumps(layer))
+    assert again.weight.data_ptr() != layer.weight.data_ptr() and linear_onednn.is_key(again.weight)
+    assert torch.equal(again(xb), want)
+    # a cache file written where the operator served, read where it does not: the dense copy comes back
+    monkeypatch.setattr(linear_onednn, "available", lambda: False)
+    plain = pickle.loads(pickle.dumps(layer))
+    assert not plain.onednn and torch.equal(plain.weight, dense) and torch.equal(plain(xb), want)
+
+
+def test_an_unregistered_key_is_refused():
+    key = torch.zeros(1, dtype=torch.bfloat16).expand(8, 16)
+    with pytest.raises(RuntimeError, match="no packed weights"):
+        linear_onednn.linear(torch.ones(2, 16, dtype=torch.bfloat16), key, None)
