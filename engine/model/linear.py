@@ -111,7 +111,6 @@ class Linear:
             fmt = "none"  # build.load has logged why the kernel is unavailable
         self.fmt = fmt
         self.dtype = dtype
-        self.onednn = False  # a bf16 layer's dense copy through linear_onednn (_onednn_serves)
         self.quant_max_rows = quant_max_rows
         self.out_features = weight.shape[0]
         if fmt == "bf16":  # the packed bf16 weights (and a dense copy where bf16_needs_dense); the bias stays fp32
@@ -123,8 +122,7 @@ class Linear:
             self.pairs = dtype == torch.bfloat16 and linear_bf16w.native()
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
             self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
-            self.onednn = self._onednn_serves()
-            if self.onednn:  # the dense copy lives on only as oneDNN's packed one, behind a key
+            if self._onednn_serves():  # the dense copy lives on only as oneDNN's packed one, behind a key
                 self.weight = linear_onednn.keyed(self.weight)
             return
         if int8_kernel:  # the packed int8 weights and fp32 scales are all that is kept; the bias stays fp32
@@ -147,26 +145,30 @@ class Linear:
         return (self.fmt == "bf16" and self.weight is not None and self.weight.dtype == torch.bfloat16
                 and linear_onednn.available())
 
+    @property
+    def onednn(self) -> bool:
+        """Whether the dense copy goes through linear_onednn: then `weight` is its key."""
+        return self.weight is not None and linear_onednn.is_key(self.weight)
+
     def __setstate__(self, state: dict) -> None:
         """Read back from the weight cache: oneDNN's packed copy is made anew here (it lives in this process only),
         from the dense copy or, behind a key, from the kernel's packed weights; where the operator is not built
         a key turns back into the dense copy F.linear needs."""
         self.__dict__.update(state)
-        self.onednn = self._onednn_serves()
-        if self.fmt == "bf16" and self.weight is not None and (self.onednn or linear_onednn.is_key(self.weight)):
+        if self.fmt == "bf16" and self.weight is not None:
             dense = self.dense_weight()
-            self.weight = linear_onednn.keyed(dense) if self.onednn else dense
+            self.weight = linear_onednn.keyed(dense) if self._onednn_serves() else dense
 
     def dense_weight(self) -> torch.Tensor | None:
         """The dense weight matrix in the model dtype, if the layer has one: its dense copy, or, where that lives
         only as oneDNN's packed copy, the same values read back out of the kernel's packed weights."""
-        if self.weight is None or not linear_onednn.is_key(self.weight):
+        if not self.onednn:
             return self.weight
         return linear_bf16w.rows(self.packed, torch.arange(self.out_features)).to(self.dtype).contiguous()
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the weight matrix in the model dtype: the lookup of an embedding tied to this layer."""
-        if self.weight is not None and not linear_onednn.is_key(self.weight):
+        if self.weight is not None and not self.onednn:
             return self.weight[ids]
         if self.fmt == "bf16":
             return linear_bf16w.rows(self.packed, ids).to(self.dtype)

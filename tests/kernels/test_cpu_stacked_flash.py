@@ -123,13 +123,14 @@ def test_a_member_with_no_other_part_gets_the_flash_result_directly():
     """Rows whose whole context is the shared run (no suffix segment) are written without a merge."""
     gen, seed = new_generator()
     pool = Pool(100, torch.bfloat16, gen)
-    parts = [(list(range(6)), pool.adjacent(40), 630)]
-    q = torch.randn(6, HEADS, HD, generator=gen).to(torch.bfloat16)
+    parts = [(list(range(16)), pool.adjacent(40), 630)]  # 16 x 630 (token, member) pairs: a flash piece
+    q = torch.randn(16, HEADS, HD, generator=gen).to(torch.bfloat16)
     out, lse = decode(q, pool, parts, True)
-    ref = reference_rows(q, pool, parts, 6)
+    ref = reference_rows(q, pool, parts, 16)
     bound = 2.0**-7 * pool.v.float().abs().max().item()
     torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
     assert torch.isfinite(lse).all()
+    assert not torch.equal(out, decode(q, pool, parts, False)[0])  # the flash piece ran
 
 
 def test_the_cpu_backend_switches_it_on_where_onednn_has_amx_tiles():

@@ -201,7 +201,12 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   std::vector<Part> part(n_parts);
   std::vector<int64_t> filled(n_parts > 0 ? outputs * chunks : 0, 0);
 
-  std::vector<Item> items, flash_items;  // flash_items: a flash piece's items, its chunks in order
+  // A flash piece's items (one per chunk of KV heads) sit side by side, piece by piece: one ATen call runs them all.
+  std::vector<int64_t> flash_slot(pieces.size(), -1);
+  int64_t n_flash = 0;
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (pieces[i].flash) flash_slot[i] = n_flash++;
+  std::vector<Item> items, flash_items(n_flash * chunks);
   int64_t ws_size = 0, item_members = 1;  // the most members of an item (the scratch's size)
   for (int64_t s = 0; s < segs; ++s) {
     const int64_t members = rp[s + 1] - rp[s], n = tk[s];
@@ -226,8 +231,11 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                                                                  (j - j0) * per_item * sh.group};
             }
           }
-          (pieces[i].flash ? flash_items : items)
-              .push_back({s, h, h + per_item, pieces[i].t0, pieces[i].t1, off, n, members, j0, j1});
+          const Item item{s, h, h + per_item, pieces[i].t0, pieces[i].t1, off, n, members, j0, j1};
+          if (pieces[i].flash)
+            flash_items[flash_slot[i] * chunks + h / per_item] = item;
+          else
+            items.push_back(item);
         }
       }
     }
@@ -246,13 +254,10 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
       std::fill(l + r * sh.heads, l + (r + 1) * sh.heads, kNegInf);
     }
   const float sc = static_cast<float>(scale);
-  // Flash pieces first: one ATen call each, every KV head at once, its results written as its items' would be
-  // (its items, made chunk by chunk above, put piece by piece).
-  std::stable_sort(flash_items.begin(), flash_items.end(),
-                   [](const Item& a, const Item& b) { return std::pair{a.seg, a.t0} < std::pair{b.seg, b.t0}; });
-  for (size_t i = 0; i < flash_items.size(); i += sh.kv_heads / per_item)
-    run_flash_piece(flash_items.data() + i, sh.kv_heads / per_item, q, k_cache, v_cache, sh, bl, bs, rp, dest, scale,
-                    o, l, w);
+  // Flash pieces first: one ATen call each, every KV head at once, its results written as its items' would be.
+  for (int64_t i = 0; i < n_flash; ++i)
+    run_flash_piece(flash_items.data() + i * chunks, chunks, q, k_cache, v_cache, sh, bl, bs, rp, dest, scale, o, l,
+                    w);
   const int64_t n_items = static_cast<int64_t>(items.size()), n_merges = static_cast<int64_t>(merges.size());
   // A small call runs on one thread: waking the others costs more than it saves (and on a loaded machine a
   // barrier can wait a whole time slice for a descheduled thread).
