@@ -290,7 +290,8 @@ def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
         from kvloop.engine.kernels.cpu import amx, linear_bf16w
 
         rows = linear_bf16w.dense_above_rows()
-        pairs = " (AVX512-BF16 pairs)" if linear_bf16w.native() else ""
+        pairs = (" (AMX tiles)" if linear_bf16w.tiles() else " (AVX512-BF16 pairs)" if linear_bf16w.native()
+                 else "")
         default = (f"bfloat16, bf16-weight kernel{pairs} for every step" if rows is None else
                    f"bfloat16, bf16-weight kernel{pairs} up to {rows} rows, oneDNN over dense weights above"
                    f"{' (AMX tiles)' if amx.available() else ''}")

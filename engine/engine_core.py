@@ -49,9 +49,9 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
     auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
     step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16), the
     kernel serves every step on a CPU without AMX: it beat oneDNN's bf16 GEMM at every row count measured
-    (model/linear.py). With AMX tiles (oneDNN's GEMM wins past a few rows), or built without bf16 pairs, the
-    kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense bf16 weights through oneDNN the
-    larger ones (the compiled step's second graph): two bf16 copies of the `linear_params` linear weights, kept
+    (model/linear.py). With AMX tiles (the kernel multiplies in them up to 64 rows, oneDNN's GEMM wins past that),
+    or built without bf16 pairs, the kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense
+    bf16 weights through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of the `linear_params` linear weights, kept
     only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model keeps
     one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
     if name != "auto":
@@ -71,7 +71,8 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
                 return "none"
             log.info("bf16 weights: steps of up to %d rows through the bf16-weight kernel, larger ones through "
                      "oneDNN's bf16 GEMM%s (--quantization none keeps oneDNN for every step)",
-                     linear_bf16w.dense_above_rows(), " in AMX tiles" if amx.available() else "")
+                     linear_bf16w.dense_above_rows(), " (both in AMX tiles)" if linear_bf16w.tiles() else
+                     " in AMX tiles" if amx.available() else "")
         else:
             log.info("weights in bf16, arithmetic in float32 (no native bf16 here; --quantization none keeps "
                      "dense float32 weights)")

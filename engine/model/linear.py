@@ -10,8 +10,9 @@
   torch's F.linear over dense bf16 weights 10.3, 19.4, 46 and 250-269, and even against oneDNN with its weights
   prepacked ahead (mkldnn._linear_pointwise, which the compiled step does not get) 5.3, 12.5, 35 and 243-247;
   whole decode steps at 16 rows of 2,000 tokens 55 against 77 ms. On a CPU with AMX tiles oneDNN's bf16 GEMM
-  multiplies in them and wins past a few rows (6.6x at 64 rows, 11x at 512: linear_bf16w.AMX_DENSE_ABOVE_ROWS),
-  and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
+  multiplies in them and beats the pairs past a few rows (6.6x at 64 rows, 11x at 512); the kernel then multiplies
+  in AMX tiles itself (kernels/cpu/csrc/linear_amx.h: 1.3x oneDNN at 8-16 rows, the weights read at about the
+  memory's pace) and oneDNN serves only the steps past linear_bf16w.TILES_DENSE_ABOVE_ROWS rows; and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
   decode-sized steps: in both cases the layer keeps a dense bf16 copy (twice the weights' memory) for the steps
   past linear_bf16w.dense_above_rows() rows, through oneDNN with the copy packed once and kept only in that
   packed form, `weight` then being a key for it (kernels/cpu/linear_onednn; a plain dense copy through F.linear

@@ -105,6 +105,8 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
         pytest.skip("the bf16-weight kernel is not built (with bf16 pairs)")
     monkeypatch.setattr(linear_bf16w, "native", lambda: pairs)
     monkeypatch.setattr(amx, "available", lambda: tiles)
+    # the pairs' bound under AMX: with the kernel's own tiles (bound 64) both would take the kernel's graph
+    monkeypatch.setattr(linear_bf16w, "tiles", lambda: False)
     # the schedule's decodes (1-6 rows) and chunks (24 tokens) fall on either side
     assert 6 <= linear_bf16w.AMX_DENSE_ABOVE_ROWS < 24 and 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24
     one_graph = pairs and not tiles  # the kernel serves every step: one graph, no dense copy

@@ -116,16 +116,36 @@ def test_meminfo_available_is_read_in_bytes():
 needs_pairs = pytest.mark.skipif("not linear_bf16w.native()", reason="the kernel was built without AVX512-BF16")
 
 
+@pytest.fixture(params=["pairs", "tiles"])
+def bf16_path(request) -> str:
+    """linear_bf16's routine for the test: the bf16 pairs, or AMX tiles where the kernel has them (csrc/linear_amx.h);
+    the process-wide setting is restored after."""
+    before = linear_bf16w.tiles()
+    want = request.param == "tiles"
+    if linear_bf16w.set_tiles(want) != want:
+        linear_bf16w.set_tiles(before)
+        pytest.skip("the kernel has no AMX tiles on this machine")
+    yield request.param
+    linear_bf16w.set_tiles(before)
+
+
 def bf16_output_slack(x: torch.Tensor, wb: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """Rounding the output to bf16 (half an ulp, 2^-8 relative) plus the fp32 sums, and a little for results near 0."""
     return 2.0**-8 * exact.abs() + 2 * fp32_error_bound(x.float(), wb.float(), None) + 1e-6
 
 
+def test_the_tiles_are_on_where_amx_is_available():
+    """Loading the kernel switches its tile path on where this process holds AMX's tile state (a build for a CPU with
+    AMX has the tiles); the tests that switch it restore it."""
+    assert linear_bf16w.tiles() == (linear_bf16w.native() and amx.available())
+
+
 @needs_pairs
-@pytest.mark.parametrize("m", [1, 7, 12, 13, 33])
-@pytest.mark.parametrize("n,k", [(37, 54), (100, 130), (16, 8), (70, 53)])  # 53: odd K takes the fp32 tiles
+# tiles: 16 rows a tile, 64 a pass over the weights, 32 k's a step (54, 130, 8: a partial last step)
+@pytest.mark.parametrize("m", [1, 7, 12, 13, 33, 64, 70])
+@pytest.mark.parametrize("n,k", [(37, 54), (100, 130), (16, 8), (70, 53), (40, 96)])  # 53: odd K, the fp32 tiles
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_bf16_activations_match_float64_within_bf16_rounding(m, n, k, with_bias):
+def test_bf16_activations_match_float64_within_bf16_rounding(bf16_path, m, n, k, with_bias):
     w, x32, bias = kernel_ref.linear_case(m, n, k, with_bias)
     x, wb = x32.to(torch.bfloat16), w.to(torch.bfloat16).double()
     y = linear_bf16w.linear_bf16(x, linear_bf16w.pack(w), n, bias)
@@ -135,8 +155,8 @@ def test_bf16_activations_match_float64_within_bf16_rounding(m, n, k, with_bias)
 
 
 @needs_pairs
-def test_bf16_activations_give_a_row_the_same_bits_in_any_batch():
-    w, x, bias = kernel_ref.linear_case(33, 70, 300, True, seed=1)
+def test_bf16_activations_give_a_row_the_same_bits_in_any_batch(bf16_path):
+    w, x, bias = kernel_ref.linear_case(70, 70, 300, True, seed=1)  # tiles: a partial tile, a second pass
     packed = linear_bf16w.pack(w)
     kernel_ref.assert_batch_invariant(lambda rows: linear_bf16w.linear_bf16(rows, packed, 70, bias),
                                       x.to(torch.bfloat16))
@@ -156,13 +176,15 @@ def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count(
 
 @needs_pairs
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_with_amx_a_bf16_layer_takes_the_pairs_up_to_their_row_bound_and_onednn_above(monkeypatch, with_bias):
-    """On a CPU with AMX tiles oneDNN's bf16 GEMM outruns the pairs past AMX_DENSE_ABOVE_ROWS rows: the layer keeps a
-    dense copy for it. Each branch gives its own routine's bits."""
+def test_with_amx_a_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_onednn_above(monkeypatch, bf16_path,
+                                                                                      with_bias):
+    """On a CPU with AMX tiles oneDNN's bf16 GEMM outruns the pairs past AMX_DENSE_ABOVE_ROWS rows, and the kernel's
+    own tiles past TILES_DENSE_ABOVE_ROWS: the layer keeps a dense copy for it. Each branch gives its own routine's
+    bits."""
     monkeypatch.setattr(amx, "available", lambda: True)
-    assert linear_bf16w.dense_above_rows() == linear_bf16w.AMX_DENSE_ABOVE_ROWS
+    bound = linear_bf16w.TILES_DENSE_ABOVE_ROWS if bf16_path == "tiles" else linear_bf16w.AMX_DENSE_ABOVE_ROWS
+    assert linear_bf16w.dense_above_rows() == bound
     n, k = 70, 130
-    bound = linear_bf16w.AMX_DENSE_ABOVE_ROWS
     w, x32, bias = kernel_ref.linear_case(3 * bound, n, k, with_bias)
     layer = Linear(w, bias, torch.bfloat16, torch.device("cpu"), "bf16")
     assert layer.weight.dtype == torch.bfloat16 and layer.packed is not None and layer.dense_above == bound

@@ -43,7 +43,7 @@ ATTENTION = "paged_decode"  # the attention kernel's source, csrc/paged_decode.c
 # its operators' fake (meta) implementations, the output shapes torch.compile traces through without data.
 ON_LOAD = {
     "paged_decode": "kvloop.engine.kernels.cpu.paged_decode:register_fakes",
-    "linear_bf16w": "kvloop.engine.kernels.cpu.linear_bf16w:register_fakes",
+    "linear_bf16w": "kvloop.engine.kernels.cpu.linear_bf16w:on_load",
     "linear_int8w": "kvloop.engine.kernels.cpu.linear_int8w:register_fakes",
     "linear_onednn": "kvloop.engine.kernels.cpu.linear_onednn:register_fakes",
 }

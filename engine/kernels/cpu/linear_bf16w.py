@@ -9,7 +9,9 @@ oneDNN's bf16 GEMM at every row count from 1 to 512 (model/linear.py has the num
 no dense copy of its weights. Built without AVX512-BF16 it widens x and runs `linear`'s fp32 tiles, faster
 than oneDNN only up to `DENSE_ABOVE_ROWS` rows (3.6 against 9.8 ms at 1 row; 1.1x oneDNN's time at 12 and 1.3x
 at 16); a bf16 model then keeps a dense copy for larger steps (model/linear.py, runner/compiled_step.py). So does
-one on a CPU with AMX tiles, where oneDNN's bf16 GEMM wins past AMX_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
+one on a CPU with AMX tiles, where oneDNN's bf16 GEMM beats the pairs past AMX_DENSE_ABOVE_ROWS rows; there the
+kernel multiplies in the tiles itself (`tiles`, csrc/linear_amx.h) and oneDNN takes only the steps past
+TILES_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
 
 The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
 one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original [N, K]
@@ -35,11 +37,37 @@ DENSE_ABOVE_ROWS = 12  # without bf16 pairs, a bf16 model's larger steps take to
 # against oneDNN's 269/255/268/271/281/434/1,475 (the head: 1.0/1.7/2.3/4.4 ms against 1.9/1.9/1.9/2.0 at
 # 1/6/8/16 rows); 1 thread crosses over between the same row counts.
 AMX_DENSE_ABOVE_ROWS = 6
+# The kernel's own AMX tile path (csrc/linear_amx.h) reads the weights at about the memory's pace up to 16 rows.
+# The four layer linears x 30, 2 threads, Intel Xeon with AMX, weights from memory: 8.2/8.6/8.6/11.0/10.3/12.9/15.0
+# ms at 1/8/16/24/32/48/64 rows against oneDNN's 10.5/11.2/11.5/13.2/13.3/13.4/14.9 (and the pairs' 7.6 at 1 row,
+# 18.9 at 8): oneDNN's GEMM serves only the steps past TILES_DENSE_ABOVE_ROWS rows (prefill chunks).
+TILES_DENSE_ABOVE_ROWS = 64
+_tiles = False  # set_tiles
 
 
 def available() -> bool:
     """Whether the built kernel is loaded (loads it on first call; never compiles)."""
     return build.load(KERNEL)
+
+
+def on_load() -> None:
+    """build.load's hook once the library is loaded: the operators' fakes, and the tile path switched on where this
+    process holds AMX's tile state (amx.available asks the OS for it)."""
+    register_fakes()
+    set_tiles(amx.available())
+
+
+def set_tiles(on: bool) -> bool:
+    """Whether linear_bf16 multiplies in AMX tiles (csrc/linear_amx.h); returns the setting, which stays off where
+    the kernel was built without them. Process-wide: the tests switch it to compare both paths."""
+    global _tiles
+    _tiles = bool(torch.ops.kvloop_cpu.linear_bf16w_set_tiles(on))
+    return _tiles
+
+
+def tiles() -> bool:
+    """Whether the loaded kernel multiplies bf16 activations in AMX tiles."""
+    return available() and _tiles
 
 
 def register_fakes() -> None:
@@ -66,7 +94,9 @@ def dense_above_rows() -> int | None:
     AMX_DENSE_ABOVE_ROWS rows to oneDNN's AMX tiles."""
     if not native():
         return DENSE_ABOVE_ROWS
-    return AMX_DENSE_ABOVE_ROWS if amx.available() else None
+    if not amx.available():
+        return None
+    return TILES_DENSE_ABOVE_ROWS if tiles() else AMX_DENSE_ABOVE_ROWS
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "linear_amx.h"
 #include "linear_dpbf16.h"
 #include "linear_tiles.h"
 
@@ -56,10 +57,24 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
   return kvloop::linear_tiles::linear<Bf16Weights>(x, packed, at::Tensor(), n, bias);
 }
 
+// Whether linear_bf16w_bf16 multiplies in AMX tiles: switched on by linear_bf16w.py once the process holds the
+// tile state (a build with the tiles on a CPU or OS that does not grant them would fault).
+bool use_tiles = false;
+
+bool linear_bf16w_set_tiles(bool on) {
+#ifdef KVLOOP_AMX
+  use_tiles = on;
+#else
+  (void)on;
+#endif
+  return use_tiles;
+}
+
 // x: [M, K] bf16 (a bf16 model's activations); packed as above; bias: [N] fp32 or None. Returns [M, N] bf16: the
-// fp32 result (plus bias) rounded to nearest even. With AVX512-BF16 (linear_dpbf16.h) two products per lane and
-// instruction; elsewhere, or for an odd K, the fp32 tiles over the widened x (the same values up to the order of
-// the fp32 sums).
+// fp32 result (plus bias) rounded to nearest even. With AMX tiles switched on (linear_amx.h) 16 rows x 16 columns
+// x 32 k's per instruction; else with AVX512-BF16 (linear_dpbf16.h) two products per lane and instruction;
+// elsewhere, or for an odd K, the fp32 tiles over the widened x (the same values up to the order of the fp32
+// sums).
 at::Tensor linear_bf16w_bf16(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                              const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be a 2-D bfloat16 tensor");
@@ -70,6 +85,15 @@ at::Tensor linear_bf16w_bf16(const at::Tensor& x, const at::Tensor& packed, int6
     const int64_t M = x.size(0), blocks = packed.size(0);
     const auto o = kvloop::linear_operands::prepare(x, packed, at::Tensor(), n, bias);
     if (o.done) return o.y.to(at::kBFloat16);  // no work: the bias per row (fp32), or zeros
+#ifdef KVLOOP_AMX
+    if (use_tiles) {
+      kvloop::linear_amx::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,
+                                 static_cast<const uint16_t*>(o.w.data_ptr()), blocks, n,
+                                 o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
+                                 reinterpret_cast<uint16_t*>(o.y.data_ptr()), SLOT_OF_COL);
+      return o.y;
+    }
+#endif
     kvloop::linear_dpbf16::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,
                                   static_cast<const uint16_t*>(o.w.data_ptr()), blocks, n,
                                   o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
@@ -96,6 +120,7 @@ TORCH_LIBRARY_FRAGMENT(kvloop_cpu, m) {
   m.def("linear_bf16w(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.def("linear_bf16w_bf16(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.def("linear_bf16w_native() -> bool", &linear_bf16w_native);
+  m.def("linear_bf16w_set_tiles(bool on) -> bool", &linear_bf16w_set_tiles);
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
