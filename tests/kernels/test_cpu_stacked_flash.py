@@ -6,18 +6,13 @@ kernel's (scattered blocks, short runs, nested groups, a prefix ending mid-block
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 from kernel_ref import load_attention_kernel, new_generator
+from stacked_cases import HD, HEADS, SCALE, Pool, group_parts, reference_rows, stacked_flash, stacked_tiles
 
-from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.cpu import amx, backend
 from kvloop.engine.kernels.cpu import paged_decode as pd
-
-BS, HEADS, KV_HEADS, HD = 16, 9, 3, 64
-SCALE = HD ** -0.5
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,63 +20,16 @@ def kernel() -> None:
     load_attention_kernel()
 
 
-@contextmanager
-def stacked_flash(on: bool):
-    before = torch.ops.kvloop_cpu.set_stacked_flash(on)
-    try:
+@pytest.fixture(scope="module", autouse=True)
+def no_stacked_tiles(kernel) -> None:
+    """Where the AMX tile routine serves stacked items flash never runs (test_cpu_stacked_tiles.py): off here."""
+    with stacked_tiles(False):
         yield
-    finally:
-        torch.ops.kvloop_cpu.set_stacked_flash(before)
-
-
-class Pool:
-    """A paged cache whose blocks are handed out in order (runs of adjacent ids) or scattered."""
-
-    def __init__(self, num_blocks: int, dtype: torch.dtype, gen: torch.Generator):
-        shape = (num_blocks, BS, KV_HEADS, HD)
-        self.k = torch.randn(shape, generator=gen).to(dtype)
-        self.v = torch.randn(shape, generator=gen).to(dtype)
-        self.free = list(range(1, num_blocks))
-        self.gen = gen
-
-    def adjacent(self, n: int) -> list[int]:
-        out, self.free = self.free[:n], self.free[n:]
-        return out
-
-    def scattered(self, n: int) -> list[int]:
-        picks = sorted(torch.randperm(len(self.free), generator=self.gen)[:n].tolist(), reverse=True)
-        out = [self.free.pop(i) for i in picks]
-        return out[::-1] if len(out) > 1 and out[0] + 1 == out[1] else out
-
-
-def reference_rows(q, pool: Pool, parts, rows: int) -> torch.Tensor:
-    """float64 attention of each row over the tokens of every segment naming it."""
-    out = []
-    for r in range(rows):
-        ks, vs = [], []
-        for members, blocks, n in parts:
-            if r in members:
-                ks.append(reference.gather(pool.k, torch.tensor(blocks), n))
-                vs.append(reference.gather(pool.v, torch.tensor(blocks), n))
-        out.append(reference.attention(q[r : r + 1], torch.cat(ks), torch.cat(vs), SCALE)[0])
-    return torch.stack(out)
 
 
 def decode(q, pool: Pool, parts, on: bool):
     with stacked_flash(on):
         return pd.decode(q, pool.k, pool.v, pd.pack_segments(parts), SCALE)
-
-
-def group_parts(pool: Pool, rows: int, layout: str) -> list:
-    """A document shared by rows 0-15 (1,000 tokens, ending mid-block) laid out as `layout`, a nested section
-    shared by rows 0-7 (1,100 tokens in one run), a group of 3 (too small for flash) and each row's own tokens."""
-    doc = {"adjacent": lambda: pool.adjacent(63),
-           "runs": lambda: pool.adjacent(35) + pool.scattered(3) + pool.adjacent(25),
-           "scattered": lambda: pool.scattered(63)}[layout]()
-    parts = [(list(range(16)), doc, 1000), (list(range(8)), pool.adjacent(69), 1100),
-             (list(range(16, 19)), pool.adjacent(63), 1000)]
-    parts += [([r], pool.scattered(3), 17 + r) for r in range(rows)]
-    return parts
 
 
 @pytest.mark.parametrize("layout", ["adjacent", "runs", "scattered"])
@@ -134,9 +82,6 @@ def test_a_member_with_no_other_part_gets_the_flash_result_directly():
 
 
 def test_the_cpu_backend_switches_it_on_where_onednn_has_amx_tiles():
-    before = torch.ops.kvloop_cpu.set_stacked_flash(False)
-    try:
+    with stacked_tiles(False), stacked_flash(False):
         backend.create("cpu")
-        assert torch.ops.kvloop_cpu.set_stacked_flash(before) == amx.available()
-    finally:
-        torch.ops.kvloop_cpu.set_stacked_flash(before)
+        assert torch.ops.kvloop_cpu.set_stacked_flash(False) == amx.available()

@@ -95,7 +95,9 @@ def create(device: torch.device | str) -> AttentionBackend:
     blocked = build.blocked_bf16()  # decided once, not per layer
     tiles = amx.available()
     prefill = CpuPrefill() if blocked and not tiles else None
-    # With AMX tiles, a large cascade group's shared prefix (bf16) goes through ATen's flash attention, whose
-    # oneDNN GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the measurements)
+    # With AMX tiles, a cascade group's shared prefix (bf16) goes through the kernel's tile routine (head_dim 64:
+    # csrc/tile_amx.h), or where that does not apply, a large one through ATen's flash attention, whose oneDNN
+    # GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the measurements)
+    torch.ops.kvloop_cpu.set_stacked_tiles(tiles)
     torch.ops.kvloop_cpu.set_stacked_flash(tiles)
     return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked)

@@ -25,11 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "simd512.h"
-
-#if defined(KVLOOP_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define KVLOOP_AMX 1
-#endif
+#include "amx_state.h"
 
 namespace kvloop::linear_amx {
 
@@ -38,14 +34,6 @@ constexpr int64_t kTileRows = 16;  // rows of x per tile
 constexpr int64_t kTileK = 32;     // k's per tile product (16 pairs)
 constexpr int64_t kMaxRowTiles = 4;  // rows per pass over the weights: 64; more rows take further passes
 constexpr int kCTiles = 6;         // accumulator tiles 0-5; x's tile is 6, the weights' 7
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // The permute from the packed 64 bytes of (k, k + 1) to the tile's pairs, undoing SLOT_OF_COL on the way.
 inline __m512i pair_order(const int* slot_of_col) {

@@ -57,16 +57,12 @@ at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& packed, int64_t n
   return kvloop::linear_tiles::linear<Bf16Weights>(x, packed, at::Tensor(), n, bias);
 }
 
-// Whether linear_bf16w_bf16 multiplies in AMX tiles: switched on by linear_bf16w.py once the process holds the
-// tile state (a build with the tiles on a CPU or OS that does not grant them would fault).
+// Whether linear_bf16w_bf16 multiplies in AMX tiles: switched on by linear_bf16w.py where oneDNN has AMX tiles;
+// stays off where the build has none or the OS does not grant this process their state. Returns the setting.
 bool use_tiles = false;
 
 bool linear_bf16w_set_tiles(bool on) {
-#ifdef KVLOOP_AMX
-  use_tiles = on;
-#else
-  (void)on;
-#endif
+  use_tiles = on && kvloop::amx_granted();
   return use_tiles;
 }
 

@@ -50,6 +50,7 @@
 
 #include "paged_work.h"
 #include "stacked_flash.h"
+#include "tile_amx.h"
 #include "tile_bf16.h"
 #include "tile_fp32.h"
 
@@ -151,7 +152,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // Each segment's tokens in pieces, each piece one partial result of every member: context splits (a causal
   // segment's whole context is one piece: its items are runs of rows instead, see below), and where stacked
   // flash applies, the long runs of adjacent blocks that go through it.
-  const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache);
+  // where the AMX tile routine serves stacked items it outruns flash at every group size measured (tile_amx.h)
+  const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache) && !stacked_tiles_apply(q, k_cache, sh,
+                                                                                                    split_tokens);
   std::vector<int64_t> piece_ptr{0};
   std::vector<Piece> pieces;
   int64_t base_items = 0;         // pieces the kernel's items compute
@@ -281,6 +284,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
         stacked = run_item_bf16<128, true>;
         item = causal ? stacked : run_item_bf16<128, false>;
       }
+#ifdef KVLOOP_AMX
+      if (!causal && stacked_tiles_apply(q, k_cache, sh, split_tokens)) stacked = run_item_amx;
+#endif
     }
 #endif
 #pragma omp parallel num_threads(threads)
@@ -468,6 +474,8 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def("unbind_decode_step() -> ()", &kvloop::unbind_decode_step);
   m.def("simd() -> str", &kvloop::simd);
   m.def("set_stacked_flash(bool on) -> bool", &kvloop::set_stacked_flash);
+  m.def("set_stacked_tiles(bool on) -> bool", &kvloop::set_stacked_tiles);
+  m.def("stacked_tiles() -> bool", [] { return kvloop::stacked_tiles_on.load(); });
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {

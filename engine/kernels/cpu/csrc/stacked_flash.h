@@ -9,7 +9,8 @@
 // of adjacent blocks is a flash piece, the rest the kernel's context splits. A flash piece's results go where
 // its items' would (end_item), so the merge pass treats them alike. Only bf16 queries over bf16 K/V (ATen's
 // kernel wants one dtype; the fp32 paths, the exact ones, never come here), and only where switched on
-// (set_stacked_flash: the CPU backend does where oneDNN has AMX tiles).
+// (set_stacked_flash: the CPU backend does where oneDNN has AMX tiles). Where the kernel's own AMX tile routine
+// serves stacked items (tile_amx.h: head_dim 64) it outruns flash at every group size measured, and no piece is cut.
 #pragma once
 
 #include <ATen/core/Tensor.h>
