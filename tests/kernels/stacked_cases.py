@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from kernel_ref import new_generator
 
 from kvloop.engine.kernels import reference
 
@@ -79,3 +80,25 @@ def group_parts(pool: Pool, rows: int, layout: str) -> list:
              (list(range(16, 19)), pool.adjacent(63), 1000)]
     parts += [([r], pool.scattered(3), 17 + r) for r in range(rows)]
     return parts
+
+
+def group_case(layout: str, rows: int = 20) -> tuple[int, Pool, list, torch.Tensor]:
+    """(seed, pool, parts, bf16 queries) of group_parts over a fresh bf16 pool."""
+    gen, seed = new_generator()
+    pool = Pool(400, torch.bfloat16, gen)
+    parts = group_parts(pool, rows, layout)
+    return seed, pool, parts, torch.randn(rows, HEADS, HD, generator=gen).to(torch.bfloat16)
+
+
+def held_to_bf16_error(out: torch.Tensor, ref: torch.Tensor, pool: Pool, seed: int) -> None:
+    """out within a few 2^-9 of |v| of the float64 reference: bf16 probabilities (or outputs) before the merge."""
+    bound = 2.0**-7 * pool.v.float().abs().max().item()
+    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+
+
+def fp32_cases(gen: torch.Generator) -> Iterator[tuple[Pool, list, torch.Tensor]]:
+    """group_parts with fp32 K/V and queries, then bf16 K/V and fp32 queries: where no bf16-only routine applies."""
+    for kv_dtype, q_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
+        pool = Pool(400, kv_dtype, gen)
+        parts = group_parts(pool, 20, "adjacent")
+        yield pool, parts, torch.randn(20, HEADS, HD, generator=gen).to(q_dtype)

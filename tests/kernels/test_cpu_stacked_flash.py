@@ -9,7 +9,18 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_ref import load_attention_kernel, new_generator
-from stacked_cases import HD, HEADS, SCALE, Pool, group_parts, reference_rows, stacked_flash, stacked_tiles
+from stacked_cases import (
+    HD,
+    HEADS,
+    SCALE,
+    Pool,
+    fp32_cases,
+    group_case,
+    held_to_bf16_error,
+    reference_rows,
+    stacked_flash,
+    stacked_tiles,
+)
 
 from kvloop.engine.kernels.cpu import amx, backend
 from kvloop.engine.kernels.cpu import paged_decode as pd
@@ -34,16 +45,10 @@ def decode(q, pool: Pool, parts, on: bool):
 
 @pytest.mark.parametrize("layout", ["adjacent", "runs", "scattered"])
 def test_flash_pieces_merged_with_the_kernels_equal_full_attention(layout):
-    gen, seed = new_generator()
-    pool = Pool(400, torch.bfloat16, gen)
-    rows = 20
-    parts = group_parts(pool, rows, layout)
-    q = torch.randn(rows, HEADS, HD, generator=gen).to(torch.bfloat16)
+    seed, pool, parts, q = group_case(layout)
     out, lse = decode(q, pool, parts, True)
     kernel_out, kernel_lse = decode(q, pool, parts, False)
-    ref = reference_rows(q, pool, parts, rows)
-    bound = 2.0**-7 * pool.v.float().abs().max().item()  # bf16 probabilities and outputs: a few 2^-9 of |v|
-    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+    held_to_bf16_error(out, reference_rows(q, pool, parts, q.shape[0]), pool, seed)
     torch.testing.assert_close(lse, kernel_lse, atol=1e-4, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
     if layout == "scattered":  # no run long enough: no flash piece, the kernel's own results
         assert torch.equal(out, kernel_out)
@@ -54,10 +59,7 @@ def test_flash_pieces_merged_with_the_kernels_equal_full_attention(layout):
 
 def test_where_flash_does_not_apply_the_results_are_the_kernels_bit_for_bit():
     gen, _ = new_generator()
-    for kv_dtype, q_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
-        pool = Pool(400, kv_dtype, gen)
-        parts = group_parts(pool, 20, "adjacent")
-        q = torch.randn(20, HEADS, HD, generator=gen).to(q_dtype)
+    for pool, parts, q in fp32_cases(gen):
         on, off = decode(q, pool, parts, True), decode(q, pool, parts, False)
         assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
     pool = Pool(200, torch.bfloat16, gen)  # 3 members: below kFlashMinMembers however long
@@ -74,9 +76,7 @@ def test_a_member_with_no_other_part_gets_the_flash_result_directly():
     parts = [(list(range(16)), pool.adjacent(40), 630)]  # 16 x 630 (token, member) pairs: a flash piece
     q = torch.randn(16, HEADS, HD, generator=gen).to(torch.bfloat16)
     out, lse = decode(q, pool, parts, True)
-    ref = reference_rows(q, pool, parts, 16)
-    bound = 2.0**-7 * pool.v.float().abs().max().item()
-    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+    held_to_bf16_error(out, reference_rows(q, pool, parts, 16), pool, seed)
     assert torch.isfinite(lse).all()
     assert not torch.equal(out, decode(q, pool, parts, False)[0])  # the flash piece ran
 

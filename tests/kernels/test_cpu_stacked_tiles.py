@@ -10,7 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_ref import load_attention_kernel, new_generator
-from stacked_cases import HD, HEADS, SCALE, Pool, group_parts, reference_rows, stacked_flash, stacked_tiles
+from stacked_cases import (
+    HD,
+    HEADS,
+    SCALE,
+    Pool,
+    fp32_cases,
+    group_case,
+    group_parts,
+    held_to_bf16_error,
+    reference_rows,
+    stacked_flash,
+    stacked_tiles,
+)
 
 from kvloop.engine.kernels.cpu import amx, backend
 from kvloop.engine.kernels.cpu import paged_decode as pd
@@ -31,21 +43,12 @@ def decode(q, pool: Pool, parts, on: bool, split: int = pd.SPLIT_TOKENS):
         return pd.decode(q, pool.k, pool.v, pd.pack_segments(parts), SCALE, split)
 
 
-def held_to_bf16_error(out: torch.Tensor, ref: torch.Tensor, pool: Pool, seed: int) -> None:
-    bound = 2.0**-7 * pool.v.float().abs().max().item()  # bf16 probabilities: a few 2^-9 of |v|
-    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
-
-
 @pytest.mark.parametrize("layout", ["adjacent", "runs", "scattered"])
 def test_stacked_items_through_the_tiles_equal_full_attention(layout):
-    gen, seed = new_generator()
-    pool = Pool(400, torch.bfloat16, gen)
-    rows = 20
-    parts = group_parts(pool, rows, layout)
-    q = torch.randn(rows, HEADS, HD, generator=gen).to(torch.bfloat16)
+    seed, pool, parts, q = group_case(layout)
     out, lse = decode(q, pool, parts, True)
     pairs_out, pairs_lse = decode(q, pool, parts, False)
-    held_to_bf16_error(out, reference_rows(q, pool, parts, rows), pool, seed)
+    held_to_bf16_error(out, reference_rows(q, pool, parts, q.shape[0]), pool, seed)
     torch.testing.assert_close(lse, pairs_lse, atol=1e-4, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
     assert not torch.equal(out[:19], pairs_out[:19])  # the groups took the tiles
 
@@ -84,10 +87,7 @@ def test_one_kv_head_an_item_gives_the_same_results():
 
 def test_where_the_tiles_do_not_apply_the_results_are_the_other_routines_bit_for_bit():
     gen, _ = new_generator()
-    for kv_dtype, q_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
-        pool = Pool(400, kv_dtype, gen)
-        parts = group_parts(pool, 20, "adjacent")
-        q = torch.randn(20, HEADS, HD, generator=gen).to(q_dtype)
+    for pool, parts, q in fp32_cases(gen):
         on, off = decode(q, pool, parts, True), decode(q, pool, parts, False)
         assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
     pool = Pool(400, torch.bfloat16, gen)  # splits of 500 tokens: a tile would cross a block

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "amx_state.h"
+#include "linear_dpbf16.h"  // pair_order: the permute from the packed (k, k + 1) to pair order, the tile's too
 
 namespace kvloop::linear_amx {
 
@@ -34,16 +35,6 @@ constexpr int64_t kTileRows = 16;  // rows of x per tile
 constexpr int64_t kTileK = 32;     // k's per tile product (16 pairs)
 constexpr int64_t kMaxRowTiles = 4;  // rows per pass over the weights: 64; more rows take further passes
 constexpr int kCTiles = 6;         // accumulator tiles 0-5; x's tile is 6, the weights' 7
-
-// The permute from the packed 64 bytes of (k, k + 1) to the tile's pairs, undoing SLOT_OF_COL on the way.
-inline __m512i pair_order(const int* slot_of_col) {
-  alignas(64) int16_t idx[32];
-  for (int c = 0; c < 16; ++c) {
-    idx[2 * c] = static_cast<int16_t>(slot_of_col[c]);
-    idx[2 * c + 1] = static_cast<int16_t>(16 + slot_of_col[c]);
-  }
-  return _mm512_load_si512(idx);
-}
 
 // Block wb's k's [k0, k0 + 32) as a tile of 16 pairs x 16 columns; pairs at or past K (a last partial step) are 0.
 inline void weight_tile(const uint16_t* wb, int64_t k0, int64_t K, __m512i order, uint32_t* buf) {
@@ -146,7 +137,7 @@ inline void run_blocks(const uint16_t* x, int64_t ldx, int64_t kx, int64_t rows,
 // The process must hold the tile state (torch.cpu._init_amx(), kernels/cpu/amx.py).
 inline void linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t blocks, int64_t n,
                    const float* bias, uint16_t* y, const int* slot_of_col) {
-  const __m512i order = pair_order(slot_of_col);
+  const __m512i order = linear_dpbf16::pair_order(slot_of_col);
   const int64_t kx = (K + kTileK - 1) / kTileK * kTileK;
   // a lone tile of up to 16 rows loads x as it is (its tile has that many rows) where K fills whole steps
   at::Tensor padded;

@@ -81,19 +81,13 @@ at::Tensor linear_bf16w_bf16(const at::Tensor& x, const at::Tensor& packed, int6
     const int64_t M = x.size(0), blocks = packed.size(0);
     const auto o = kvloop::linear_operands::prepare(x, packed, at::Tensor(), n, bias);
     if (o.done) return o.y.to(at::kBFloat16);  // no work: the bias per row (fp32), or zeros
+    auto run = kvloop::linear_dpbf16::linear;
 #ifdef KVLOOP_AMX
-    if (use_tiles) {
-      kvloop::linear_amx::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,
-                                 static_cast<const uint16_t*>(o.w.data_ptr()), blocks, n,
-                                 o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
-                                 reinterpret_cast<uint16_t*>(o.y.data_ptr()), SLOT_OF_COL);
-      return o.y;
-    }
+    if (use_tiles) run = kvloop::linear_amx::linear;
 #endif
-    kvloop::linear_dpbf16::linear(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K,
-                                  static_cast<const uint16_t*>(o.w.data_ptr()), blocks, n,
-                                  o.bias.defined() ? o.bias.data_ptr<float>() : nullptr,
-                                  reinterpret_cast<uint16_t*>(o.y.data_ptr()), SLOT_OF_COL);
+    run(reinterpret_cast<const uint16_t*>(o.x.data_ptr()), M, K, static_cast<const uint16_t*>(o.w.data_ptr()), blocks,
+        n, o.bias.defined() ? o.bias.data_ptr<float>() : nullptr, reinterpret_cast<uint16_t*>(o.y.data_ptr()),
+        SLOT_OF_COL);
     return o.y;
   }
 #endif
