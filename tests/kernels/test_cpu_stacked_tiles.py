@@ -67,16 +67,18 @@ def test_groups_of_every_size_with_and_without_their_own_tokens(members, tokens)
 
 
 def test_one_kv_head_an_item_gives_the_same_results():
-    """A lone group spreads over the threads by KV head (one head an item) where it has too few splits: the tiles'
-    lanes and the merge come out the same as with every head in one item."""
+    """A lone group spreads over the threads by KV head (one head an item) where it has too few splits for them: the
+    tiles' lanes and the merge come out the same as with every head in one item."""
     gen, seed = new_generator()
     pool = Pool(200, torch.bfloat16, gen)
-    parts = [(list(range(8)), pool.adjacent(40), 630)]
+    parts = [(list(range(8)), pool.adjacent(125), 2000)]
     q = torch.randn(8, HEADS, HD, generator=gen).to(torch.bfloat16)
     threads = torch.get_num_threads()
     try:
         outs = []
-        for n in (1, 4):  # 1 thread: every head an item; 4 threads with 2 splits: one head an item
+        # 4 splits of 512: with 1 thread (at least 4 items a thread) every KV head in one item, with 4 threads
+        # (fewer than 4 items a thread) one head an item (paged_decode.cpp, per_item)
+        for n in (1, 4):
             torch.set_num_threads(n)
             outs.append(decode(q, pool, parts, True)[0])
     finally:

@@ -42,7 +42,6 @@ AMX_DENSE_ABOVE_ROWS = 6
 # ms at 1/8/16/24/32/48/64 rows against oneDNN's 10.5/11.2/11.5/13.2/13.3/13.4/14.9 (and the pairs' 7.6 at 1 row,
 # 18.9 at 8): oneDNN's GEMM serves only the steps past TILES_DENSE_ABOVE_ROWS rows (prefill chunks).
 TILES_DENSE_ABOVE_ROWS = 64
-_tiles = False  # set_tiles
 
 
 def available() -> bool:
@@ -60,14 +59,12 @@ def on_load() -> None:
 def set_tiles(on: bool) -> bool:
     """Whether linear_bf16 multiplies in AMX tiles (csrc/linear_amx.h); returns the setting, which stays off where
     the kernel was built without them. Process-wide: the tests switch it to compare both paths."""
-    global _tiles
-    _tiles = bool(torch.ops.kvloop_cpu.linear_bf16w_set_tiles(on))
-    return _tiles
+    return bool(torch.ops.kvloop_cpu.linear_bf16w_set_tiles(on))
 
 
 def tiles() -> bool:
-    """Whether the loaded kernel multiplies bf16 activations in AMX tiles."""
-    return available() and _tiles
+    """Whether the loaded kernel multiplies bf16 activations in AMX tiles (the operator's own setting)."""
+    return available() and bool(torch.ops.kvloop_cpu.linear_bf16w_tiles())
 
 
 def register_fakes() -> None:

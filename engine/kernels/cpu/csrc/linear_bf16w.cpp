@@ -111,6 +111,7 @@ TORCH_LIBRARY_FRAGMENT(kvloop_cpu, m) {
   m.def("linear_bf16w_bf16(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
   m.def("linear_bf16w_native() -> bool", &linear_bf16w_native);
   m.def("linear_bf16w_set_tiles(bool on) -> bool", &linear_bf16w_set_tiles);
+  m.def("linear_bf16w_tiles() -> bool", [] { return use_tiles; });
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {

@@ -153,8 +153,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // segment's whole context is one piece: its items are runs of rows instead, see below), and where stacked
   // flash applies, the long runs of adjacent blocks that go through it.
   // where the AMX tile routine serves stacked items it outruns flash at every group size measured (tile_amx.h)
-  const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache) && !stacked_tiles_apply(q, k_cache, sh,
-                                                                                                    split_tokens);
+  const bool tiles = !causal && stacked_tiles_apply(q, k_cache, sh, split_tokens);
+  const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache) && !tiles;
   std::vector<int64_t> piece_ptr{0};
   std::vector<Piece> pieces;
   int64_t base_items = 0;         // pieces the kernel's items compute
@@ -285,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
         item = causal ? stacked : run_item_bf16<128, false>;
       }
 #ifdef KVLOOP_AMX
-      if (!causal && stacked_tiles_apply(q, k_cache, sh, split_tokens)) stacked = run_item_amx;
+      if (tiles) stacked = run_item_amx;
 #endif
     }
 #endif

@@ -49,8 +49,6 @@ inline bool stacked_tiles_apply(const at::Tensor& q, const at::Tensor& k_cache, 
 }
 
 #ifdef KVLOOP_AMX
-constexpr int64_t kAmxHeadDim = kStackedTilesHeadDim;
-
 inline void load_attention_tiles() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
@@ -65,7 +63,7 @@ inline void query_tile(const float* q, const int64_t* ms, int64_t count, int64_t
     for (int64_t c = 0; c < 16; ++c) {
       uint32_t word = 0;
       if (c < count) {
-        const float* qc = q + ms[c] * kAmxHeadDim + 32 * half + 2 * r;
+        const float* qc = q + ms[c] * kStackedTilesHeadDim + 32 * half + 2 * r;
         word = static_cast<uint32_t>(c10::BFloat16(qc[0]).x) | (static_cast<uint32_t>(c10::BFloat16(qc[1]).x) << 16);
       }
       qt[r * 16 + c] = word;
@@ -77,7 +75,7 @@ inline void run_item_amx(const Item& it, const at::Tensor& q, const c10::BFloat1
                          const Shape& sh, const int64_t* blocks, const int64_t* block_start, const int64_t* rows_ptr,
                          const Dest& dst, float scale, float* out, float* lse, float* ws, Scratch& sc) {
   using KV = c10::BFloat16;
-  constexpr int64_t HD = kAmxHeadDim;
+  constexpr int64_t HD = kStackedTilesHeadDim;
   const int64_t g = sh.group, nh = it.h1 - it.h0, members = it.j1 - it.j0;
   const int64_t m_count = begin_item(it, q, sh, rows_ptr, dst, 1.f, sc);  // unscaled: bf16 values, exact
   const int64_t count = members * g, nblk = (count + 15) / 16, states = nh * nblk;
