@@ -25,6 +25,9 @@ points), and the margin fitted on the same decodes. It then checks the model's d
 its own 112 tokens after the shared ones. Where the kernel is built with its blocked bf16 routine (AVX512-BF16), the
 cpu backend prices bf16 K/V under its own cost name, "cpu/avx512bf16": only bf16 is measured, into
 cascade_calibration_cpu_avx512bf16.json, for the _CPU_BF16_BLOCKED entry (fp32 K/V run the other routine there).
+Where the CPU also has AMX tiles, a group's stacked rows take the tile routine, under the cost name "cpu/amx":
+bf16 only, with bf16 queries (the tile routine's, and the engine's model's there), into
+cascade_calibration_cpu_amx.json, for the _CPU_BF16_AMX entry.
 
 Prints the entries to paste into cascade_cost.py, the fit's worst relative error and the break-even shared
 length per group size, and writes them as JSON with top-level goals.
@@ -47,7 +50,7 @@ import torch
 
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.kernels import torch_decode
-from kvloop.engine.kernels.cascade_cost import AttentionCost
+from kvloop.engine.kernels.cascade_cost import AMX_TILES, AttentionCost
 
 BLOCK, N_KV, HEADS, HD = 16, 3, 9, 64  # the embedded model's attention shape
 
@@ -172,22 +175,31 @@ MARGIN = [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]
 MARGIN_QUICK = [(2, 272), (8, 96)]
 CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade_cost.py
 BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
+AMX_NAMES = {"bfloat16": "_CPU_BF16_AMX"}  # ... with the AMX tile routine for stacked rows ("cpu/amx")
 
 
 def entry_names(cost_name: str) -> dict[str, str]:
     """KV dtype -> the cascade_cost.py entry a cpu calibration under this cost name measures: with the blocked bf16
     routine built, bf16 K/V take it (its own entry); other dtypes run the routine measured on CPUs without it."""
-    return CPU_NAMES if cost_name == "cpu" else BLOCKED_NAMES
+    return {"cpu": CPU_NAMES, f"cpu/{AMX_TILES}": AMX_NAMES}.get(cost_name, BLOCKED_NAMES)
+
+
+def query_dtype(cost_name: str, kv_dtype: torch.dtype) -> torch.dtype:
+    """The queries' dtype in the measurements: fp32 (the CPU model's), except under "cpu/amx", where the engine's
+    model computes in bf16 (--dtype auto on a CPU with native bf16) and the tile routine takes only bf16 queries
+    over bf16 K/V: fp32 queries there would time the other routines."""
+    return kv_dtype if cost_name == f"cpu/{AMX_TILES}" else torch.float32
 
 
 def cpu_cost_name() -> str:
-    """The cost name the cpu backend prices its decodes under on this CPU (its CpuBackend.cost_name)."""
+    """The cost name the cpu backend prices the measured shape's decodes under on this CPU (CpuBackend.cost_name,
+    bf16 queries: on a CPU with AMX tiles, the tile routine's name; query_dtype then keeps the queries bf16)."""
     from kvloop.engine.kernels.backend import get_backend
     from kvloop.engine.kernels.cpu import build
 
     if not build.load():
         raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
-    return get_backend("cpu", "cpu").cost_name
+    return get_backend("cpu", "cpu").cost_name(HD, torch.bfloat16)
 
 
 def best_of_each(fns: list, reps: int) -> list[float]:
@@ -210,13 +222,15 @@ def paged_cache(dtype: torch.dtype, blocks: int) -> tuple[torch.Tensor, torch.Te
     return k, torch.randn_like(k)
 
 
-def measure_cpu(dtype: torch.dtype, rows_grid: list[int], tokens_grid: list[int], reps: int) -> tuple[list, list]:
+def measure_cpu(dtype: torch.dtype, rows_grid: list[int], tokens_grid: list[int], reps: int,
+                q_dtype: torch.dtype = torch.float32) -> tuple[list, list]:
     """(M, S, us) of the kernel's stacked call (one segment of M rows) and of its plain call (M one-row
-    segments), over the same S tokens of the paged cache (block 0 unused, as in the engine)."""
+    segments), over the same S tokens of the paged cache (block 0 unused, as in the engine); queries in
+    q_dtype (query_dtype)."""
     from kvloop.engine.kernels.cpu.paged_decode import attend, pack_segments
 
     k, v = paged_cache(dtype, max(tokens_grid) // BLOCK + 2)
-    q = torch.randn(max(rows_grid), HEADS, HD)  # the model's dtype on the CPU (fp32), whatever the KV's
+    q = torch.randn(max(rows_grid), HEADS, HD).to(q_dtype)
     grid = [(m, s) for m in rows_grid for s in tokens_grid]
     calls = []
     for m, s in grid:
@@ -273,9 +287,11 @@ def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, fl
     return cost, round(fixed, 3), max(errors)
 
 
-def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int) -> list[tuple[int, int, float, float]]:
+def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int,
+                    q_dtype: torch.dtype = torch.float32) -> list[tuple[int, int, float, float]]:
     """Per (members, shared tokens): (members, shared, plain_us, cascade_us), the kernel's whole decode of those
-    rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one group."""
+    rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one group;
+    queries in q_dtype."""
     from kvloop.engine.kernels.attention_meta import AttentionMetadata
     from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
     from kvloop.engine.runner.cascade_plan import build_plan
@@ -288,7 +304,7 @@ def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int
                   for r in range(members)]
         lens = [shared + OWN_TOKENS] * members
         k, v = paged_cache(dtype, 1 + doc + members * own)
-        q = torch.randn(members, HEADS, HD)
+        q = torch.randn(members, HEADS, HD).to(q_dtype)
         plan = build_plan(tables, lens, BLOCK, lambda m, t: True)
         assert plan is not None and [(len(g.rows), g.num_tokens) for g in plan.groups] == [(members, shared)]
         for cascade in (None, plan):
@@ -401,17 +417,19 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
         name = str(dtype).removeprefix("torch.")
         if name not in names:
             continue
-        stacked, plain = measure_cpu(dtype, rows_grid, tokens_grid, reps)
+        q_dtype = query_dtype(result["cost_name"], dtype)
+        stacked, plain = measure_cpu(dtype, rows_grid, tokens_grid, reps, q_dtype)
         segments, fixed_us, worst = fit_cpu(stacked, plain, merges)
-        decodes = measure_decodes(dtype, margin_points, reps)
+        decodes = measure_decodes(dtype, margin_points, reps, q_dtype)
         cost, decode_worst = fit_on_decodes(segments, decodes)
         cost = replace(cost, min_gain=fit_margin(cost, decodes))
-        checks = held_out(cost, measure_decodes(dtype, points, reps))
+        checks = held_out(cost, measure_decodes(dtype, points, reps, q_dtype))
         evens = {m: break_even(cost, m) for m in (2, 4, 8, 16, 32)}
         wrong = [c for c in checks if not c["agrees"] and not c["tie"]]  # either way
         missed = [c for c in wrong if not c["model_cascades"]]
         result["dtypes"][name] = {
-            "cost": cost.__dict__, "call_fixed_us": fixed_us, "fit_worst_relative_error": round(worst, 3),
+            "cost": cost.__dict__, "query_dtype": str(q_dtype).removeprefix("torch."), "call_fixed_us": fixed_us,
+            "fit_worst_relative_error": round(worst, 3),
             "segment_fit_cost": segments.__dict__, "decode_fit_worst_gain_error": round(decode_worst, 3),
             "fit_decodes": [{"members": m, "shared_tokens": sh, "plain_us": round(p, 1), "cascade_us": round(c, 1)}
                             for m, sh, p, c in decodes],
@@ -472,7 +490,7 @@ def main() -> None:
                    help="the decode path to measure: the torch path or the C++ CPU kernel")
     p.add_argument("--quick", action="store_true", help="a tiny grid (smoke run)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu[_avx512bf16]].json "
+    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu[_avx512bf16|_amx]].json "
                                                "(the cpu backend's cost name on this CPU)")
     args = p.parse_args()
     cost_name = cpu_cost_name() if args.backend == "cpu" else "torch"

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(engine.dtype).removeprefix("torch.")
     kv_dtype = str(engine.kv_dtype).removeprefix("torch.")  # the profile prices decode attention with it
     # ... on this decode path's cost entry: the C++ kernel where built, its blocked bf16 routine's where that is
-    backend = engine.model.attention.cost_name
+    backend = engine.runner.attention_cost_name
     # the bytes a step streams are the weights' storage, not the arithmetic's: on CPUs without native bf16
     # the default is bf16 weights with float32 arithmetic (2 bytes, where dtype says float32)
     weights = resolve_quantization(cfg.quantization, cfg.dtype, cfg.device)

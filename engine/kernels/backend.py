@@ -41,10 +41,10 @@ class AttentionBackend(ABC):
 
     name: str = ""
 
-    @property
-    def cost_name(self) -> str:
-        """The name its decode trade-off is measured under (kernels/cascade_cost.py): the backend's, or a variant of
-        it where its kernel takes another code path on this CPU."""
+    def cost_name(self, head_dim: int, query_dtype: torch.dtype) -> str:
+        """The name its decode trade-off is measured under (kernels/cascade_cost.py) for a model of this head_dim
+        computing in query_dtype: the backend's, or a variant of it where its kernel takes another code path on
+        this CPU."""
         return self.name
 
     @abstractmethod

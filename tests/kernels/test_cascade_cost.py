@@ -14,11 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16, COSTS, STAND_INS, AttentionCost, cost_for
+from kvloop.engine.kernels.cascade_cost import (
+    AMX_TILES,
+    BLOCKED_BF16,
+    COSTS,
+    STAND_INS,
+    AttentionCost,
+    cost_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-# the CPU kernel's calibrations: its one-query routine (AVX2 machines), its blocked bf16 routine (AVX512-BF16)
-CPU_RESULTS = [ROOT / "bench" / "results" / f"cascade_calibration_{stem}.json" for stem in ("cpu", f"cpu_{BLOCKED_BF16}")]
+# the CPU kernel's calibrations: its one-query routine (AVX2 machines), its blocked bf16 routine (AVX512-BF16), the
+# latter with AMX tiles for stacked rows
+VARIANTS = (BLOCKED_BF16, AMX_TILES)
+CPU_RESULTS = [ROOT / "bench" / "results" / f"cascade_calibration_{stem}.json"
+               for stem in ("cpu", *(f"cpu_{v}" for v in VARIANTS))]
 ENTRIES = [(backend, dtype) for backend, by_dtype in COSTS.items() for dtype in by_dtype]
 
 
@@ -45,21 +55,23 @@ def test_each_backend_gets_its_own_entry_or_a_named_stand_in():
         cost_for("bfloat16", "decode-only")
 
 
-def test_a_kernel_variant_prices_its_own_dtypes_and_its_backends_others():
-    """The blocked bf16 routine reads bf16 K/V only: its cost name gets its own bf16 entry, and the cpu backend's
-    entries for the dtypes it leaves to the other routine. A variant nobody measured is an error."""
-    blocked = f"cpu/{BLOCKED_BF16}"
-    assert cost_for("bfloat16", blocked) is COSTS[blocked]["bfloat16"] is not COSTS["cpu"]["bfloat16"]
-    assert cost_for("torch.bfloat16", blocked) is COSTS[blocked]["bfloat16"]
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_kernel_variant_prices_its_own_dtypes_and_its_backends_others(variant: str):
+    """The blocked bf16 routine (and the tile routine beside it) reads bf16 K/V only: its cost name gets its own bf16
+    entry, and the cpu backend's entries for the dtypes it leaves to the other routine. A variant nobody measured is
+    an error."""
+    name = f"cpu/{variant}"
+    assert cost_for("bfloat16", name) is COSTS[name]["bfloat16"] is not COSTS["cpu"]["bfloat16"]
+    assert cost_for("torch.bfloat16", name) is COSTS[name]["bfloat16"]
     for dtype in ("float16", "float32"):
-        assert cost_for(dtype, blocked) is COSTS["cpu"][dtype]
+        assert cost_for(dtype, name) is COSTS["cpu"][dtype]
     with pytest.raises(ValueError, match="no attention cost model for backend 'cpu/avx9'"):
         cost_for("bfloat16", "cpu/avx9")
 
 
 def test_cpu_kernel_cascades_sixteen_sharers_of_a_document():
     for dtype in ("bfloat16", "float32"):
-        for name in ("cpu", f"cpu/{BLOCKED_BF16}"):
+        for name in ("cpu", *(f"cpu/{v}" for v in VARIANTS)):
             assert cost_for(dtype, name).worth(16, 1888), (name, dtype)
 
 
@@ -102,8 +114,11 @@ def test_every_entry_is_consistent_with_itself(backend: str, dtype: str):
         assert cost.group_gain_us(members, 2048) > cost.group_gain_us(members, 1024)
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
-def test_runner_prices_with_the_backend_its_model_runs(backend: str):
+@pytest.mark.parametrize(("backend", "head_dim", "dtype"), [("torch", 16, torch.float32), ("cpu", 16, torch.float32),
+                                                           ("cpu", 64, torch.bfloat16)])
+def test_runner_prices_with_the_backend_its_model_runs(backend: str, head_dim: int, dtype: torch.dtype):
+    """The runner prices with the entry of the path its model's decodes take: on the cpu backend that depends on
+    the model's head_dim and dtype too (the AMX tile routine takes bf16 queries of head_dim 64 only)."""
     from kvloop.engine.kernels.backend import available_backends
     from kvloop.engine.model.config import ModelConfig
     from kvloop.engine.model.llama import LlamaModel
@@ -113,15 +128,17 @@ def test_runner_prices_with_the_backend_its_model_runs(backend: str):
     if backend not in available_backends("cpu"):
         pytest.skip(f"the {backend} backend cannot run here")
     cfg = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
-                      num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=64)
-    model = LlamaModel(cfg, random_weights(cfg, seed=0), torch.float32, attention_backend=backend)
+                      num_kv_heads=2, head_dim=head_dim, rope_theta=10000.0, max_position=64)
+    model = LlamaModel(cfg, random_weights(cfg, seed=0), dtype, attention_backend=backend)
     runner = ModelRunner(model, num_blocks=4, block_size=16, kv_dtype=torch.bfloat16)
     name = backend
     if backend == "cpu":
-        from kvloop.engine.kernels.cpu import build
+        from kvloop.engine.kernels.cpu import amx, build
 
-        name = f"cpu/{BLOCKED_BF16}" if build.blocked_bf16() else "cpu"  # bf16 K/V take the blocked routine there
-    assert model.attention.cost_name == name
+        tiles = amx.available() and head_dim == 64 and dtype == torch.bfloat16
+        # bf16 K/V take the blocked routine where built, a group's stacked rows the tile routine where it applies
+        name = "cpu" if not build.blocked_bf16() else f"cpu/{AMX_TILES if tiles else BLOCKED_BF16}"
+    assert runner.attention_cost_name == name
     assert runner.attention_cost is COSTS[name]["bfloat16"]
 
 

@@ -112,10 +112,13 @@ def test_the_cpu_backend_extends_like_the_torch_backend():
 @pytest.mark.parametrize("amx_tiles", [False, True])
 def test_the_cpu_backend_prefills_through_sdpa_where_the_cpu_has_amx(monkeypatch, amx_tiles):
     """With AMX tiles torch's bf16 SDPA outruns the kernel's causal segments, so the backend keeps no kernel prefill
-    there; its bf16 K/V decode keeps the blocked routine's cost entry either way."""
+    there. Its bf16 K/V decode is priced as the blocked routine's, or with AMX tiles, for bf16 queries of the tile
+    routine's head_dim, as the blocked routine's plain rows with the tiles' stacked ones."""
     from kvloop.engine.kernels.cpu import amx, build
 
     monkeypatch.setattr(amx, "available", lambda: amx_tiles)
     cpu = backend.create("cpu")
     assert (cpu._prefill is not None) == (build.blocked_bf16() and not amx_tiles)
-    assert cpu.cost_name == ("cpu/avx512bf16" if build.blocked_bf16() else "cpu")
+    blocked = "cpu/avx512bf16" if build.blocked_bf16() else "cpu"
+    assert cpu.cost_name(64, torch.float32) == cpu.cost_name(128, torch.bfloat16) == blocked
+    assert cpu.cost_name(64, torch.bfloat16) == ("cpu/amx" if amx_tiles and build.blocked_bf16() else blocked)

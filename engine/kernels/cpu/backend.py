@@ -22,8 +22,10 @@ from functools import partial
 import torch
 
 from kvloop.engine.kernels.backend import AttentionBackend, WithDecode, get_backend
-from kvloop.engine.kernels.cascade_cost import BLOCKED_BF16
+from kvloop.engine.kernels.cascade_cost import AMX_TILES, BLOCKED_BF16
 from kvloop.engine.kernels.cpu import amx, build
+
+TILES_HEAD_DIM = 64  # the only head_dim the stacked tile routine takes (csrc/tile_amx.h); others, flash or the pairs
 
 
 def available(device: torch.device | str) -> bool:
@@ -35,16 +37,20 @@ class CpuBackend(WithDecode):
     """A decode-only step's layer is one operator call (decode_layer: K/V write and paged decode); at batch 1
     the dozen torch calls it replaces cost more than the attention itself. Mixed steps compose as WithDecode."""
 
-    def __init__(self, name, decode, base, prefill=None, blocked_bf16: bool = False):
+    def __init__(self, name, decode, base, prefill=None, blocked_bf16: bool = False, tiles: bool = False):
         super().__init__(name, decode, base)
         self._prefill = prefill  # the kernel's prefill (CpuPrefill), or None: the base backend's SDPA
         self._blocked_bf16 = blocked_bf16  # the blocked bf16 routine is built: bf16 K/V decode through it
+        self._tiles = tiles  # AMX tiles: a group's stacked rows over bf16 K/V through the tile routine
 
-    @property
-    def cost_name(self) -> str:
-        """"cpu/avx512bf16" where the blocked bf16 routine is built (its own measured trade-off for bf16 K/V), else
-        "cpu"."""
-        return f"{self.name}/{BLOCKED_BF16}" if self._blocked_bf16 else self.name
+    def cost_name(self, head_dim: int, query_dtype: torch.dtype) -> str:
+        """Each decode path with its own measured trade-off for bf16 K/V: "cpu/amx" where the blocked bf16 routine
+        is built and a group's stacked rows take the AMX tile routine (bf16 queries, its head_dim), "cpu/avx512bf16"
+        where plain rows take the blocked routine but stacked ones not the tiles, else "cpu"."""
+        if not self._blocked_bf16:
+            return self.name
+        tiles = self._tiles and head_dim == TILES_HEAD_DIM and query_dtype == torch.bfloat16
+        return f"{self.name}/{AMX_TILES if tiles else BLOCKED_BF16}"
 
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path on a CPU without AMX, the chunks' attention is one
@@ -100,4 +106,4 @@ def create(device: torch.device | str) -> AttentionBackend:
     # GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the measurements)
     torch.ops.kvloop_cpu.set_stacked_tiles(tiles)
     torch.ops.kvloop_cpu.set_stacked_flash(tiles)
-    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked)
+    return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked, tiles)
