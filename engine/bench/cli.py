@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 import time
@@ -41,8 +42,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--name", default=None, help="report stem (default: the workload name)")
     p.add_argument("--subject", default=None,
-                   help="the system whose ratios against the others (and goals) the report computes (default: "
-                        "codesign, where it runs)")
+                   help="the systems (comma-separated) whose ratios against the others, and goals, the report "
+                        "computes; the first one's ratios are the report's (default: codesign, where it runs)")
+    p.add_argument("--rejudge", metavar="REPORT_JSON", default=None,
+                   help="run nothing: recompute a written report's ratios and goals for --subject from its numbers")
     p.add_argument("--note", action="append", default=[], help="a line for the report's notes")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -111,6 +114,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from kvloop.engine.bench.suite import run_suite
     from kvloop.engine.bench.systems import Sizing
 
+    subjects = [s.strip() for s in args.subject.split(",") if s.strip()] if args.subject else [report.SUBJECT]
+    if args.rejudge:
+        path = Path(args.rejudge)
+        missing = [s for s in subjects if s not in json.loads(path.read_text())["systems"]]
+        if missing:
+            raise SystemExit(f"--subject {missing[0]!r} is not one of {path}'s systems")
+        print(report.markdown(report.rejudge(path, subjects, command_line(args)), []).split("## Rate sweep")[0])
+        return 0
     make = workload_factory(args)
     rates = sorted({args.rate, *(float(r) for r in (args.rates.split(",") if args.rates else []))})
     probe = make(args.rate)
@@ -125,8 +136,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sizing = dataclasses.replace(sizing, max_context=(longest // 256 + 1) * 256)
     slo = SLO(args.slo_ttft, args.slo_tpot)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if args.subject is not None and args.subject not in systems:  # before the runs, which take minutes
-        raise SystemExit(f"--subject {args.subject!r} is not one of --systems")
+    for subject in subjects if args.subject else ():  # before the runs, which take minutes
+        if subject not in systems:
+            raise SystemExit(f"--subject {subject!r} is not one of --systems")
     t0 = time.time()
     suite = run_suite(systems, make, rates, args.rate, sizing, args.reps, slo, args.threads, args.redo_noisy,
                       args.max_other_cores, args.timeout, progress=not args.no_progress,
@@ -137,6 +149,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),
             "commands": [command_line(args)], "notes": args.note, "machine": machine_info(),
             "throughput_definition": "output tokens / makespan (first send to last finish)"}
-    out = report.write(suite, meta, Path(args.out), args.name or probe.name.lower(), slo, args.subject or report.SUBJECT)
+    out = report.write(suite, meta, Path(args.out), args.name or probe.name.lower(), slo, subjects)
     print(report.markdown(out, []).split("## Plots")[0])
     return 0

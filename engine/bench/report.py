@@ -1,6 +1,6 @@
 """Report: JSON (per system: headline numbers at the main rate, medians over repetitions, capacity from the
-rate sweep, every run), ratios of the subject (codesign unless `--subject` names another of the systems, such
-as codesign@tpot80) against each system, goals checked, markdown with tables, PNG plots."""
+rate sweep, every run), ratios of the subject (codesign unless `--subject` names others of the systems, such
+as codesign@tpot80: then each one's) against each system, goals checked, markdown with tables, PNG plots."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvloop.engine.bench.goals import goal
@@ -101,6 +102,8 @@ def goals(systems: dict, rat: dict, missing: dict[str, str], subject: str = SUBJ
     for family, metric, op, bound in GOALS:
         system = strongest_variant(family, systems) or next(
             (n for n in missing if n == family or n.startswith(family + "-")), family)
+        if system == subject:  # a subject is not judged against itself
+            continue
         name = f"{subject} {metric} / {system}"
         if system in missing or system not in rat:
             out.append(goal(name, None, op, bound, status="not run",
@@ -113,12 +116,34 @@ def goals(systems: dict, rat: dict, missing: dict[str, str], subject: str = SUBJ
     return out
 
 
-def build(suite: SuiteResult, meta: dict, slo: SLO, subject: str = SUBJECT) -> dict:
-    systems = summarize(suite, slo)
-    rat = ratios(systems, subject)
-    return {"meta": meta, "slo": {"ttft_p99_s": slo.ttft_s, "tpot_p99_s": slo.tpot_s}, "systems": systems,
-            "missing": suite.missing, "subject": subject, "ratios": rat,
-            "goals": goals(systems, rat, suite.missing, subject)}
+def build(suite: SuiteResult, meta: dict, slo: SLO, subjects: Sequence[str] = (SUBJECT,)) -> dict:
+    report = {"meta": meta, "slo": {"ttft_p99_s": slo.ttft_s, "tpot_p99_s": slo.tpot_s},
+              "systems": summarize(suite, slo), "missing": suite.missing}
+    return judge(report, subjects)
+
+
+def judge(report: dict, subjects: Sequence[str]) -> dict:
+    """The report's ratios and goals from its systems, for each subject: the goals of all of them, the first one's
+    ratios as the report's (`subject`, `ratios`), and with several, every one's under `ratios_by_subject`."""
+    systems, missing = report["systems"], report["missing"]
+    by_subject = {s: ratios(systems, s) for s in subjects}
+    report.update(subject=subjects[0], ratios=by_subject[subjects[0]],
+                  goals=[g for s in subjects for g in goals(systems, by_subject[s], missing, s)])
+    report.pop("ratios_by_subject", None)
+    if len(subjects) > 1:
+        report["ratios_by_subject"] = by_subject
+    return report
+
+
+def rejudge(path: Path, subjects: Sequence[str], command: str) -> dict:
+    """A written report (its JSON and markdown, plots kept) with its ratios and goals computed for these subjects
+    from the numbers it holds (`kvloop bench --rejudge`, its command line appended to the report's): a subject
+    added after a run, without running it again."""
+    report = judge(json.loads(path.read_text()), subjects)
+    report["meta"]["commands"] = [*report["meta"].get("commands", []), command]
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    path.with_suffix(".md").write_text(markdown(report, [str(path.parent / p) for p in report.get("plots", [])]))
+    return report
 
 
 def machine_lines(machine: dict | None) -> list[str]:
@@ -147,12 +172,12 @@ def markdown(report: dict, plots: list[str]) -> str:
                      f"{fmt(d['capacity_req_s'], 2)} | {fmt(d['noise_other_cores_mean'])} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
-    lines += ["", f"## Ratios ({report.get('subject', SUBJECT)} / system)", "",
-              "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
-              "|---|---|---|---|"]
-    for name, r in report["ratios"].items():
-        lines.append(f"| {name} | {fmt(ratio_of(r, 'throughput'))} | {fmt(ratio_of(r, 'ttft_p99'))} | "
-                     f"{fmt(ratio_of(r, 'tpot_p50'))} |")
+    for subject, rat in report.get("ratios_by_subject", {report.get("subject", SUBJECT): report["ratios"]}).items():
+        lines += ["", f"## Ratios ({subject} / system)", "", "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
+                  "|---|---|---|---|"]
+        for name, r in rat.items():
+            lines.append(f"| {name} | {fmt(ratio_of(r, 'throughput'))} | {fmt(ratio_of(r, 'ttft_p99'))} | "
+                         f"{fmt(ratio_of(r, 'tpot_p50'))} |")
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
@@ -235,10 +260,10 @@ def plots(suite: SuiteResult, out_dir: Path, stem: str) -> list[str]:
 
 
 def write(suite: SuiteResult, meta: dict, out_dir: Path, stem: str, slo: SLO | None = None,
-          subject: str = SUBJECT) -> dict:
+          subjects: Sequence[str] = (SUBJECT,)) -> dict:
     slo = slo or SLO()
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = build(suite, meta, slo, subject)
+    report = build(suite, meta, slo, subjects)
     pngs = plots(suite, out_dir, stem)
     report["plots"] = [Path(p).name for p in pngs]
     (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=1, default=str) + "\n")

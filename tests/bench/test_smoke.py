@@ -57,6 +57,20 @@ def test_smoke_in_process(tmp_path):
     assert "| codesign |" in md and "kvloop bench" in md  # the table and the exact command
     for png in report["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
+    # a second subject judged afterwards from the report's own numbers: goals and ratios for both, the run kept
+    assert main(["bench", "--rejudge", str(tmp_path / "smoke.json"), "--subject", "codesign,static"]) == 0
+    judged = json.loads((tmp_path / "smoke.json").read_text())
+    assert judged["systems"] == report["systems"] and judged["ratios"] == report["ratios"]
+    assert judged["subject"] == "codesign" and set(judged["ratios_by_subject"]) == {"codesign", "static"}
+    assert judged["ratios_by_subject"]["static"]["codesign"]["throughput_x"] == pytest.approx(
+        1 / report["ratios"]["static"]["throughput_x"])
+    names = [g["name"] for g in judged["goals"]]
+    assert names[: len(report["goals"])] == [g["name"] for g in report["goals"]]
+    assert "static oom_events" in names and "static throughput / codesign" not in names  # GOALS' systems only
+    assert not [n for n in names if n.startswith("static") and n.endswith("/ static")]  # nor against itself
+    assert judged["meta"]["commands"][-1].startswith("kvloop bench --subject codesign,static --rejudge")
+    md = (tmp_path / "smoke.md").read_text()
+    assert "## Ratios (codesign / system)" in md and "## Ratios (static / system)" in md
 
 
 def _free_port() -> int:
@@ -109,8 +123,9 @@ def test_smoke_live_server(live_server):
     assert sum(r.cached_tokens for r in res.records) > 0  # usage.prompt_tokens_details.cached_tokens
 
 
-def test_a_subject_that_does_not_run_is_refused_before_any_run(tmp_path):
+@pytest.mark.parametrize("subject", ["codesign@tpot80", "codesign,codesign@tpot80"])
+def test_a_subject_that_does_not_run_is_refused_before_any_run(tmp_path, subject):
     with pytest.raises(SystemExit, match="--subject 'codesign@tpot80' is not one of --systems"):
-        main(["bench", "--workload", "w1-smoke", "--systems", "static,codesign", "--subject", "codesign@tpot80",
+        main(["bench", "--workload", "w1-smoke", "--systems", "static,codesign", "--subject", subject,
               "--no-progress", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
