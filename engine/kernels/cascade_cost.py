@@ -111,14 +111,13 @@ _CPU_BF16_BLOCKED = AttentionCost(call_us=0.0, row_us=2.6018, token_us=0.02572, 
 # The kernel on a CPU with AMX tiles (backend "cpu", cost name "cpu/amx"), bf16 K/V and bf16 queries (the model's
 # dtype there): plain rows through the blocked bf16 routine, a group's stacked rows through the tile routine
 # (csrc/tile_amx.h, head_dim 64). Measured with `bench/calibrate_cascade.py --backend cpu --threads 2` on an Intel
-# Xeon with AMX, quiet machine (bench/results/cascade_calibration_cpu_amx.json): a stacked row's token costs 0.0038 us
-# against the blocked entry's 0.0165 (AMD), and a plain row's 0.0218. The cascade terms fit whole decodes within 11%
-# of a plain step (the segments alone within 64%). Break-even shared tokens: 208 for 2 sharers, 128 for 4, 96 for
-# 16, where _CPU_BF16_BLOCKED says 288 for any group. On the 35 held-out decodes it picks the path measured slower
-# beyond 5% at none (two ties: 12 and 24 sharers of 192 tokens, within 5%).
-_CPU_BF16_AMX = AttentionCost(call_us=0.18, row_us=0.5022, token_us=0.02178, token_row_us=0.003845,
-                              merge_us=0.853, copy_max_tokens=512, group_us=1.237, token_stack_us=0.01507,
-                              min_gain=0.01)
+# Xeon with AMX, quiet machine (bench/results/cascade_calibration_cpu_amx.json): a stacked row's token costs 0.0059 us
+# against the blocked entry's 0.0165 (AMD), and a plain row's 0.0211. The cascade terms fit whole decodes within 14%
+# of a plain step (the segments alone within 89%). Break-even shared tokens: 160 for 2 sharers, 112 for 4, 96 for
+# 16, where _CPU_BF16_BLOCKED says 288 for any group. On the 35 held-out decodes it picks the faster path at all.
+_CPU_BF16_AMX = AttentionCost(call_us=0.604, row_us=0.506, token_us=0.02106, token_row_us=0.005884,
+                              merge_us=0.82, copy_max_tokens=512, group_us=0.0, token_stack_us=0.0,
+                              min_gain=0.0)
 
 # Per attention backend (backend.py's names, or a backend's cost name "name/variant": AttentionBackend.cost_name),
 # per KV dtype. A variant measured for some KV dtypes only runs the others through its backend's routine.

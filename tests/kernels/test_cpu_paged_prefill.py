@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_ref import bf16_probs_atol, load_attention_kernel, make_paged, new_generator, strided_rows
+from stacked_cases import stacked_tiles
 
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -110,15 +111,58 @@ def test_the_cpu_backend_extends_like_the_torch_backend():
 
 
 @pytest.mark.parametrize("amx_tiles", [False, True])
-def test_the_cpu_backend_prefills_through_sdpa_where_the_cpu_has_amx(monkeypatch, amx_tiles):
-    """With AMX tiles torch's bf16 SDPA outruns the kernel's causal segments, so the backend keeps no kernel prefill
-    there. Its bf16 K/V decode is priced as the blocked routine's, or with AMX tiles, for bf16 queries of the tile
-    routine's head_dim, as the blocked routine's plain rows with the tiles' stacked ones."""
+def test_the_cpu_backend_prefills_through_the_kernel_where_its_routine_outruns_sdpa(monkeypatch, amx_tiles):
+    """Over bf16 K/V the kernel's blocked routine takes the prefill chunks; with AMX tiles torch's bf16 SDPA outruns
+    it, so there the kernel takes only what its tile routine takes (bf16 queries of head_dim 64), SDPA the rest. Its
+    bf16 K/V decode is priced as the blocked routine's, or with the tiles, for bf16 queries of the tile routine's
+    head_dim, as the blocked routine's plain rows with the tiles' stacked ones."""
     from kvloop.engine.kernels.cpu import amx, build
 
     monkeypatch.setattr(amx, "available", lambda: amx_tiles)
     cpu = backend.create("cpu")
-    assert (cpu._prefill is not None) == (build.blocked_bf16() and not amx_tiles)
+    tiles = cpu._tiles
+    assert tiles == (amx_tiles and torch.ops.kvloop_cpu.stacked_tiles())  # on where asked and the OS grants it
+    assert (cpu._prefill is not None) == build.blocked_bf16()
     blocked = "cpu/avx512bf16" if build.blocked_bf16() else "cpu"
     assert cpu.cost_name(64, torch.float32) == cpu.cost_name(128, torch.bfloat16) == blocked
-    assert cpu.cost_name(64, torch.bfloat16) == ("cpu/amx" if amx_tiles and build.blocked_bf16() else blocked)
+    assert cpu.cost_name(64, torch.bfloat16) == ("cpu/amx" if tiles and build.blocked_bf16() else blocked)
+    took: list[torch.dtype] = []
+    if cpu._prefill is not None:
+        kernel = cpu._prefill
+        cpu._prefill = lambda q, *rest: took.append(q.dtype) or kernel(q, *rest)
+    gen, _ = new_generator()
+    chunks = [(48, 33)]
+    paged = make_paged([81], BS, 3, 64, torch.bfloat16, gen)
+    meta = AttentionMetadata(slot_mapping=torch.zeros(33, dtype=torch.long), num_decode=0, decode_block_tables=None,
+                             decode_context_lens=None, max_decode_context=0,
+                             prefills=[PrefillChunk(q_start=0, q_len=33, seq_len=81, block_table=paged.block_tables[0])])
+    for q_dtype in (torch.bfloat16, torch.float32):
+        q = torch.randn(33, 9, 64, generator=gen).to(q_dtype)
+        out = cpu.extend(q, paged.k_cache, paged.v_cache, meta, 0.125)
+        torch.testing.assert_close(out.double(), chunk_reference(q, paged, chunks, 0.125), atol=2e-2, rtol=2e-2)
+    assert took == ([] if not build.blocked_bf16() else [torch.bfloat16] if tiles else [torch.bfloat16, torch.float32])
+
+
+@pytest.mark.parametrize("split_tokens", [512, 7], ids=["splits_512", "splits_7"])
+def test_causal_segments_through_the_amx_tiles_equal_float64(split_tokens):
+    """The AMX tile routine's causal runs (csrc/tile_amx.h: bf16 queries over bf16 K/V, head_dim 64) against float64 at
+    the bf16 probabilities' bound, over CHUNKS (600 rows: runs of 60, each lane masked past its own tokens, steps of
+    32 tokens ending mid-step) and a chunk over a long cached prefix; they ran (their bits are not the pairs'). Where
+    they cannot take the call (splits not a multiple of 16 tokens) the results are the pairs' bit for bit."""
+    gen, seed = new_generator()
+    chunks = [*CHUNKS, (1952, 112)]
+    paged = make_paged([c + n for c, n in chunks], BS, 3, 64, torch.bfloat16, gen)
+    q = strided_rows(sum(n for _, n in chunks), 9, 64, torch.bfloat16, gen)
+    segments = chunk_segments(paged, chunks)
+    with stacked_tiles(True) as on:
+        if not on:
+            pytest.skip("no AMX tiles on this CPU (or not granted)")
+        out, lse = pd.prefill(q, paged.k_cache, paged.v_cache, segments, 0.125, split_tokens)
+    with stacked_tiles(False):
+        pairs, pairs_lse = pd.prefill(q, paged.k_cache, paged.v_cache, segments, 0.125, split_tokens)
+    if split_tokens % 16:
+        assert torch.equal(out, pairs) and torch.equal(lse, pairs_lse)
+        return
+    assert not torch.equal(out, pairs)
+    torch.testing.assert_close(out.double(), chunk_reference(q, paged, chunks, 0.125), rtol=0.0,
+                               atol=bf16_probs_atol(torch.bfloat16, paged.values), msg=lambda m: f"seed {seed}: {m}")

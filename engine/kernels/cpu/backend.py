@@ -49,18 +49,25 @@ class CpuBackend(WithDecode):
         where plain rows take the blocked routine but stacked ones not the tiles, else "cpu"."""
         if not self._blocked_bf16:
             return self.name
-        tiles = self._tiles and head_dim == TILES_HEAD_DIM and query_dtype == torch.bfloat16
-        return f"{self.name}/{AMX_TILES if tiles else BLOCKED_BF16}"
+        return f"{self.name}/{AMX_TILES if self._tiles_take(head_dim, query_dtype) else BLOCKED_BF16}"
+
+    def _tiles_take(self, head_dim: int, query_dtype: torch.dtype) -> bool:
+        """Whether the AMX tile routine takes stacked rows (and causal chunks) of this head_dim and query dtype over
+        bf16 K/V (with the engine's 16-token blocks: csrc/tile_amx.h, stacked_tiles_apply)."""
+        return self._tiles and head_dim == TILES_HEAD_DIM and query_dtype == torch.bfloat16
 
     def extend(self, q, k_cache, v_cache, meta, scale):
-        """Over bf16 K/V with the kernel's blocked bf16 path on a CPU without AMX, the chunks' attention is one
-        kernel call reading the cache in place, its probabilities rounded to bf16 for the value product as SDPA's
-        bf16 path rounds them (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000
-        10.7 ms against SDPA's 18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against
-        4.6). Elsewhere SDPA: with AMX tiles its bf16 path is the faster one (a 2,000-token prefill's attention,
-        all layers, 2 threads, Intel Xeon: 294 ms against the kernel's 886), and the kernel's AVX2 routine scores
-        one query at a time (not measured against SDPA)."""
-        if self._prefill is not None and k_cache.dtype == torch.bfloat16:
+        """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
+        cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds them
+        (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 10.7 ms against SDPA's
+        18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against 4.6). With AMX tiles, only
+        where the tile routine takes the chunks' runs of rows (bf16 queries, head_dim 64: 30 layers, 2 threads,
+        Intel Xeon: 112 new tokens over 1,952 27 ms against SDPA's 37, four such chunks 101 against 140, 512 over
+        1,500 102 against 129, 2,000 fresh 232 against 248; whole engine prefills 7-12% faster); elsewhere there
+        SDPA's bf16 path is the faster one (the blocked routine's 2,000-token prefill: 958 ms). The kernel's AVX2 routine scores one query at a time (not
+        measured against SDPA)."""
+        if (self._prefill is not None and k_cache.dtype == torch.bfloat16
+                and (not self._tiles or self._tiles_take(q.shape[-1], q.dtype))):
             return self._prefill(q, k_cache, v_cache, meta, scale)
         return super().extend(q, k_cache, v_cache, meta, scale)
 
@@ -99,11 +106,11 @@ def create(device: torch.device | str) -> AttentionBackend:
     if not build.load():
         raise ValueError(f"the CPU attention kernel is not available: {build.unavailable_reason()}")
     blocked = build.blocked_bf16()  # decided once, not per layer
-    tiles = amx.available()
-    prefill = CpuPrefill() if blocked and not tiles else None
-    # With AMX tiles, a cascade group's shared prefix (bf16) goes through the kernel's tile routine (head_dim 64:
-    # csrc/tile_amx.h), or where that does not apply, a large one through ATen's flash attention, whose oneDNN
-    # GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the measurements)
-    torch.ops.kvloop_cpu.set_stacked_tiles(tiles)
-    torch.ops.kvloop_cpu.set_stacked_flash(tiles)
+    # With AMX tiles, a cascade group's shared prefix and a prefill chunk's rows (bf16) go through the kernel's tile
+    # routine (head_dim 64: csrc/tile_amx.h), or where that does not apply, a large group's prefix through ATen's
+    # flash attention, whose oneDNN GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the
+    # measurements). The tiles stay off where the OS refuses this process their state.
+    tiles = torch.ops.kvloop_cpu.set_stacked_tiles(amx.available())
+    torch.ops.kvloop_cpu.set_stacked_flash(amx.available())
+    prefill = CpuPrefill() if blocked else None
     return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked, tiles)

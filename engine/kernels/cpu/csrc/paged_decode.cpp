@@ -30,8 +30,9 @@
 // fixed length, so a row's result never depends on what else is in the batch or on the thread count.
 //
 // This file builds the work list and merges the partial results; paged_work.h holds the items and their token
-// walk, tile_fp32.h and tile_bf16.h the two tile routines, stacked_flash.h the pieces of a large group's shared
-// prefix that go through ATen's flash attention instead where that is switched on (CPUs with AMX tiles).
+// walk, tile_fp32.h and tile_bf16.h the two tile routines, tile_amx.h the AMX one (where it is switched on, CPUs with
+// AMX tiles: stacked items and causal runs of bf16 queries over bf16 K/V, head_dim 64), stacked_flash.h the pieces
+// of a large group's shared prefix that go through ATen's flash attention instead where the AMX one cannot.
 //
 // Layouts (as the runner allocates them): q [rows, heads, head_dim] (last dim contiguous, any row and
 // head strides), k_cache / v_cache [blocks, block_size, kv_heads, head_dim] (last dim contiguous).
@@ -152,8 +153,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // Each segment's tokens in pieces, each piece one partial result of every member: context splits (a causal
   // segment's whole context is one piece: its items are runs of rows instead, see below), and where stacked
   // flash applies, the long runs of adjacent blocks that go through it.
-  // where the AMX tile routine serves stacked items it outruns flash at every group size measured (tile_amx.h)
-  const bool tiles = !causal && stacked_tiles_apply(q, k_cache, sh, split_tokens);
+  // where the AMX tile routine serves stacked items it outruns flash at every group size measured (tile_amx.h); it
+  // serves a causal segment's runs of rows too (a causal piece starts at token 0, on a block edge)
+  const bool tiles = stacked_tiles_apply(q, k_cache, sh, split_tokens);
   const bool flash = !causal && per_row && stacked_flash_applies(q, k_cache) && !tiles;
   std::vector<int64_t> piece_ptr{0};
   std::vector<Piece> pieces;

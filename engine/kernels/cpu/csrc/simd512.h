@@ -54,6 +54,20 @@ inline __attribute__((always_inline)) __m512 exp512_nonpositive(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+// exp(x) for x <= 0 where the result is rounded to bf16 next (probabilities for a bf16 value product): e^r by its
+// Taylor series to r^4 (relative error below 5e-5, against bf16's rounding of up to 2^-9), one ln 2 term and a
+// scalef: 9 instructions against exp512_nonpositive's 14. Inputs under -87 are clamped there, as there.
+inline __attribute__((always_inline)) __m512 exp512_for_bf16(__m512 x) {
+  using E = ExpConstants;
+  x = _mm512_max_ps(x, _mm512_set1_ps(E::kMin));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(E::kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693147180559945f), x);
+  __m512 p = _mm512_set1_ps(E::kTaylor[2]);
+  for (int i = 3; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(E::kTaylor[i]));
+  return _mm512_scalef_ps(p, k);
+}
+
 // 16 bf16 values widened to fp32 (a bf16 is the top half of an fp32).
 inline __attribute__((always_inline)) __m512 widen_bf16(const void* src) {
   const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(src));

@@ -1,27 +1,35 @@
-// The kernel's AMX tile routine for the items that stack several rows' queries (a cascade group's shared prefix):
-// bf16 queries over bf16 K/V, head_dim 64, blocks a multiple of 16 tokens, on CPUs with AMX tiles.
+// The kernel's AMX tile routine for the items that stack several rows' queries (a cascade group's shared prefix,
+// and a prefill chunk's runs of rows: paged_prefill's causal segments): bf16 queries over bf16 K/V, head_dim 64,
+// blocks a multiple of 16 tokens, on CPUs with AMX tiles.
 //
 // Why: such an item scores every token for members x group queries, and the bf16-pair routine (tile_bf16.h)
 // spends its time on that arithmetic and on one query's softmax at a time (10 members over a 2,000-token
-// document: about 60% of a 48-row decode step). Here, per 16-token tile and KV head:
-// - the scores of 16 queries at once as a tile product S^T = K Q^T: K's 16 rows loaded into a tile straight from
-//   the paged cache (no transpose), the queries as a tile of bf16 pairs made once per item;
-// - the online softmax over S^T's rows, 16 queries in the lanes of one vector (one max, one exp per token row);
-// - the values as a tile product O = P V: the probabilities rounded to bf16 (as SDPA's bf16 path and the
-//   pair routine's stacked items round them), V's rows interleaved into token pairs (pair_values).
-// Scores are the tile unit's fp32 sums of exact bf16 products, scaled afterwards (the queries stay exact).
+// document: about 60% of a 48-row decode step). Here, per step of 32 tokens and KV head:
+// - the scores of 16 queries at once as tile products S^T = K Q^T, one per 16 tokens: K's 16 rows loaded into a
+//   tile straight from the paged cache (no transpose), the queries as a tile of bf16 pairs made once per item;
+// - the online softmax over S^T's rows, 16 queries in the lanes of one vector (one max, one exp per token row), the
+//   scale applied in the exponent; a causal run masks each lane past its own tokens;
+// - the values as tile products O = P V over the step's 16 token pairs: the probabilities rounded to bf16 (as
+//   SDPA's bf16 path and the pair routine's stacked items round them; their exp to 5e-5, exp512_for_bf16), V's
+//   rows interleaved into token pairs (pair_values); the accumulators updated once per step.
+// Scores are the tile unit's fp32 sums of exact bf16 products (the queries stay exact).
 // Measured (Intel Xeon with AMX, 2 threads, 9 query heads over 3 KV heads, 30 layers' caches from memory, each
-// member with a 50-token suffix of its own): 4 groups of 10 members over 2,000 tokens 30 ms against 55 for the
-// pairs and 55 for flash (stacked_flash.h); 16 members over 1,950 tokens 10.6 against 20.3 and 17.4; 32 members
-// 19.4 against 39.1 and 22.0; 4 members 4.5 against 7.2 and 6.7. A decode step of 40 rows on 4 documents plus 8
-// unshared rows, whole engine step: 65-69 ms against 89.
+// member with a 50-token suffix of its own), with 16-token steps: 4 groups of 10 members over 2,000 tokens 30 ms
+// against 55 for the pairs and 55 for flash (stacked_flash.h); 16 members over 1,950 tokens 10.6 against 20.3 and
+// 17.4; 32 members 19.4 against 39.1 and 22.0; 4 members 4.5 against 7.2 and 6.7. A decode step of 40 rows on 4
+// documents plus 8 unshared rows, whole engine step: 65-69 ms against 89. The 32-token steps and the exp took a
+// whole decode of 16 rows sharing 1,888 tokens (each with 112 of its own, one layer) from 278 to 248 us, and
+// 24 rows from 422 to 367 (bench/calibrate_cascade.py's held-out decodes). Prefill chunks, 30 layers: 112 new
+// tokens over 1,952 cached 27 ms against SDPA's 37 (with its gather), 512 over 1,500 102 against 129, 2,000 fresh
+// 232 against 248; the pairs routine takes 107, 400 and 958.
 //
 // Tiles: 0-1 K (16 tokens x 32 dims each), 2-3 the queries (16 dim pairs x 16 queries each), 4 the scores
-// (16 tokens x 16 queries); 5 P (16 queries x 16 tokens); 6 a V chunk (8 token pairs x 16 dims); the four
+// (16 tokens x 16 queries); 5 P (16 queries x 16 token pairs); 6 a V chunk (16 token pairs x 16 dims); the four
 // value chunks accumulate in 4, 2, 3 and 7 (16 queries x 16 dims each, the queries' tiles are reloaded).
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "amx_state.h"
@@ -52,8 +60,6 @@ inline bool stacked_tiles_apply(const at::Tensor& q, const at::Tensor& k_cache, 
 inline void load_attention_tiles() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  cfg.colsb[5] = 32;  // P: 16 tokens of bf16 per query
-  cfg.rows[6] = 8;    // a V chunk: 8 token pairs
   _tile_loadconfig(&cfg);
 }
 
@@ -70,12 +76,15 @@ inline void query_tile(const float* q, const int64_t* ms, int64_t count, int64_t
     }
 }
 
-// A stacked item (several members) through the tiles; the item's partial results as run_item_bf16 gives them.
+// A stacked item (several members) through the tiles, a cascade group's shared prefix or a causal segment's run of
+// rows (paged_prefill: each lane masked past the tokens its query sees; a block of 16 queries that sees none of a
+// step's tokens skips it); the item's partial results as run_item_bf16 gives them. Tokens go 32 a step (two K
+// tiles): one softmax pass, a full tile of bf16 probabilities and one update of the accumulators per step.
 inline void run_item_amx(const Item& it, const at::Tensor& q, const c10::BFloat16* k, const c10::BFloat16* v,
                          const Shape& sh, const int64_t* blocks, const int64_t* block_start, const int64_t* rows_ptr,
                          const Dest& dst, float scale, float* out, float* lse, float* ws, Scratch& sc) {
   using KV = c10::BFloat16;
-  constexpr int64_t HD = kStackedTilesHeadDim;
+  constexpr int64_t HD = kStackedTilesHeadDim, kStep = 2 * kTile;
   const int64_t g = sh.group, nh = it.h1 - it.h0, members = it.j1 - it.j0;
   const int64_t m_count = begin_item(it, q, sh, rows_ptr, dst, 1.f, sc);  // unscaled: bf16 values, exact
   const int64_t count = members * g, nblk = (count + 15) / 16, states = nh * nblk;
@@ -83,7 +92,7 @@ inline void run_item_amx(const Item& it, const at::Tensor& q, const c10::BFloat1
   for (int64_t hl = 0; hl < nh; ++hl)
     for (int64_t j = 0; j < members; ++j)
       for (int64_t gi = 0; gi < g; ++gi) ms[hl * count + j * g + gi] = (j * nh + hl) * g + gi;
-  // per (head, block of 16 queries): the queries' two tiles, and the softmax state of its 16 lanes
+  // per (head, block of 16 queries): the queries' two tiles, and the softmax state of its 16 lanes (scaled scores)
   std::vector<uint32_t> qt(states * 2 * 256);
   std::vector<float> top(states * 16, kNegInf), sum(states * 16, 0.f), acc(states * 16 * HD, 0.f);
   for (int64_t hl = 0; hl < nh; ++hl)
@@ -91,74 +100,100 @@ inline void run_item_amx(const Item& it, const at::Tensor& q, const c10::BFloat1
       for (int64_t half = 0; half < 2; ++half)
         query_tile(sc.q.data(), ms.data() + hl * count + 16 * b, std::min<int64_t>(16, count - 16 * b), half,
                    qt.data() + ((hl * nblk + b) * 2 + half) * 256);
+  // A causal item: the tokens each lane's query sees (every KV head's alike), and per block the fewest and the
+  // most; its tokens end where its last member's do.
+  const bool causal = sh.causal;
+  const int64_t t_end = causal ? visible(sh, it, members - 1) : it.t1;
+  std::vector<int32_t> vis(causal ? nblk * 16 : 0, INT32_MAX);
+  std::vector<int64_t> vis_lo(causal ? nblk : 0), vis_hi(causal ? nblk : 0);
+  for (int64_t b = 0; causal && b < nblk; ++b) {
+    const int64_t live = std::min<int64_t>(16, count - 16 * b);
+    for (int64_t c = 0; c < live; ++c) vis[16 * b + c] = static_cast<int32_t>(visible(sh, it, (16 * b + c) / g));
+    vis_lo[b] = vis[16 * b];
+    vis_hi[b] = vis[16 * b + live - 1];
+  }
   load_attention_tiles();
   TokenWalker<KV> walker(blocks + block_start[it.seg], k, v, sh, it);
   Scout<KV> scout(blocks + block_start[it.seg], k, v, sh, it);
-  Bf16Tile<HD> tile{};  // its V pairs: zeros past a partial tile's tokens
-  alignas(64) float s[16][16];       // S^T, then P^T: token rows, query lanes
-  alignas(64) uint32_t p[16][16];    // P as a tile: query rows, 8 words of token pairs (first 32 bytes)
+  alignas(64) uint32_t vp[kTile][HD / 16][16];  // the step's V as token pairs: zeros past a partial step's tokens
+  alignas(64) float s[kStep][16];    // S^T: token rows, query lanes (raw scores)
+  alignas(64) uint32_t p[16][16];    // P as a tile: query rows, 16 words of token pairs
   alignas(64) float o[4][16][16];    // the value chunks: query rows, 16 dims
-  const KV* ktok[kTile];
-  const KV* vtok[kTile];
-  const KV* vrow[kTile];
+  __mmask16 seen[kStep];             // per token row: the lanes that see it (causal)
+  const KV* ktok[kStep];
+  const KV* vtok[kStep];
+  const KV* vrow[kStep];
   const __m512 scale_v = _mm512_set1_ps(scale);
-  for (int64_t t0 = it.t0; t0 < it.t1; t0 += kTile) {
-    const int64_t n = std::min(kTile, it.t1 - t0);
+  for (int64_t t0 = it.t0; t0 < t_end; t0 += kStep) {
+    const int64_t n = std::min(kStep, t_end - t0), n0 = std::min(kTile, n);
     walker.locate(n, ktok, vtok);
     for (int64_t hl = 0; hl < nh; ++hl) {
-      const KV* kp = ktok[0] + hl * sh.k_head;  // the tile's 16 slots lie in one block, k_tok apart
-      _tile_loadd(0, kp, sh.k_tok * sizeof(KV));
-      _tile_loadd(1, kp + 32, sh.k_tok * sizeof(KV));
       for (int64_t t = 0; t < n; ++t) vrow[t] = vtok[t] + hl * sh.v_head;
-      if (n < kTile) std::fill(&tile.vp[0][0][0], &tile.vp[0][0][0] + 8 * (HD / 16) * 16, 0u);
-      pair_values(tile, vrow, n);
-      scout.ahead_of(t0 + kTile * (hl + 1) / nh);
+      if (n < kStep) std::fill(&vp[0][0][0], &vp[0][0][0] + kTile * (HD / 16) * 16, 0u);
+      pair_values<HD>(vp, vrow, n);
+      scout.ahead_of(t0 + kStep * (hl + 1) / nh);
       for (int64_t b = 0; b < nblk; ++b) {
+        if (causal && t0 >= vis_hi[b]) continue;  // every query of the block sees only earlier tokens
+        const bool masked = causal && t0 + n > vis_lo[b];
+        if (masked) {
+          const __m512i vv = _mm512_loadu_si512(vis.data() + 16 * b);
+          for (int64_t t = 0; t < n; ++t) seen[t] = _mm512_cmpgt_epi32_mask(vv, _mm512_set1_epi32(t0 + t));
+        }
         const int64_t st = hl * nblk + b;
+        // S^T = K Q^T for each 16-token half of the step: K's rows straight from the paged cache (a half's 16
+        // slots lie in one block, k_tok apart)
         _tile_loadd(2, qt.data() + (st * 2) * 256, 64);
         _tile_loadd(3, qt.data() + (st * 2 + 1) * 256, 64);
-        _tile_zero(4);
-        _tile_dpbf16ps(4, 0, 2);
-        _tile_dpbf16ps(4, 1, 3);
-        _tile_stored(4, s, 64);
-        // the online softmax, 16 queries a vector; a partial tile's missing tokens weigh 0
-        const __m512 old_top = _mm512_loadu_ps(top.data() + st * 16);
-        __m512 tile_top = _mm512_set1_ps(kNegInf);
-        for (int64_t t = 0; t < n; ++t) {
-          const __m512 x = _mm512_mul_ps(_mm512_load_ps(s[t]), scale_v);
-          _mm512_store_ps(s[t], x);
-          tile_top = _mm512_max_ps(tile_top, x);
+        for (int64_t h0 = 0; h0 < n; h0 += kTile) {
+          const KV* kp = ktok[h0] + hl * sh.k_head;
+          _tile_loadd(0, kp, sh.k_tok * sizeof(KV));
+          _tile_loadd(1, kp + 32, sh.k_tok * sizeof(KV));
+          _tile_zero(4);
+          _tile_dpbf16ps(4, 0, 2);
+          _tile_dpbf16ps(4, 1, 3);
+          _tile_stored(4, s[h0], 64);
         }
-        const __m512 new_top = _mm512_max_ps(old_top, tile_top);
+        // the online softmax over the step's tokens, 16 queries a vector, the scale applied in the exponent
+        // (scale > 0: the scaled maximum is the scaled raw maximum); a missing or unseen token weighs 0
+        const __m512 old_top = _mm512_loadu_ps(top.data() + st * 16);
+        __m512 raw_top = _mm512_set1_ps(kNegInf);
+        for (int64_t t = 0; t < n; ++t)
+          raw_top = masked ? _mm512_mask_max_ps(raw_top, seen[t], raw_top, _mm512_load_ps(s[t]))
+                           : _mm512_max_ps(raw_top, _mm512_load_ps(s[t]));
+        const __m512 new_top = _mm512_max_ps(old_top, _mm512_mul_ps(raw_top, scale_v));
         const __m512 alpha = exp512_nonpositive(_mm512_sub_ps(old_top, new_top));  // -inf before: 0 (nothing held)
         __m512 total = _mm512_mul_ps(_mm512_loadu_ps(sum.data() + st * 16), alpha);
         __m512i r[16];
-        for (int64_t i = 0; i < 8; ++i) {  // token pairs: word (2i, 2i + 1) of every query
+        for (int64_t i = 0; i < kTile; ++i) {  // token pairs: word (2i, 2i + 1) of every query
           __m512 pe = _mm512_setzero_ps(), po = _mm512_setzero_ps();
-          if (2 * i < n) pe = exp512_nonpositive(_mm512_sub_ps(_mm512_load_ps(s[2 * i]), new_top));
-          if (2 * i + 1 < n) po = exp512_nonpositive(_mm512_sub_ps(_mm512_load_ps(s[2 * i + 1]), new_top));
+          if (2 * i < n) pe = exp512_for_bf16(_mm512_fmsub_ps(_mm512_load_ps(s[2 * i]), scale_v, new_top));
+          if (2 * i + 1 < n) po = exp512_for_bf16(_mm512_fmsub_ps(_mm512_load_ps(s[2 * i + 1]), scale_v, new_top));
+          if (masked) {  // the exp's floor would give 1e-38 for them
+            if (2 * i < n) pe = _mm512_maskz_mov_ps(seen[2 * i], pe);
+            if (2 * i + 1 < n) po = _mm512_maskz_mov_ps(seen[2 * i + 1], po);
+          }
           total = _mm512_add_ps(total, _mm512_add_ps(pe, po));
           const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(pe));
           const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(po));
           r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-          r[i + 8] = _mm512_setzero_si512();
         }
         _mm512_storeu_ps(top.data() + st * 16, new_top);
         _mm512_storeu_ps(sum.data() + st * 16, total);
-        transpose16x16(r);  // row c: query c's 8 words
+        transpose16x16(r);  // row c: query c's 16 words
         for (int64_t c = 0; c < 16; ++c) _mm512_store_si512(p[c], r[c]);
+        // O = P V, four chunks of 16 dims, each over the step's 16 token pairs
         _tile_loadd(5, p, 64);
         _tile_zero(4);
         _tile_zero(2);
         _tile_zero(3);
         _tile_zero(7);
-        _tile_loadd(6, tile.vp[0][0], (HD / 16) * 64);
+        _tile_loadd(6, vp[0][0], (HD / 16) * 64);
         _tile_dpbf16ps(4, 5, 6);
-        _tile_loadd(6, tile.vp[0][1], (HD / 16) * 64);
+        _tile_loadd(6, vp[0][1], (HD / 16) * 64);
         _tile_dpbf16ps(2, 5, 6);
-        _tile_loadd(6, tile.vp[0][2], (HD / 16) * 64);
+        _tile_loadd(6, vp[0][2], (HD / 16) * 64);
         _tile_dpbf16ps(3, 5, 6);
-        _tile_loadd(6, tile.vp[0][3], (HD / 16) * 64);
+        _tile_loadd(6, vp[0][3], (HD / 16) * 64);
         _tile_dpbf16ps(7, 5, 6);
         _tile_stored(4, o[0], 64);
         _tile_stored(2, o[1], 64);

@@ -25,9 +25,10 @@ struct Bf16Tile {
   alignas(64) uint32_t pw[kBlockQueries][8];
 };
 
-// The tile's V rows (n of them; a missing odd one reads as zeros) interleaved as token pairs into tile.vp.
+// n V rows (a missing odd one reads as zeros) interleaved as token pairs: (V[2i][16c + l], V[2i + 1][16c + l]) at
+// vp[i][c][l].
 template <int64_t HD>
-inline void pair_values(Bf16Tile<HD>& tile, const c10::BFloat16* const* vrow, int64_t n) {
+inline void pair_values(uint32_t (*vp)[HD / 16][16], const c10::BFloat16* const* vrow, int64_t n) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
@@ -35,9 +36,15 @@ inline void pair_values(Bf16Tile<HD>& tile, const c10::BFloat16* const* vrow, in
     for (int64_t h = 0; h < HD / 32; ++h) {
       const __m512i a = _mm512_loadu_si512(vrow[2 * i] + 32 * h);
       const __m512i b = 2 * i + 1 < n ? _mm512_loadu_si512(vrow[2 * i + 1] + 32 * h) : _mm512_setzero_si512();
-      _mm512_store_si512(tile.vp[i][2 * h], _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_store_si512(tile.vp[i][2 * h + 1], _mm512_permutex2var_epi16(a, hi, b));
+      _mm512_store_si512(vp[i][2 * h], _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(vp[i][2 * h + 1], _mm512_permutex2var_epi16(a, hi, b));
     }
+}
+
+// The tile's V rows (n of them) as token pairs into tile.vp.
+template <int64_t HD>
+inline void pair_values(Bf16Tile<HD>& tile, const c10::BFloat16* const* vrow, int64_t n) {
+  pair_values<HD>(tile.vp, vrow, n);
 }
 
 // One block of NB queries (their indices in ms) against the tile held in `tile` (V rows vrow): query b sees the
