@@ -41,7 +41,7 @@ class CpuBackend(WithDecode):
         super().__init__(name, decode, base)
         self._prefill = prefill  # the kernel's prefill (CpuPrefill), or None: the base backend's SDPA
         self._blocked_bf16 = blocked_bf16  # the blocked bf16 routine is built: bf16 K/V decode through it
-        self._tiles = tiles  # AMX tiles: a group's stacked rows over bf16 K/V through the tile routine
+        self._tiles = tiles  # AMX tiles: a group's stacked rows and prefill chunks over bf16 K/V through their routine
 
     def cost_name(self, head_dim: int, query_dtype: torch.dtype) -> str:
         """Each decode path with its own measured trade-off for bf16 K/V: "cpu/amx" where the blocked bf16 routine
