@@ -125,7 +125,7 @@ inline void run_item_amx(const Item& it, const at::Tensor& q, const c10::BFloat1
   const KV* vrow[kStep];
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t t0 = it.t0; t0 < t_end; t0 += kStep) {
-    const int64_t n = std::min(kStep, t_end - t0), n0 = std::min(kTile, n);
+    const int64_t n = std::min(kStep, t_end - t0);
     walker.locate(n, ktok, vtok);
     for (int64_t hl = 0; hl < nh; ++hl) {
       for (int64_t t = 0; t < n; ++t) vrow[t] = vtok[t] + hl * sh.v_head;
