@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
 import sys
 import time
@@ -116,11 +115,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     subjects = [s.strip() for s in args.subject.split(",") if s.strip()] if args.subject else [report.SUBJECT]
     if args.rejudge:
-        path = Path(args.rejudge)
-        missing = [s for s in subjects if s not in json.loads(path.read_text())["systems"]]
-        if missing:
-            raise SystemExit(f"--subject {missing[0]!r} is not one of {path}'s systems")
-        print(report.markdown(report.rejudge(path, subjects, command_line(args)), []).split("## Rate sweep")[0])
+        try:
+            judged = report.rejudge(Path(args.rejudge), subjects, command_line(args))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        print(report.markdown(judged, []).split("## Rate sweep")[0])
         return 0
     make = workload_factory(args)
     rates = sorted({args.rate, *(float(r) for r in (args.rates.split(",") if args.rates else []))})

@@ -138,8 +138,12 @@ def judge(report: dict, subjects: Sequence[str]) -> dict:
 def rejudge(path: Path, subjects: Sequence[str], command: str) -> dict:
     """A written report (its JSON and markdown, plots kept) with its ratios and goals computed for these subjects
     from the numbers it holds (`kvloop bench --rejudge`, its command line appended to the report's): a subject
-    added after a run, without running it again."""
-    report = judge(json.loads(path.read_text()), subjects)
+    added after a run, without running it again. A subject that is not among its systems is a ValueError."""
+    report = json.loads(path.read_text())
+    absent = [s for s in subjects if s not in report["systems"]]
+    if absent:
+        raise ValueError(f"--subject {absent[0]!r} is not one of {path}'s systems")
+    report = judge(report, subjects)
     report["meta"]["commands"] = [*report["meta"].get("commands", []), command]
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
     path.with_suffix(".md").write_text(markdown(report, [str(path.parent / p) for p in report.get("plots", [])]))

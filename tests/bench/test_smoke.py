@@ -71,6 +71,9 @@ def test_smoke_in_process(tmp_path):
     assert judged["meta"]["commands"][-1].startswith("kvloop bench --subject codesign,static --rejudge")
     md = (tmp_path / "smoke.md").read_text()
     assert "## Ratios (codesign / system)" in md and "## Ratios (static / system)" in md
+    with pytest.raises(SystemExit, match="--subject 'codesign@tpot80' is not one of"):
+        main(["bench", "--rejudge", str(tmp_path / "smoke.json"), "--subject", "codesign,codesign@tpot80"])
+    assert json.loads((tmp_path / "smoke.json").read_text()) == judged  # refused before anything is written
 
 
 def _free_port() -> int:

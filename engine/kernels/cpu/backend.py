@@ -110,7 +110,8 @@ def create(device: torch.device | str) -> AttentionBackend:
     # routine (head_dim 64: csrc/tile_amx.h), or where that does not apply, a large group's prefix through ATen's
     # flash attention, whose oneDNN GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the
     # measurements). The tiles stay off where the OS refuses this process their state.
-    tiles = torch.ops.kvloop_cpu.set_stacked_tiles(amx.available())
-    torch.ops.kvloop_cpu.set_stacked_flash(amx.available())
+    amx_tiles = amx.available()
+    tiles = torch.ops.kvloop_cpu.set_stacked_tiles(amx_tiles)
+    torch.ops.kvloop_cpu.set_stacked_flash(amx_tiles)
     prefill = CpuPrefill() if blocked else None
     return CpuBackend("cpu", CpuDecode(), get_backend("torch", device), prefill, blocked, tiles)
