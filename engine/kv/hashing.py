@@ -1,14 +1,22 @@
 """Chained block hashes: a full block's key covers its parent's key, its token ids and extra keys
-(model fingerprint, dtype), so equal keys mean equal K/V for the same model (pure Python)."""
+(model fingerprint, dtype), so equal keys mean equal K/V for the same model (pure Python).
+
+Two key functions with one call, `keys(tokens, num_blocks=None, parent=ROOT, start=0) -> list[int]`:
+- `ChainHasher`: blake2b over the packed ids, remembered per block. The engine's: its keys name disk files and
+  must stay the same across processes and versions (kv.disk_format).
+- `TupleChainKeys`: Python's own hash of (parent key, salt, token ids), folded to 64 bits. The simulator's: it
+  writes no files, so its keys need only be distinct and the same in every run."""
 
 from __future__ import annotations
 
 import hashlib
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 ROOT = 0  # the parent of a sequence's first block
+# keys(tokens, num_blocks=None, parent=ROOT, start=0): the chained keys of full blocks start, start+1, ...
+BlockKeys = Callable[..., list[int]]
 
 
 def block_hash(parent: int, tokens: Sequence[int], extra: bytes) -> int:
@@ -66,6 +74,33 @@ class ChainHasher(dict):
             h = _packed_hash(*key, self.extra)
         self[key] = h
         return h
+
+
+class TupleChainKeys:
+    """Chained block keys from Python's hash of the tuple (parent key, salt, the block's token ids), folded to 64
+    bits: about five times cheaper than ChainHasher's blake2b and memo (no bytes to pack, nothing to remember),
+    the same in every process (ints and tuples of ints hash alike everywhere; only str and bytes are salted per
+    process). For the simulator, which hashes every prompt it admits and every block its rows fill: at 80
+    requests/s on an H200 profile, ChainHasher took a fifth of a continuous+lru run. The salt stands for the extra key. Two
+    distinct blocks collide with odds 2^-64 (a simulated hour holds ~10^6 blocks: ~10^-7 for any collision)."""
+
+    MASK = (1 << 64) - 1
+
+    def __init__(self, block_size: int, extra: bytes):
+        self.block_size = block_size
+        self.salt = int.from_bytes(hashlib.blake2b(extra, digest_size=8).digest(), "little")
+
+    def __call__(self, tokens: Sequence[int], num_blocks: int | None = None, parent: int = ROOT,
+                 start: int = 0) -> list[int]:
+        bs = self.block_size
+        end = len(tokens) // bs
+        if num_blocks is not None:
+            end = min(end, start + num_blocks)
+        salt, mask, out = self.salt, self.MASK, []
+        for at in range(start * bs, end * bs, bs):
+            parent = hash((parent, salt, *tokens[at : at + bs])) & mask
+            out.append(parent)
+        return out
 
 
 def hash_hex(h: int) -> str:

@@ -37,7 +37,7 @@ Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; N
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import filterfalse, takewhile
 
 from kvloop.engine.kv.block_pool import BlockPool
@@ -46,7 +46,7 @@ from kvloop.engine.kv.copy_value import CopyValue
 from kvloop.engine.kv.disk_tier import DiskTier
 from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
-from kvloop.engine.kv.hashing import ROOT, ChainHasher
+from kvloop.engine.kv.hashing import ROOT, BlockKeys, ChainHasher
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.integrity import check_manager
 from kvloop.engine.kv.load_or_recompute import TierCosts
@@ -65,7 +65,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class KVCacheManager(SwapMixin, PersistMixin):
-    def __init__(self, num_blocks: int, block_size: int, config: KVConfig | None = None, extra_key: str = ""):
+    def __init__(self, num_blocks: int, block_size: int, config: KVConfig | None = None, extra_key: str = "",
+                 block_keys: Callable[[int, bytes], BlockKeys] = ChainHasher):
         # A bare manager is the plain allocator (mode continuous); the engine passes its configured mode.
         cfg = self.config = config or KVConfig(mode="continuous")
         self.block_size = block_size
@@ -94,7 +95,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.mover: Mover = NullMover()
         self.tier_costs = TierCosts()
         self._extra = extra_key.encode()
-        self._hasher = ChainHasher(block_size, self._extra)  # block keys, each distinct block hashed once
+        # block keys (hashing.py): ChainHasher hashes each distinct block once; the simulator passes a cheaper one
+        self._hasher = block_keys(block_size, self._extra)
         self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
         self._watermark = cfg.watermark
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}

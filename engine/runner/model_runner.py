@@ -84,7 +84,7 @@ class ModelRunner:
             max_decode_context=max_ctx,
         )
         if self.cascade != "off" and len(batch.decodes) > 1:
-            key = tuple((item.seq.request_id, item.seq.num_preemptions) for item in batch.decodes)
+            key = tuple(item.seq.stint for item in batch.decodes)  # the rows' stints: a resumed row is new
             meta.cascade = self.planner.plan(key, tables, context_lens)
             if meta.cascade is not None:
                 self.cascade_group_sizes.update(len(g.rows) for g in meta.cascade.groups)

@@ -20,6 +20,7 @@ static fill timeout run on it."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections import deque
@@ -57,6 +58,7 @@ class Scheduler:
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
         self._planner: ShapePlanner | None = None  # prices past the cap (the runner keeps its own)
+        self._stints = itertools.count(1)  # Sequence.stint of each start
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.view = PrefixView(kv)
@@ -250,7 +252,9 @@ class Scheduler:
         bs = self.kv.block_size
         rows = [s for s in self.running if s.block_table]
         ctx = [min(len(s.token_ids), len(s.block_table) * bs) for s in rows]
-        key = tuple((s.request_id, s.num_preemptions, c if s.num_computed_tokens < len(s.prompt_token_ids) else -1)
+        # a row's identity: its stint (an int: cheap to hash, as the planner does for every row), with its context
+        # while it prefills (a prefilling row that grew is planned anew)
+        key = tuple((s.stint, c) if s.num_computed_tokens < len(s.prompt_token_ids) else s.stint
                     for s, c in zip(rows, ctx, strict=True))
         sc = self.step_cost
         if self._planner is None:
@@ -295,6 +299,7 @@ class Scheduler:
         seq.status = SeqStatus.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
+        seq.stint = next(self._stints)
         self.running.append(seq)
 
     def _grow(self, seq: Sequence, n: int) -> bool:

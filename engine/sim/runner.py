@@ -13,7 +13,7 @@ from kvloop.engine.scheduler.step_cost import StepCost as DecodeCost
 from kvloop.engine.sim.cost import CostModel, StepCost
 from kvloop.engine.sim.workload import OutputTokens
 
-ROW_KEY = attrgetter("request_id", "num_preemptions")
+STINT = attrgetter("stint")  # a running row's identity (Sequence.stint)
 TABLE, COMMITTED = attrgetter("block_table"), attrgetter("block_hashes")
 
 
@@ -63,7 +63,7 @@ class SimRunner:
         token included): the plan holds while the decode set does, as the runner's."""
         if len(seqs) < 2:
             return []
-        key = tuple(map(ROW_KEY, seqs))  # the runner's key: (request id, preemptions) per row
+        key = tuple(map(STINT, seqs))  # the runner's key: each row's stint
         if key != self._key:
             self._key = key
             # a decode row's full blocks are committed (indexed): they stay while it runs (only the nested scope's

@@ -12,6 +12,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from kvloop.engine.kv.hashing import TupleChainKeys
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
@@ -50,7 +51,9 @@ class Simulator:
         self.config = cfg = config or SimConfig()
         sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
-        self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name)
+        # keys from Python's tuple hash (hashing.py): it keeps no files, and blake2b cost up to a fifth of a run
+        self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name,
+                                 block_keys=TupleChainKeys)
         cost = profile.cost_model()
         self.kv.tier_costs.fix(cost.tier_prices(bs))  # load or recompute a lower-tier hit: the model's prices
         # one decode step-cost function for the scheduler's choices and the runner's prices

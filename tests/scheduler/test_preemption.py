@@ -54,3 +54,19 @@ def test_recompute_when_the_host_tier_is_full():
     run_all(s)
     assert s.preemptions_by_kind["recompute"] > 0 and s.preemptions_by_kind["swap"] == 0
     assert all(q.output_token_ids == _reference(q.prompt_token_ids, 20) for q in seqs)
+
+
+def test_every_start_is_a_new_stint():
+    """A running row's identity for plan caches (Sequence.stint): distinct per start, and new when a preempted
+    request runs again (its blocks were given up: a plan of its old blocks must not be reused)."""
+    s, seqs = _crowd(host_tokens=0, mode="continuous")
+    while s.num_preemptions == 0:
+        step(s)
+    first = {q.request_id: q.stint for q in seqs if q.stint}
+    assert len(set(first.values())) == len(first) == len(seqs)
+    victim = seqs[-1]
+    while victim.status.value != "running":
+        step(s)
+    assert victim.stint > max(first.values())  # numbered anew when it resumed
+    assert all(q.stint == first[q.request_id] for q in seqs if not q.num_preemptions)  # kept while running
+    run_all(s)

@@ -10,9 +10,11 @@ import random
 import pytest
 
 from kvloop.engine.bench import workloads as bw
+from kvloop.engine.kv.hashing import ChainHasher, TupleChainKeys
 from kvloop.engine.runner.cascade_plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
 from kvloop.engine.scheduler.policy import policy_names
 from kvloop.engine.scheduler.shape_planner import ShapePlanner
+from kvloop.engine.sim import simulator
 from kvloop.engine.sim.modes import Sizing
 from kvloop.engine.sim.workload import OutputTokens
 from kvloop.sidecar.settings import Settings
@@ -211,3 +213,22 @@ def test_output_tokens_split_into_base_and_position_as_called():
         assert [token.at(base, p) for p in range(50)] == [token(rid, p) for p in range(50)]
         token.forget(rid)
         assert token.at(base, 7) == OutputTokens(128256)(rid, 7)
+
+
+@pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
+def test_tuple_keys_simulate_as_the_engine_keys(simulate, monkeypatch, mode):
+    """The simulator's block keys (Python's tuple hash) stand in for the engine's blake2b keys: the same run, under
+    pressure (evictions, host copies, preemptions) and with the coordinator moving the knobs."""
+    sizing = Sizing(kv_cache_tokens=1536, host_cache_tokens=2048, disk_cache_tokens=0, max_num_seqs=12,
+                    max_num_batched_tokens=96, static_batch=4)
+    tuple_sim, with_tuples = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
+                                      sizing=sizing, feedback=Settings(period_s=2.0))
+    assert isinstance(tuple_sim.kv._hasher, TupleChainKeys)
+    monkeypatch.setattr(simulator, "TupleChainKeys", ChainHasher)
+    chain_sim, with_chains = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
+                                      sizing=sizing, feedback=Settings(period_s=2.0))
+    assert isinstance(chain_sim.kv._hasher, ChainHasher)
+    assert with_tuples["client"] == with_chains["client"] and with_tuples["server"] == with_chains["server"]
+    assert with_tuples["feedback"] == with_chains["feedback"] and with_tuples["feedback"]["changes"]
+    assert vars(tuple_sim.kv.stats) == vars(chain_sim.kv.stats) and tuple_sim.kv.stats.evictions > 0
+    assert tuple_sim.kv.stats.demotions_host > 0 if mode == "codesign" else with_tuples["server"]["preemptions"] > 0
