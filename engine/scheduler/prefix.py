@@ -7,6 +7,8 @@ and how many of them share the prefix. A sequence's block keys are hashed once a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kvloop.engine.kv.manager import KVCacheManager
@@ -30,13 +32,37 @@ class PrefixHit:
 class PrefixView:
     def __init__(self, kv: KVCacheManager):
         self.kv = kv
+        self._held: dict[Sequence, PrefixHit] | None = None  # peeks remembered while the cache stays as it is
 
     def keys(self, seq: Sequence) -> list[int]:
         """Chained keys of seq's full blocks (the KV manager hashes each block once)."""
         return self.kv.keys(seq)
 
+    @contextmanager
+    def remembered(self) -> Iterator[None]:
+        """Within: a sequence's peek is remembered until `forget()`, which the caller calls whenever it may have
+        changed the cache (grouped admission peeks each candidate to order, to price and to gate it)."""
+        self._held = {}
+        try:
+            yield
+        finally:
+            self._held = None
+
+    def forget(self) -> None:
+        if self._held:
+            self._held.clear()
+
     def peek(self, seq: Sequence) -> PrefixHit:
         """The hit lookup_prefix(seq) would find now, its device blocks split into shared and cached."""
+        held = self._held
+        if held is None:
+            return self._peek(seq)
+        hit = held.get(seq)
+        if hit is None:
+            hit = held[seq] = self._peek(seq)
+        return hit
+
+    def _peek(self, seq: Sequence) -> PrefixHit:
         if seq.num_computed_tokens:  # the scheduler looks up only a sequence that has computed nothing
             return PrefixHit()
         kv = self.kv

@@ -209,6 +209,10 @@ class Scheduler:
             budget -= n
 
     def _admit_grouped(self, batch: ScheduledBatch, budget: int, now: float) -> None:
+        with self.view.remembered():  # each candidate's peek orders, prices and gates it: one walk of its prefix
+            self._admit_grouped_peeking(batch, budget, now)
+
+    def _admit_grouped_peeking(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         cfg = self.config
         order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued, cfg.aging_s,
                                         cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
@@ -228,7 +232,10 @@ class Scheduler:
                     continue
             need = self.gate.need(seq)
             # A lone request always gets its chance (progress); otherwise the gate decides.
-            n = self._try_start(seq, budget, now) if need <= headroom or not self.running else 0
+            n = 0
+            if need <= headroom or not self.running:
+                n = self._try_start(seq, budget, now)
+                self.view.forget()  # it changed the cache (attached, allocated, or gave back)
             if not n:
                 if id(seq) in priority:
                     return  # hold memory for a request that has waited its bound (or was preempted)
