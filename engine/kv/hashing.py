@@ -4,7 +4,7 @@
 Two key functions with one call, `keys(tokens, num_blocks=None, parent=ROOT, start=0) -> list[int]`:
 - `ChainHasher`: blake2b over the packed ids, remembered per block. The engine's: its keys name disk files and
   must stay the same across processes and versions (kv.disk_format).
-- `TupleChainKeys`: Python's own hash of (parent key, salt, token ids), folded to 64 bits. The simulator's: it
+- `TupleChainKeys`: Python's own hash of (parent key, token ids), folded to 64 bits. The simulator's: it
   writes no files, so its keys need only be distinct and the same in every run."""
 
 from __future__ import annotations
@@ -77,12 +77,13 @@ class ChainHasher(dict):
 
 
 class TupleChainKeys:
-    """Chained block keys from Python's hash of the tuple (parent key, salt, the block's token ids), folded to 64
-    bits: about five times cheaper than ChainHasher's blake2b and memo (no bytes to pack, nothing to remember),
-    the same in every process (ints and tuples of ints hash alike everywhere; only str and bytes are salted per
-    process). For the simulator, which hashes every prompt it admits and every block its rows fill: at 80
-    requests/s on an H200 profile, ChainHasher took a fifth of a continuous+lru run. The salt stands for the extra key. Two
-    distinct blocks collide with odds 2^-64 (a simulated hour holds ~10^6 blocks: ~10^-7 for any collision)."""
+    """Chained block keys from Python's hash of the pair (parent key, the block's token ids as a tuple), folded to
+    64 bits, the first block's parent being a salt that stands for the extra key: about five times cheaper than
+    ChainHasher's blake2b and memo (no bytes to pack, nothing to remember; the blocks are cut into tuples in C),
+    and the same in every process (ints and tuples of ints hash alike everywhere; only str and bytes are salted
+    per process). For the simulator, which hashes every prompt it admits and every block its rows fill: at 80
+    requests/s on an H200 profile, ChainHasher took a fifth of a continuous+lru run. Two distinct blocks collide
+    with odds 2^-64 (a simulated hour holds ~10^6 blocks: ~10^-7 for any collision)."""
 
     MASK = (1 << 64) - 1
 
@@ -96,9 +97,11 @@ class TupleChainKeys:
         end = len(tokens) // bs
         if num_blocks is not None:
             end = min(end, start + num_blocks)
-        salt, mask, out = self.salt, self.MASK, []
-        for at in range(start * bs, end * bs, bs):
-            parent = hash((parent, salt, *tokens[at : at + bs])) & mask
+        if parent == ROOT:
+            parent = self.salt
+        mask, out = self.MASK, []
+        for block in zip(*[iter(tokens[start * bs : end * bs])] * bs, strict=True):  # each block's ids, a tuple
+            parent = hash((parent, block)) & mask
             out.append(parent)
         return out
 
