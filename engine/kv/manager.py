@@ -69,26 +69,28 @@ class KVCacheManager(SwapMixin, PersistMixin):
                  block_keys: Callable[[int, bytes], BlockKeys] = ChainHasher):
         # A bare manager is the plain allocator (mode continuous); the engine passes its configured mode.
         cfg = self.config = config or KVConfig(mode="continuous")
+        # read once: the manager's structure (its classes and tiers) follows the policy it was built with
+        self.cache_policy = cfg.cache_policy
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.index = PrefixIndex()
         order = make_policy(cfg.eviction, cfg.gclock_max)
         # heat-gated: blocks that have not earned their place leave first (plain orders keep one class)
-        self.policy = TwoClass(order) if cfg.cache_policy.heat_gated else order
+        self.policy = TwoClass(order) if self.cache_policy.heat_gated else order
         self.ghost = GhostTable(cfg.ghost_entries, max(cfg.admit_min_requests, cfg.host_admit_min_requests,
                                                        cfg.disk_admit_min_requests))
         host_slots = cfg.host_cache_tokens // block_size
         # The host tier exists in every mode for swapping; only codesign also caches into it, with the heat
         # gate's two classes there too (host_tier.py)
         host_order = make_policy(cfg.eviction, cfg.gclock_max)
-        gated = cfg.cache_policy.heat_gated
+        gated = self.cache_policy.heat_gated
         self.host = HostTier(host_slots, TwoClass(host_order) if gated else host_order,
                              self._host_earned) if host_slots else None
         # copies down to the host are made where they pay (copy_value.py); the class is the ghost count, capped
-        caching_host = self.host is not None and cfg.cache_policy.lower_tiers
+        caching_host = self.host is not None and self.cache_policy.lower_tiers
         self.copy_value = CopyValue(host_slots, self.ghost.max_count + 1) if caching_host else None
         disk_slots = cfg.disk_cache_tokens // block_size
-        with_disk = cfg.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
+        with_disk = self.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
         self.disk = DiskTier(disk_slots) if with_disk else None
         self.stats = KVStats()
         self.regret = RegretWindow(cfg.regret_window)
@@ -153,7 +155,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds. The
         watermark keeps back cached blocks that earned their place (up to its share of the pool); blocks on
         probation are always evictable, and a protected block that cools goes back to probation."""
-        if not self.config.cache_policy.retention_watermark or referenced <= own:
+        if not self.cache_policy.retention_watermark or referenced <= own:
             return cached  # no watermark, or nobody else holds blocks: keeping any back would stall
         kept = min(int(self._watermark * self.num_blocks), self.policy.num_earned)
         return max(0, cached - kept)
@@ -193,14 +195,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def _lookup_tiers(self) -> tuple[str, ...]:
         """The tiers a prefix lookup asks, top down (as _tier_of reads them)."""
-        host = self.config.cache_policy.lower_tiers and self.host is not None
+        host = self.cache_policy.lower_tiers and self.host is not None
         return ("device",) + (("host",) if host else ()) + (("disk",) if self.disk is not None else ())
 
     def _attach_prefix(self, seq: Sequence) -> int:
         tokens = seq.token_ids
         bs = self.block_size
         hashes = self.keys(seq)
-        if self.config.cache_policy.heat_gated:
+        if self.cache_policy.heat_gated:
             self.ghost.record_all(hashes, seq.request_id)
         matched = self._matched_tiers(hashes, len(tokens))
         found = self._worth_using(matched)
@@ -259,7 +261,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             tokens = list(seq)
             num_tokens = len(tokens)
             usable = max(0, num_tokens - 1) // self.block_size
-            cached = self.config.prefix_cache
+            cached = self.cache_policy.prefix_cache
             hashes = self._hasher(tokens, usable) if cached else []
         tiers = self._leading_tiers(hashes, num_tokens)
         if not tiers or len(tiers) * self.block_size < self.min_reusable_tokens:
@@ -270,11 +272,11 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def min_reusable_tokens(self) -> int:
         """The shortest match that is a hit: min_prefix_tokens where the cache policy keeps a minimum, else
         any full block."""
-        return self.config.min_prefix_tokens if self.config.cache_policy.min_prefix else 1
+        return self.config.min_prefix_tokens if self.cache_policy.min_prefix else 1
 
     def _lookup_skipped(self, seq: Sequence) -> bool:
         """No prefix lookup: no prefix cache, or seq holds blocks already (running, or swapped out)."""
-        return not self.config.prefix_cache or bool(seq.block_table) or self.is_swapped(seq)
+        return not self.cache_policy.prefix_cache or bool(seq.block_table) or self.is_swapped(seq)
 
     def _leading_tiers(self, hashes: list[int], num_tokens: int) -> list[str]:
         """Tiers of the leading blocks a lookup would attach: those the cache holds, as far as attaching them
@@ -302,7 +304,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _tier_of(self, h: int) -> str | None:
         if self.index.slot_of(h) is not None:
             return "device"
-        if self.config.cache_policy.lower_tiers and self.host is not None and self.host.has(h):
+        if self.cache_policy.lower_tiers and self.host is not None and self.host.has(h):
             return "host"
         if self.disk is not None and self.disk.has(h):
             return "disk"
@@ -410,7 +412,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def _commit(self, seq: Sequence) -> None:
         """Indexes seq's newly completed blocks; a block someone else indexed first is shared instead."""
-        if not self.config.prefix_cache:
+        if not self.cache_policy.prefix_cache:
             return
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
@@ -419,14 +421,15 @@ class KVCacheManager(SwapMixin, PersistMixin):
             return
         parent = seq.block_hashes[-1] if i else ROOT
         keys = self.keys(seq)
+        if self.cache_policy.heat_gated:  # the ghost's counts first: nothing below reads them
+            self.ghost.record_all(keys[i:full], seq.request_id)
+        index = self.index
         while i < full:
             h = keys[i]
-            if self.config.cache_policy.heat_gated:
-                self.ghost.record(h, seq.request_id)
             own = seq.block_table[i]
-            existing = self.index.slot_of(h)
+            existing = index.slots.get(h)
             if existing is None:
-                self.index.add(own, h, parent)
+                index.add(own, h, parent)
             elif existing != own:  # equal keys hold equal K/V: keep one copy
                 self._ref_indexed(existing)
                 seq.block_table[i] = existing
@@ -450,14 +453,16 @@ class KVCacheManager(SwapMixin, PersistMixin):
         """Drops one reference to each block; every full block no one holds any more stays cached, in its
         class, leaves first (a chain's tail becomes evictable before its head)."""
         cached: list[tuple[int, bool]] = []
+        pool, hash_of, earned = self.pool, self.index.hash_of, self._earned
+        gated = self.cache_policy.heat_gated  # ungated, every block has earned its place: no ghost count asked
         for block in reversed(blocks):
-            if not self.pool.decref(block):
+            if not pool.decref(block):
                 continue
-            h = self.index.hash_of(block)
+            h = hash_of(block)
             if h is None:
-                self.pool.put_free(block)
+                pool.put_free(block)
             else:
-                cached.append((block, self._earned(h)))
+                cached.append((block, not gated or earned(h)))
         self.policy.cool(sum(earned for _, earned in cached))  # protected traffic ages the protected class
         for block, earned in cached:
             self.policy.add(block, earned)
@@ -468,7 +473,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _earned(self, h: int) -> bool:
         """Whether a cached block keeps its place before others under pressure (the heat gate's rule)."""
         cfg = self.config
-        return not cfg.cache_policy.heat_gated or self.ghost.count(h) >= cfg.admit_min_requests
+        return not self.cache_policy.heat_gated or self.ghost.count(h) >= cfg.admit_min_requests
 
     def _evict(self, block: int) -> None:
         parent = self.index.parent_of(block)
@@ -478,7 +483,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.regret.evicted(h)
         if not self._earned(h):
             self.stats.admissions_refused += 1  # evicted before it earned its place
-        if self.config.cache_policy.lower_tiers:
+        if self.cache_policy.lower_tiers:
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:

@@ -25,7 +25,7 @@ def allocation_due(kv: KVCacheManager, seq: Sequence, total: int) -> bool:
     bs, table = kv.block_size, seq.block_table
     if (total + bs - 1) // bs > len(table):
         return True
-    if kv.config.prefix_cache and len(seq.block_hashes) < min(seq.num_computed_tokens // bs, len(table)):
+    if kv.cache_policy.prefix_cache and len(seq.block_hashes) < min(seq.num_computed_tokens // bs, len(table)):
         return True
     return kv.is_swapped(seq)
 
