@@ -453,7 +453,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         """Drops one reference to each block; every full block no one holds any more stays cached, in its
         class, leaves first (a chain's tail becomes evictable before its head)."""
         cached: list[tuple[int, bool]] = []
-        pool, hash_of, earned = self.pool, self.index.hash_of, self._earned
+        pool, hash_of, has_earned = self.pool, self.index.hash_of, self._earned
         gated = self.cache_policy.heat_gated  # ungated, every block has earned its place: no ghost count asked
         for block in reversed(blocks):
             if not pool.decref(block):
@@ -462,7 +462,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             if h is None:
                 pool.put_free(block)
             else:
-                cached.append((block, not gated or earned(h)))
+                cached.append((block, not gated or has_earned(h)))
         self.policy.cool(sum(earned for _, earned in cached))  # protected traffic ages the protected class
         for block, earned in cached:
             self.policy.add(block, earned)

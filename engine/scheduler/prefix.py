@@ -42,11 +42,11 @@ class PrefixView:
     def remembered(self) -> Iterator[None]:
         """Within: a sequence's peek is remembered until `forget()`, which the caller calls whenever it may have
         changed the cache (grouped admission peeks each candidate to order, to price and to gate it)."""
-        self._held = {}
+        outer, self._held = self._held, {}
         try:
             yield
         finally:
-            self._held = None
+            self._held = outer
 
     def forget(self) -> None:
         if self._held:

@@ -39,3 +39,21 @@ def test_view_counts_lower_tier_blocks_and_follows_the_managers_rules():
     assert hit.blocks == match.num_blocks
     short = req("short", DOC[:12] + [7])  # three blocks: under the minimum of 16 tokens
     assert s.kv.peek_prefix(short).num_blocks == 0 and s.view.peek(short).blocks == 0
+
+
+def test_remembered_peeks_hold_until_forgotten():
+    """Grouped admission peeks a candidate to order, price and gate it: within `remembered` the first peek
+    stands until `forget` (called after anything that changes the cache), then the cache is read again."""
+    s = make(kv=kv_config("codesign"), max_num_seqs=4)
+    first = req("first", DOC + toks(2, 3), max_tokens=8)
+    s.add(first)
+    step(s)
+    step(s)  # first holds DOC's eight blocks
+    joiner = req("joiner", DOC + toks(3, 5))
+    with s.view.remembered():
+        held = s.view.peek(joiner)
+        run_all(s)  # first ends: DOC's blocks are only cached now
+        assert s.view.peek(joiner) is held and held.shared == 8  # remembered, as told
+        s.view.forget()
+        assert (s.view.peek(joiner).shared, s.view.peek(joiner).cached) == (0, 8)
+    assert s.view.peek(joiner) is not s.view.peek(joiner)  # outside: every peek reads the cache
