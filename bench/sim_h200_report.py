@@ -308,7 +308,13 @@ The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual
 on a quiet machine (the speed part's file records which: CPUs differ in Python speed; the same runs took 268
 and 800 CPU s on an AMD EPYC, 431 and 1,358 on an older Intel Xeon), with gate-under-pressure codesign, which
 serves every request at 80 req/s where plain LRU rejects some. The goal of 120 CPU s per simulated hour is
-missed (the goals below). At 80 req/s an hour is ~200,000 steps with ~275 running rows each, so the goal means
+missed (the goals below). The simulator's block keys come from Python's tuple hash (kv/hashing.py, TupleChainKeys:
+blake2b with its memo was a fifth of a continuous+lru run), plan caches key a running row by one int (its stint),
+grouped admission peeks a candidate once while the cache stays as it is, and the KV manager reads its cache policy
+once: the same runs, bit for bit, at 0.80x the CPU of 550905d's code (600 s of arrivals at 80 req/s, the two
+alternating minutes apart: continuous+lru 154 and 148 against 185 and 192 CPU s per simulated hour, codesign 446
+against 557). The machine ran slowly that day: 550905d's code measured 127 (continuous+lru) and 384 (codesign)
+in the session before. At 80 req/s an hour is ~200,000 steps with ~275 running rows each, so the goal means
 about 0.6 ms per step: a few microseconds per running row, less than the per-row bookkeeping of one Python
 pass. Meeting it takes a step loop that does no per-row work in a step (decode rows as aggregates, admission
 from running totals), not a faster version of this one, and a cheaper KV manager too: in a profile of 300 s of
