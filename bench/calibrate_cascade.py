@@ -199,7 +199,7 @@ def cpu_cost_name() -> str:
 
     if not build.load():
         raise SystemExit(f"the CPU kernel is not built: {build.unavailable_reason()}")
-    return get_backend("cpu", "cpu").cost_name(HD, torch.bfloat16)
+    return get_backend("cpu", "cpu").cost_name(HD, torch.bfloat16, BLOCK)
 
 
 def best_of_each(fns: list, reps: int) -> list[float]:

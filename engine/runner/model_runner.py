@@ -34,7 +34,7 @@ class ModelRunner:
         self.kv_cache = model.new_kv_cache(num_blocks, block_size, kv_dtype)
         self.cascade = cascade
         # the decode path the model runs (its attention backend), whose trade-off the scheduler prices steps with too
-        self.attention_cost_name = model.attention.cost_name(model.cfg.head_dim, model.dtype)
+        self.attention_cost_name = model.attention.cost_name(model.cfg.head_dim, model.dtype, block_size)
         self.attention_cost = cost = cost_for(str(self.kv_cache.dtype), self.attention_cost_name)
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
         # cascade_groups: nested (any shared prefix) or common (only the prefix of all rows: continuous+lru)

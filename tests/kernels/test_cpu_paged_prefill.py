@@ -115,7 +115,7 @@ def test_the_cpu_backend_prefills_through_the_kernel_where_its_routine_outruns_s
     """Over bf16 K/V the kernel's blocked routine takes the prefill chunks; with AMX tiles torch's bf16 SDPA outruns
     it, so there the kernel takes only what its tile routine takes (bf16 queries of head_dim 64), SDPA the rest. Its
     bf16 K/V decode is priced as the blocked routine's, or with the tiles, for bf16 queries of the tile routine's
-    head_dim, as the blocked routine's plain rows with the tiles' stacked ones."""
+    head_dim over blocks it can tile, as the blocked routine's plain rows with the tiles' stacked ones."""
     from kvloop.engine.kernels.cpu import amx, build
 
     has_tiles = amx.available()  # this CPU's answer, before the backend is told otherwise
@@ -125,8 +125,9 @@ def test_the_cpu_backend_prefills_through_the_kernel_where_its_routine_outruns_s
     assert tiles == (amx_tiles and has_tiles)  # on exactly where asked and the CPU (and the OS) has them
     assert (cpu._prefill is not None) == build.blocked_bf16()
     blocked = "cpu/avx512bf16" if build.blocked_bf16() else "cpu"
-    assert cpu.cost_name(64, torch.float32) == cpu.cost_name(128, torch.bfloat16) == blocked
-    assert cpu.cost_name(64, torch.bfloat16) == ("cpu/amx" if tiles and build.blocked_bf16() else blocked)
+    assert cpu.cost_name(64, torch.float32, BS) == cpu.cost_name(128, torch.bfloat16, BS) == blocked
+    assert cpu.cost_name(64, torch.bfloat16, 8) == blocked  # tiles of 16 tokens cross blocks of 8: not the tiles
+    assert cpu.cost_name(64, torch.bfloat16, BS) == ("cpu/amx" if tiles and build.blocked_bf16() else blocked)
     took: list[torch.dtype] = []
     if cpu._prefill is not None:
         kernel = cpu._prefill
@@ -142,6 +143,16 @@ def test_the_cpu_backend_prefills_through_the_kernel_where_its_routine_outruns_s
         out = cpu.extend(q, paged.k_cache, paged.v_cache, meta, 0.125)
         torch.testing.assert_close(out.double(), chunk_reference(q, paged, chunks, 0.125), atol=2e-2, rtol=2e-2)
     assert took == ([] if not build.blocked_bf16() else [torch.bfloat16] if tiles else [torch.bfloat16, torch.float32])
+    # blocks of 8 tokens: the tile routine cannot take the chunk, so with the tiles SDPA does (not the pairs)
+    took.clear()
+    small = make_paged([81], 8, 3, 64, torch.bfloat16, gen)
+    meta8 = AttentionMetadata(slot_mapping=torch.zeros(33, dtype=torch.long), num_decode=0, decode_block_tables=None,
+                              decode_context_lens=None, max_decode_context=0,
+                              prefills=[PrefillChunk(q_start=0, q_len=33, seq_len=81, block_table=small.block_tables[0])])
+    q = torch.randn(33, 9, 64, generator=gen).bfloat16()
+    out = cpu.extend(q, small.k_cache, small.v_cache, meta8, 0.125)
+    torch.testing.assert_close(out.double(), chunk_reference(q, small, chunks, 0.125), atol=2e-2, rtol=2e-2)
+    assert took == ([torch.bfloat16] if build.blocked_bf16() and not tiles else [])
 
 
 @pytest.mark.parametrize("split_tokens", [512, 7], ids=["splits_512", "splits_7"])

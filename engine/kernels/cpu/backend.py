@@ -17,7 +17,7 @@ Registered in backend.py with
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 
 import torch
 
@@ -25,7 +25,13 @@ from kvloop.engine.kernels.backend import AttentionBackend, WithDecode, get_back
 from kvloop.engine.kernels.cascade_cost import AMX_TILES, BLOCKED_BF16
 from kvloop.engine.kernels.cpu import amx, build
 
-TILES_HEAD_DIM = 64  # the only head_dim the stacked tile routine takes (csrc/tile_amx.h); others, flash or the pairs
+
+@cache
+def _tiles_shape(head_dim: int, block_size: int) -> bool:
+    """Whether the tile routine takes this head_dim and block size at the kernel's split (asked once per shape)."""
+    from kvloop.engine.kernels.cpu.paged_decode import SPLIT_TOKENS
+
+    return bool(torch.ops.kvloop_cpu.stacked_tiles_shape(head_dim, block_size, SPLIT_TOKENS))
 
 
 def available(device: torch.device | str) -> bool:
@@ -43,18 +49,18 @@ class CpuBackend(WithDecode):
         self._blocked_bf16 = blocked_bf16  # the blocked bf16 routine is built: bf16 K/V decode through it
         self._tiles = tiles  # AMX tiles: a group's stacked rows and prefill chunks over bf16 K/V through their routine
 
-    def cost_name(self, head_dim: int, query_dtype: torch.dtype) -> str:
+    def cost_name(self, head_dim: int, query_dtype: torch.dtype, block_size: int) -> str:
         """Each decode path with its own measured trade-off for bf16 K/V: "cpu/amx" where the blocked bf16 routine
-        is built and a group's stacked rows take the AMX tile routine (bf16 queries, its head_dim), "cpu/avx512bf16"
+        is built and a group's stacked rows take the AMX tile routine (bf16 queries, its shapes), "cpu/avx512bf16"
         where plain rows take the blocked routine but stacked ones not the tiles, else "cpu"."""
         if not self._blocked_bf16:
             return self.name
-        return f"{self.name}/{AMX_TILES if self._tiles_take(head_dim, query_dtype) else BLOCKED_BF16}"
+        return f"{self.name}/{AMX_TILES if self._tiles_take(head_dim, query_dtype, block_size) else BLOCKED_BF16}"
 
-    def _tiles_take(self, head_dim: int, query_dtype: torch.dtype) -> bool:
+    def _tiles_take(self, head_dim: int, query_dtype: torch.dtype, block_size: int) -> bool:
         """Whether the AMX tile routine takes stacked rows (and causal chunks) of this head_dim and query dtype over
-        bf16 K/V (with the engine's 16-token blocks: csrc/tile_amx.h, stacked_tiles_apply)."""
-        return self._tiles and head_dim == TILES_HEAD_DIM and query_dtype == torch.bfloat16
+        bf16 K/V in blocks of this size (the kernel's own rule: csrc/tile_amx.h, stacked_tiles_shape)."""
+        return self._tiles and query_dtype == torch.bfloat16 and _tiles_shape(head_dim, block_size)
 
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
@@ -67,7 +73,7 @@ class CpuBackend(WithDecode):
         SDPA's bf16 path is the faster one (the blocked routine's 2,000-token prefill: 958 ms). The kernel's AVX2 routine scores one query at a time (not
         measured against SDPA)."""
         if (self._prefill is not None and k_cache.dtype == torch.bfloat16
-                and (not self._tiles or self._tiles_take(q.shape[-1], q.dtype))):
+                and (not self._tiles or self._tiles_take(q.shape[-1], q.dtype, k_cache.shape[1]))):
             return self._prefill(q, k_cache, v_cache, meta, scale)
         return super().extend(q, k_cache, v_cache, meta, scale)
 

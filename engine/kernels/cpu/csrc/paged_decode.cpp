@@ -478,6 +478,7 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def("set_stacked_flash(bool on) -> bool", &kvloop::set_stacked_flash);
   m.def("set_stacked_tiles(bool on) -> bool", &kvloop::set_stacked_tiles);
   m.def("stacked_tiles() -> bool", [] { return kvloop::stacked_tiles_on.load(); });
+  m.def("stacked_tiles_shape(int head_dim, int block_size, int split_tokens) -> bool", &kvloop::stacked_tiles_shape);
 }
 
 TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {

@@ -49,11 +49,16 @@ inline bool set_stacked_tiles(bool on) {
   return stacked_tiles_on.load();
 }
 
-// Whether run_item_amx serves the stacked items of this call: switched on, bf16 queries and K/V, head_dim 64, and
-// tiles of 16 tokens that never cross a block (every item starts on a split of split_tokens or a block edge).
+// The shapes run_item_amx takes: head_dim 64, and tiles of 16 tokens that never cross a block (every item starts on
+// a split of split_tokens or a block edge). The CPU backend asks the same (the op of this name) to price and route.
+inline bool stacked_tiles_shape(int64_t head_dim, int64_t block_size, int64_t split_tokens) {
+  return head_dim == kStackedTilesHeadDim && block_size % kTile == 0 && split_tokens % kTile == 0;
+}
+
+// Whether run_item_amx serves the stacked items of this call: switched on, bf16 queries and K/V, and its shapes.
 inline bool stacked_tiles_apply(const at::Tensor& q, const at::Tensor& k_cache, const Shape& sh, int64_t split_tokens) {
   return stacked_tiles_on.load() && q.scalar_type() == at::kBFloat16 && k_cache.scalar_type() == at::kBFloat16 &&
-         sh.d == kStackedTilesHeadDim && sh.block_size % kTile == 0 && split_tokens % kTile == 0;
+         stacked_tiles_shape(sh.d, sh.block_size, split_tokens);
 }
 
 #ifdef KVLOOP_AMX
