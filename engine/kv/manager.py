@@ -454,7 +454,6 @@ class KVCacheManager(SwapMixin, PersistMixin):
         class, leaves first (a chain's tail becomes evictable before its head)."""
         cached: list[tuple[int, bool]] = []
         pool, hash_of, has_earned = self.pool, self.index.hash_of, self._earned
-        gated = self.cache_policy.heat_gated  # ungated, every block has earned its place: no ghost count asked
         for block in reversed(blocks):
             if not pool.decref(block):
                 continue
@@ -462,7 +461,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             if h is None:
                 pool.put_free(block)
             else:
-                cached.append((block, not gated or has_earned(h)))
+                cached.append((block, has_earned(h)))
         self.policy.cool(sum(earned for _, earned in cached))  # protected traffic ages the protected class
         for block, earned in cached:
             self.policy.add(block, earned)

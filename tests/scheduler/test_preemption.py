@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from sched_helpers import kv_config, make, next_token, req, run_all, step, toks
 
+from kvloop.engine.scheduler.sequence import SeqStatus
+
 
 def _reference(prompt: list[int], n: int) -> list[int]:
     seq = req("ref", prompt, n)
@@ -65,7 +67,7 @@ def test_every_start_is_a_new_stint():
     first = {q.request_id: q.stint for q in seqs if q.stint}
     assert len(set(first.values())) == len(first) == len(seqs)
     victim = seqs[-1]
-    while victim.status.value != "running":
+    while victim.status is not SeqStatus.RUNNING:
         step(s)
     assert victim.stint > max(first.values())  # numbered anew when it resumed
     assert all(q.stint == first[q.request_id] for q in seqs if not q.num_preemptions)  # kept while running

@@ -70,8 +70,8 @@ class CpuBackend(WithDecode):
         where the tile routine takes the chunks' runs of rows (bf16 queries, head_dim 64: 30 layers, 2 threads,
         Intel Xeon: 112 new tokens over 1,952 27 ms against SDPA's 37, four such chunks 101 against 140, 512 over
         1,500 102 against 129, 2,000 fresh 232 against 248; whole engine prefills 7-12% faster); elsewhere there
-        SDPA's bf16 path is the faster one (the blocked routine's 2,000-token prefill: 958 ms). The kernel's AVX2 routine scores one query at a time (not
-        measured against SDPA)."""
+        SDPA's bf16 path is the faster one (the blocked routine's 2,000-token prefill: 958 ms). The kernel's AVX2
+        routine scores one query at a time (not measured against SDPA)."""
         if (self._prefill is not None and k_cache.dtype == torch.bfloat16
                 and (not self._tiles or self._tiles_take(q.shape[-1], q.dtype, k_cache.shape[1]))):
             return self._prefill(q, k_cache, v_cache, meta, scale)
