@@ -6,6 +6,7 @@ indexed by its hash and holding reusable K/V, evictable on demand (it is on no f
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 
 class OutOfBlocks(RuntimeError):
@@ -41,11 +42,20 @@ class BlockPool:
 
     def decref(self, block: int) -> bool:
         """Drops one reference; returns True when it was the last one."""
-        count = self.ref_counts[block] - 1
-        if count < 0:
-            raise RuntimeError(f"block {block} released more often than referenced")
-        self.ref_counts[block] = count
-        return count == 0
+        return bool(self.decref_all((block,)))
+
+    def decref_all(self, blocks: Iterable[int]) -> list[int]:
+        """Drops one reference to each block, in order; returns those whose last reference went, in that order
+        (a release drops a whole table: one loop)."""
+        refs, last = self.ref_counts, []
+        for block in blocks:
+            count = refs[block] - 1
+            if count <= 0:
+                if count < 0:
+                    raise RuntimeError(f"block {block} released more often than referenced")
+                last.append(block)
+            refs[block] = count
+        return last
 
     def put_free(self, block: int) -> None:
         self._free.append(block)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 
 class EvictionPolicy(ABC):
@@ -30,6 +30,11 @@ class EvictionPolicy(ABC):
         self._ring[slot] = None
         self._ring.move_to_end(slot)
 
+    def add_all(self, slots: Iterable[int], earned: Iterable[bool]) -> None:
+        """add(slot, its earned) for each, in order (a release adds a whole table's cached blocks)."""
+        for slot, e in zip(slots, earned, strict=True):
+            self.add(slot, e)
+
     def cool(self, n: int) -> None:
         """n blocks are about to join the earned class: age it (a single-class order has nothing to age)."""
         return
@@ -45,6 +50,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def hit(self, slot: int) -> None:
         """A lookup reused this slot's content."""
+
+    def hit_all(self, slots: Iterable[int]) -> None:
+        """hit for each of these slots, in order (a prefix hit shares a whole run of blocks)."""
+        for slot in slots:
+            self.hit(slot)
 
     def forget(self, slot: int) -> None:
         """The slot's content is gone (evicted or freed): drop any per-slot history."""
@@ -72,6 +82,9 @@ class LRU(EvictionPolicy):
     def hit(self, slot: int) -> None:
         pass  # recency is refreshed when the slot is released again (add)
 
+    def hit_all(self, slots: Iterable[int]) -> None:
+        pass
+
     def pick(self, ring: OrderedDict[int, None], can_evict: Callable[[int], bool]) -> int | None:
         for slot in ring:
             if can_evict(slot):
@@ -93,7 +106,13 @@ class GClock(EvictionPolicy):
         self.counts: dict[int, int] = {}
 
     def hit(self, slot: int) -> None:
-        self.counts[slot] = min(self.max_count, self.counts.get(slot, 0) + 1)
+        self.hit_all((slot,))
+
+    def hit_all(self, slots: Iterable[int]) -> None:
+        counts, top = self.counts, self.max_count
+        for slot in slots:
+            count = counts.get(slot, 0)
+            counts[slot] = count + 1 if count < top else top  # a count never passes top
 
     def forget(self, slot: int) -> None:
         self.remove(slot)

@@ -40,3 +40,8 @@ class GhostTable:
 
     def count(self, h: int) -> int:
         return len(self._seen.get(h, ()))
+
+    def counts(self, hashes: Iterable[int]) -> list[int]:
+        """count of each hash, in one pass."""
+        get = self._seen.get
+        return [len(get(h, ())) for h in hashes]

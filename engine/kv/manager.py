@@ -37,7 +37,7 @@ Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; N
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from itertools import filterfalse, takewhile
 
 from kvloop.engine.kv.block_pool import BlockPool
@@ -355,14 +355,14 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _ref_indexed(self, block: int) -> None:
         self._ref_indexed_all((block,))
 
-    def _ref_indexed_all(self, blocks: Iterable[int]) -> None:
+    def _ref_indexed_all(self, blocks: Collection[int]) -> None:
         """One more reference to each of these indexed blocks (one that was cached leaves the eviction order)."""
-        refs, incref, policy = self.pool.ref_counts, self.pool.incref, self.policy
+        refs, leave = self.pool.ref_counts, self.policy.remove
         for block in blocks:
             if refs[block] == 0:
-                policy.remove(block)
-            incref(block)
-            policy.hit(block)
+                leave(block)
+            refs[block] += 1
+        self.policy.hit_all(blocks)  # a hit reads only the order's per-slot history, which leaving keeps
 
     # ---- allocation -----------------------------------------------------------------------------
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:
@@ -452,27 +452,34 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _unref_all(self, blocks: list[int]) -> None:
         """Drops one reference to each block; every full block no one holds any more stays cached, in its
         class, leaves first (a chain's tail becomes evictable before its head)."""
-        cached: list[tuple[int, bool]] = []
-        pool, hash_of, has_earned = self.pool, self.index.hash_of, self._earned
-        for block in reversed(blocks):
-            if not pool.decref(block):
-                continue
-            h = hash_of(block)
+        pool = self.pool
+        last = pool.decref_all(reversed(blocks))
+        if not last:
+            return
+        cached, hashes = [], []
+        for block, h in zip(last, self.index.hashes_of(last), strict=True):
             if h is None:
                 pool.put_free(block)
             else:
-                cached.append((block, has_earned(h)))
-        self.policy.cool(sum(earned for _, earned in cached))  # protected traffic ages the protected class
-        for block, earned in cached:
-            self.policy.add(block, earned)
+                cached.append(block)
+                hashes.append(h)
+        earned = self._earned_all(hashes)
+        self.policy.cool(sum(earned))  # protected traffic ages the protected class
+        self.policy.add_all(cached, earned)
 
     def _unref(self, block: int) -> None:
         self._unref_all([block])
 
     def _earned(self, h: int) -> bool:
         """Whether a cached block keeps its place before others under pressure (the heat gate's rule)."""
-        cfg = self.config
-        return not self.cache_policy.heat_gated or self.ghost.count(h) >= cfg.admit_min_requests
+        return self._earned_all((h,))[0]
+
+    def _earned_all(self, hashes: Collection[int]) -> list[bool]:
+        """_earned for each of these hashes (a release classes a whole table's blocks)."""
+        if not self.cache_policy.heat_gated:
+            return [True] * len(hashes)
+        least = self.config.admit_min_requests
+        return [n >= least for n in self.ghost.counts(hashes)]
 
     def _evict(self, block: int) -> None:
         parent = self.index.parent_of(block)

@@ -6,7 +6,7 @@ block names it as parent; only leaves are evicted, so no cached block is ever or
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from kvloop.engine.kv.hashing import ROOT
 
@@ -31,6 +31,10 @@ class PrefixIndex:
     def hash_of(self, slot: int) -> int | None:
         entry = self._entry.get(slot)
         return None if entry is None else entry[0]
+
+    def hashes_of(self, slots: Iterable[int]) -> list[int | None]:
+        """hash_of each slot, in one pass."""
+        return [None if entry is None else entry[0] for entry in map(self._entry.get, slots)]
 
     def add(self, slot: int, h: int, parent: int) -> None:
         assert h not in self._slot_of and slot not in self._entry

@@ -21,7 +21,7 @@ evictable again (its ghost count may have grown while it was in use)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from kvloop.engine.kv.eviction import EvictionPolicy
 
@@ -51,12 +51,22 @@ class TwoClass(EvictionPolicy):
         ring = self._ring if earned else self._probation
         ring[slot] = None
 
+    def add_all(self, slots: Iterable[int], earned: Iterable[bool]) -> None:
+        protected, probation = self._ring, self._probation
+        for slot, e in zip(slots, earned, strict=True):
+            protected.pop(slot, None)  # remove(slot), inline
+            probation.pop(slot, None)
+            (protected if e else probation)[slot] = None
+
     def remove(self, slot: int) -> None:
         self._ring.pop(slot, None)
         self._probation.pop(slot, None)
 
     def hit(self, slot: int) -> None:
         self.order.hit(slot)
+
+    def hit_all(self, slots: Iterable[int]) -> None:
+        self.order.hit_all(slots)
 
     def forget(self, slot: int) -> None:
         self.remove(slot)

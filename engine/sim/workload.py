@@ -93,7 +93,8 @@ class OutputTokens:
     def tokens(self, base: int, start: int, stop: int) -> list[int]:
         """at(base, p) for p in range(start, stop), in one loop (a row caught up after a window)."""
         stride, span = self.STRIDE, self.span
-        return [100 + (base + stride * p) % span for p in range(start, stop)]
+        # base + stride * p for each p, stepped by range in C rather than multiplied per token
+        return [100 + x % span for x in range(base + stride * start, base + stride * stop, stride)]
 
     def forget(self, request_id: str) -> None:
         self._bases.pop(request_id, None)

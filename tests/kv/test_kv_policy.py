@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 from kv_helpers import ONE_TOKEN, fake_manager, serve
 
+from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.eviction import LRU, GClock
 from kvloop.engine.kv.ghost import GhostTable
+from kvloop.engine.kv.hashing import ROOT
 from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.kv.prefix_index import PrefixIndex
+from kvloop.engine.kv.two_class import TwoClass
 from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 16
@@ -131,6 +135,42 @@ def test_gclock_prefers_frequently_hit_blocks():
     for s in (0, 1, 2):
         lru.add(s)
     assert lru.victim(lambda s: s != 0) == 1
+
+
+def test_bulk_forms_match_one_at_a_time():
+    """The release path's bulk calls (hit_all, add_all, decref_all, counts, hashes_of) leave what the single
+    calls leave, in the same order: a bulk form that reorders or drops an entry fails."""
+    def orders(make_order):
+        one, bulk = make_order(), make_order()
+        slots, earned = [5, 3, 9, 3, 1, 7], [True, False, True, True, False, False]
+        for slot, e in zip(slots, earned, strict=True):
+            one.add(slot, e)
+            one.hit(slot)
+            one.hit(slot)
+        bulk.add_all(slots, earned)
+        bulk.hit_all(slots + slots)
+        return one, bulk
+    for make_order in (LRU, lambda: GClock(max_count=2), lambda: TwoClass(GClock(max_count=2))):
+        one, bulk = orders(make_order)
+        assert list(one) == list(bulk)
+        counts = getattr(getattr(bulk, "order", bulk), "counts", None)
+        assert counts in (None, dict.fromkeys([5, 3, 9, 1, 7], 2))  # hit 2 or 4 times each: capped at 2
+        assert counts == getattr(getattr(one, "order", one), "counts", None)
+        assert [one.victim(lambda s: True) for _ in range(5)] == [bulk.victim(lambda s: True) for _ in range(5)]
+    pool = BlockPool(4)
+    taken = [pool.allocate() for _ in range(3)]
+    pool.incref(taken[1])
+    assert pool.decref_all([taken[2], taken[1], taken[0]]) == [taken[2], taken[0]]
+    with pytest.raises(RuntimeError, match="released more often"):
+        pool.decref_all([taken[0]])
+    ghost = GhostTable(capacity=8, max_count=3)
+    ghost.record_all([1, 2], "a")
+    ghost.record_all([2], "b")
+    assert ghost.counts([2, 1, 4]) == [ghost.count(2), ghost.count(1), ghost.count(4)] == [2, 1, 0]
+    index = PrefixIndex()
+    index.add(3, 30, ROOT)
+    index.add(1, 10, 30)
+    assert index.hashes_of([1, 2, 3]) == [index.hash_of(1), index.hash_of(2), index.hash_of(3)] == [10, None, 30]
 
 
 def test_ghost_table_is_bounded():
