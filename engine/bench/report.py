@@ -64,7 +64,8 @@ def summarize(suite: SuiteResult, slo: SLO) -> dict:
         d["info"] = rows[0].info
         d["runs"] = [{"rate": r.rate, "rep": r.rep, "attempts": r.attempts, "client": r.client,
                       "server": {k: v for k, v in r.server.items() if k != "kv_use_series"},
-                      "noise": {k: v for k, v in r.noise.items() if k != "series"}} for r in rows]
+                      "noise": {k: v for k, v in r.noise.items() if k != "series"},
+                      **({"last_chain": r.last_chain} if r.last_chain else {})} for r in rows]
         systems[name] = d
     return systems
 
@@ -185,6 +186,7 @@ def markdown(report: dict, plots: list[str]) -> str:
     lines += ["", "## Goals", ""]
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
+    lines += chain_lines(report)
     lines += ["", "## Rate sweep", "", "| system | rate req/s | out tok/s | TTFT p99 s | TPOT p99 ms | meets SLO |",
               "|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
@@ -197,6 +199,26 @@ def markdown(report: dict, plots: list[str]) -> str:
             lines += ["", f"## {section.capitalize()}", ""]
             lines += ([f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]])
     return "\n".join(lines) + "\n"
+
+
+def chain_lines(report: dict) -> list[str]:
+    """Per run at the main rate, the chat session that finished last (chains.py): the closed loop that bounds the
+    makespan. Nothing where no run has one (no chat sessions, or a file written before runs kept it)."""
+    main = report["meta"].get("main_rate")
+    rows = [(name, run) for name, d in report["systems"].items() for run in d.get("runs", [])
+            if run.get("last_chain") and (main is None or run["rate"] == main)]
+    if not rows:
+        return []
+    lines = ["", "## The last chat session of each run (its turns run one after another: the makespan cannot be "
+             "shorter)", "", "| system | rep | makespan s | session | first send s | think s (all gaps) | "
+             "TTFT s per turn | decode s per turn | ms per token per turn |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, run in rows:
+        c = run["last_chain"]
+        lines.append(f"| {name} | {run['rep']} | {fmt(c['makespan_s'], 1)} | {c['session']} | "
+                     f"{fmt(c['first_send_s'], 1)} | {fmt(c['think_s'], 1)} | {' / '.join(fmt(x) for x in c['ttft_s'])} | "
+                     f"{' / '.join(fmt(x, 1) for x in c['decode_s'])} | "
+                     f"{' / '.join(fmt(x, 0) for x in c['ms_per_token'])} |")
+    return lines
 
 
 def plots(suite: SuiteResult, out_dir: Path, stem: str) -> list[str]:

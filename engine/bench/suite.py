@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvloop.engine.bench.chains import last_chain
 from kvloop.engine.bench.driver import RunResult, run_workload
 from kvloop.engine.bench.guard import NoiseGuard
 from kvloop.engine.bench.metrics import SLO, client_metrics, server_metrics
@@ -27,6 +28,7 @@ class RunRow:
     info: dict
     attempts: int = 1
     ttfts: list[float] = field(default_factory=list)
+    last_chain: dict | None = None  # chains.last_chain's, where the workload has chat sessions
 
 
 @dataclass
@@ -38,8 +40,10 @@ class SuiteResult:
 
 def _row(res: RunResult, rate: float, rep: int, slo: SLO, attempts: int) -> RunRow:
     ok = [r for r in res.records if r.ok]
+    chain = last_chain(res.records)
     return RunRow(res.system, rate, rep, client_metrics(res.records, slo), server_metrics(res.samples),
-                  res.noise.as_dict() if res.noise else {}, res.info, attempts, sorted(r.ttft for r in ok))
+                  res.noise.as_dict() if res.noise else {}, res.info, attempts, sorted(r.ttft for r in ok),
+                  None if chain is None else chain.as_dict())
 
 
 def run_suite(systems: list[str], make_workload: Callable[[float], Workload], rates: list[float], main_rate: float,

@@ -49,12 +49,15 @@ def test_smoke_in_process(tmp_path):
         run = d["runs"][0]
         _check_client(run["client"], 12)
         assert run["noise"]["samples"] >= 1
+        chain = run["last_chain"]  # W1-smoke's 3 sessions of 2 turns: the one that finished last
+        assert len(chain["decode_s"]) == 2 and chain["end_s"] <= chain["makespan_s"] + 1e-3
     cd = report["systems"]["codesign"]
     assert cd["hit_rate_device"] is not None and cd["hit_rate_total"] > 0  # shared documents and system prompt
     assert cd["hit_rate_host"] is not None  # codesign has a host tier
     assert report["ratios"]["static"]["throughput_x"] > 0 and report["subject"] == "codesign"
     md = (tmp_path / "smoke.md").read_text()
     assert "| codesign |" in md and "kvloop bench" in md  # the table and the exact command
+    assert "## The last chat session of each run" in md
     for png in report["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
     # a second subject judged afterwards from the report's own numbers: goals and ratios for both, the run kept
