@@ -40,6 +40,16 @@ class BlockPool:
     def incref(self, block: int) -> None:
         self.ref_counts[block] += 1
 
+    def incref_all(self, blocks: Iterable[int]) -> list[int]:
+        """One more reference to each block, in order; returns those that had none before (cached ones, which
+        leave the eviction order), in that order."""
+        refs, first = self.ref_counts, []
+        for block in blocks:
+            if not refs[block]:
+                first.append(block)
+            refs[block] += 1
+        return first
+
     def decref(self, block: int) -> bool:
         """Drops one reference; returns True when it was the last one."""
         return bool(self.decref_all((block,)))

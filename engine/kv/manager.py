@@ -357,11 +357,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def _ref_indexed_all(self, blocks: Collection[int]) -> None:
         """One more reference to each of these indexed blocks (one that was cached leaves the eviction order)."""
-        refs, leave = self.pool.ref_counts, self.policy.remove
-        for block in blocks:
-            if refs[block] == 0:
-                leave(block)
-            refs[block] += 1
+        for block in self.pool.incref_all(blocks):
+            self.policy.remove(block)
         self.policy.hit_all(blocks)  # a hit reads only the order's per-slot history, which leaving keeps
 
     # ---- allocation -----------------------------------------------------------------------------

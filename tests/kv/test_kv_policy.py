@@ -159,8 +159,10 @@ def test_bulk_forms_match_one_at_a_time():
         assert [one.victim(lambda s: True) for _ in range(5)] == [bulk.victim(lambda s: True) for _ in range(5)]
     pool = BlockPool(4)
     taken = [pool.allocate() for _ in range(3)]
-    pool.incref(taken[1])
+    assert pool.incref_all([taken[1]]) == []  # referenced already
     assert pool.decref_all([taken[2], taken[1], taken[0]]) == [taken[2], taken[0]]
+    assert pool.incref_all([taken[2], taken[2], taken[1]]) == [taken[2]]  # the second reference is not a first
+    assert [pool.ref_counts[b] for b in taken] == [0, 2, 2]
     with pytest.raises(RuntimeError, match="released more often"):
         pool.decref_all([taken[0]])
     ghost = GhostTable(capacity=8, max_count=3)
