@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvloop.engine.bench.metrics import RequestRecord
+from kvloop.engine.bench.metrics import RequestRecord, run_span
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,10 @@ class Turn:
     output_tokens: int
 
     @property
+    def end_s(self) -> float:
+        return self.send_s + self.ttft_s + self.decode_s
+
+    @property
     def ms_per_token(self) -> float | None:
         return 1000 * self.decode_s / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
@@ -30,19 +34,17 @@ class Turn:
 @dataclass(frozen=True)
 class Chain:
     session: str
-    makespan_s: float  # the run's: first send to last finish
+    makespan_s: float  # the run's: first send to last successful finish
     turns: tuple[Turn, ...]
 
     @property
     def end_s(self) -> float:
-        last = self.turns[-1]
-        return last.send_s + last.ttft_s + last.decode_s
+        return self.turns[-1].end_s
 
     @property
     def think_s(self) -> float:
         """The gaps between one turn's end and the next one's send."""
-        return sum(b.send_s - (a.send_s + a.ttft_s + a.decode_s) for a, b in zip(self.turns, self.turns[1:],
-                                                                                 strict=False))
+        return sum(b.send_s - a.end_s for a, b in zip(self.turns, self.turns[1:], strict=False))
 
     def as_dict(self) -> dict:
         return {"session": self.session, "makespan_s": round(self.makespan_s, 3), "first_send_s":
@@ -64,8 +66,8 @@ def last_chain(records: Iterable[RequestRecord]) -> Chain | None:
     records = list(records)
     if not records:
         return None
-    start = min(r.send_s for r in records)
-    makespan = max((r.end_s for r in records if r.end_s is not None), default=start) - start
+    start, end = run_span(records)
+    makespan = end - start  # as the report's duration_s
     sessions: dict[str, list[tuple[int, RequestRecord]]] = defaultdict(list)
     for r in records:
         turn = session_of(r.request_id) if r.kind == "chat" else None

@@ -89,13 +89,18 @@ def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
     return out
 
 
+def run_span(records: list[RequestRecord]) -> tuple[float, float]:
+    """(first send, last successful finish) of a run: its makespan's ends (the start where nothing finished)."""
+    start = min((r.send_s for r in records), default=0.0)
+    return start, max((r.end_s for r in records if r.ok), default=start)
+
+
 def client_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dict:
     """The `vllm bench serve` summary of one run."""
     slo = slo or SLO()
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
-    start = min((r.send_s for r in records), default=0.0)
-    end = max((r.end_s for r in ok), default=start)
+    start, end = run_span(records)
     duration = max(end - start, 1e-9)
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)

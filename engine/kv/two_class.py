@@ -51,13 +51,6 @@ class TwoClass(EvictionPolicy):
         ring = self._ring if earned else self._probation
         ring[slot] = None
 
-    def add_all(self, slots: Iterable[int], earned: Iterable[bool]) -> None:
-        protected, probation = self._ring, self._probation
-        for slot, e in zip(slots, earned, strict=True):
-            protected.pop(slot, None)  # remove(slot), inline
-            probation.pop(slot, None)
-            (protected if e else probation)[slot] = None
-
     def remove(self, slot: int) -> None:
         self._ring.pop(slot, None)
         self._probation.pop(slot, None)

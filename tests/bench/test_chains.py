@@ -2,7 +2,7 @@
 
 from kvloop.engine.bench import report
 from kvloop.engine.bench.chains import last_chain, session_of
-from kvloop.engine.bench.metrics import RequestRecord
+from kvloop.engine.bench.metrics import RequestRecord, client_metrics
 
 
 def _rec(rid: str, kind: str, send: float, ttft: float, decode: float, tokens: int = 11,
@@ -38,6 +38,8 @@ def test_the_session_that_finished_last_with_its_turns_and_gaps():
 def test_a_session_with_a_failed_turn_is_no_chain():
     records = [_rec("c1-t0", "chat", 0.0, 1.0, 1.0), _rec("c2-t0", "chat", 0.0, 1.0, 5.0, error="timeout")]
     assert last_chain(records).session == "c1"
+    # the makespan is the report's (duration_s): up to the last successful finish, not the failed turn's end
+    assert last_chain(records).makespan_s == 2.0 == client_metrics(records)["duration_s"]
     assert last_chain(records[1:]) is None and last_chain([]) is None
     assert last_chain([_rec("q0", "doc", 0.0, 1.0, 1.0)]) is None
 
