@@ -30,12 +30,14 @@ serve: install
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\": \"default\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 32}'"
 	KVLOOP=$(VENV)/bin/kvloop HOST=$(HOST) PORT=$(PORT) bash scripts/serve_pod.sh
 
-test: install
-	$(PY) -m ruff check .
+test: lint
 	$(PY) -m pytest -q
 
+# ruff, and the layers declared in pyproject.toml ([tool.importlinter]) over a tree of links to this checkout.
 lint: install
 	$(PY) -m ruff check .
+	bash scripts/import_tree.sh $(VENV)/import-tree
+	PYTHONPATH=$(VENV)/import-tree $(VENV)/bin/lint-imports
 
 # Hostile parameter values against a real `kvloop serve` for FUZZ_MINUTES; figures in bench/results/fuzz_api.json.
 FUZZ_MINUTES ?= 5

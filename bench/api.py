@@ -88,7 +88,7 @@ class Offline:
         self.rounds = 0
 
     def throughput(self) -> float:
-        from kvloop.engine.sampling import SamplingParams
+        from kvloop.engine.core.sampling import SamplingParams
 
         a, eng = self.args, self.engine
         params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)
@@ -100,7 +100,7 @@ class Offline:
         return tokens / (time.perf_counter() - t0)
 
     def ttft(self, r: int) -> float:
-        from kvloop.engine.sampling import SamplingParams
+        from kvloop.engine.core.sampling import SamplingParams
 
         one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         t0 = time.perf_counter()

@@ -11,7 +11,8 @@ processes' CPU use is sampled throughout and the CPU flags are recorded.
 
     .venv/bin/python bench/attention_kernel.py [--quick] [--threads 2] [--reps 10]
 
-Writes bench/results/attention_kernel.json (--quick: attention_kernel_quick.json)."""
+Writes bench/results/attention_kernel.json (--quick: attention_kernel_quick.json; --by-machine:
+attention_kernel_<machine class>.json, amx / avx512bf16 / avx2, as bench/results/README.md names results)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def main() -> None:
     facts = {"kernel": build.simd() if kernel is not None else None, "kernel_unavailable": build.unavailable_reason()}
     result = machine.kernel_result("attention_kernel", args, read_gbps, noise, facts, rows=rows)
     result["goals"] = goals(rows, read_gbps)
-    path = machine.write_kernel_result(RESULTS, result)
+    path = machine.write_kernel_result(RESULTS, result, by_machine=args.by_machine)
     print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads); kernel: {result['kernel']}")
     for r in rows:
         print(f"batch {r['batch']:>2} ctx {r['context']} {r['kv_dtype']:>8}: torch {r['torch_ms']:8.3f} ms "

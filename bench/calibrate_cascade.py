@@ -1,4 +1,4 @@
-"""Measures the decode-attention step-cost model (engine/kernels/cascade_cost.py) on this CPU, per attention backend.
+"""Measures the decode-attention step-cost model (engine/cascade/cost.py) on this CPU, per attention backend.
 
 --backend torch: times one attention call (torch_decode.span_attention, the call plain rows and cascade groups
 both make) for stacked rows M and tokens S over a grid, and the log-sum-exp merge per row, then fits
@@ -29,7 +29,7 @@ Where the CPU also has AMX tiles, a group's stacked rows take the tile routine, 
 bf16 only, with bf16 queries (the tile routine's, and the engine's model's there), into
 cascade_calibration_cpu_amx.json, for the _CPU_BF16_AMX entry.
 
-Prints the entries to paste into cascade_cost.py, the fit's worst relative error and the break-even shared
+Prints the entries to paste into cascade/cost.py, the fit's worst relative error and the break-even shared
 length per group size, and writes them as JSON with top-level goals.
 
     python bench/calibrate_cascade.py [--backend torch|cpu] [--quick] [--threads 1] [--out PATH]
@@ -49,8 +49,8 @@ from pathlib import Path
 import torch
 
 from kvloop.engine.bench.goals import goal
+from kvloop.engine.cascade.cost import AMX_TILES, AttentionCost
 from kvloop.engine.kernels import torch_decode
-from kvloop.engine.kernels.cascade_cost import AMX_TILES, AttentionCost
 
 BLOCK, N_KV, HEADS, HD = 16, 3, 9, 64  # the embedded model's attention shape
 
@@ -173,13 +173,13 @@ HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
 # Where the margin is fitted: whole decodes apart from the held-out ones (other group sizes and lengths)
 MARGIN = [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]
 MARGIN_QUICK = [(2, 272), (8, 96)]
-CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade_cost.py
+CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade/cost.py
 BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
 AMX_NAMES = {"bfloat16": "_CPU_BF16_AMX"}  # ... with the AMX tile routine for stacked rows ("cpu/amx")
 
 
 def entry_names(cost_name: str) -> dict[str, str]:
-    """KV dtype -> the cascade_cost.py entry a cpu calibration under this cost name measures: with the blocked bf16
+    """KV dtype -> the cascade/cost.py entry a cpu calibration under this cost name measures: with the blocked bf16
     routine built, bf16 K/V take it (its own entry); other dtypes run the routine measured on CPUs without it."""
     return {"cpu": CPU_NAMES, f"cpu/{AMX_TILES}": AMX_NAMES}.get(cost_name, BLOCKED_NAMES)
 
@@ -292,9 +292,9 @@ def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int
     """Per (members, shared tokens): (members, shared, plain_us, cascade_us), the kernel's whole decode of those
     rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one group;
     queries in q_dtype."""
+    from kvloop.engine.cascade.plan import build_plan
     from kvloop.engine.kernels.attention_meta import AttentionMetadata
     from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
-    from kvloop.engine.runner.cascade_plan import build_plan
 
     steps = []
     own = OWN_TOKENS // BLOCK
@@ -409,7 +409,7 @@ def paste_line(name: str, cost: AttentionCost, width: int = 110) -> str:
 
 def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], points: list[tuple[int, int]],
                   margin_points: list[tuple[int, int]], reps: int) -> list[str]:
-    """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade_cost.py."""
+    """Fills result["dtypes"] for the CPU kernel; returns the lines to paste into cascade/cost.py."""
     merges = measure_cpu_merge(rows_grid, reps)  # the kernel is loaded (cpu_cost_name)
     paste, summary = [], []
     names = entry_names(result["cost_name"])
@@ -507,7 +507,7 @@ def main() -> None:
         calibrate_torch(result, rows_grid, tokens_grid, reps)
         result["goals"] = calibration_goals(result)
     else:
-        from kvloop.engine.bench.machine import cpu_flags
+        from kvloop.engine.core.cpu import cpu_flags
 
         result.update(backend="cpu", cost_name=cost_name, quick=args.quick, cpu_flags=cpu_flags())
         paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT,
@@ -515,7 +515,7 @@ def main() -> None:
         result["goals"] = cpu_goals(result)
         command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
         entries = " and ".join(entry_names(cost_name).values())
-        print(f"\n# --- paste into engine/kernels/cascade_cost.py in place of the {entries} lines, and "
+        print(f"\n# --- paste into engine/cascade/cost.py in place of the {entries} lines, and "
               f"update their comment: `{command}` on {result['cpu_flags']['model']} ---")
         print("\n".join(paste))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,9 @@ per repetition; medians are reported; other processes' load is sampled during ev
 
     .venv/bin/python bench/decode.py --reps 3                  # all systems, ~20 min a repetition
     .venv/bin/python bench/decode.py --quick --systems kvloop,llama.cpp-bf16   # smoke test, ~1 min
+    .venv/bin/python bench/decode.py --reps 2 --by-machine    # -> bench/results/decode_<machine class>/decode.*
+
+Committed results (bench/results/README.md): decode.* (AVX2), decode_avx512bf16/, decode_amx/.
 """
 
 from __future__ import annotations
@@ -320,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition: a smoke test of the harness")
     p.add_argument("--kvloop-args", default="", help="extra `kvloop serve` flags for every kvloop system")
     p.add_argument("--out-dir", type=Path, help="default: bench/results (--quick: a temporary directory)")
+    p.add_argument("--by-machine", action="store_true", help="write to bench/results/decode_<machine class>/ "
+                   "(amx, avx512bf16, avx2; engine/bench/machine.py machine_class) unless --out-dir is given")
     p.add_argument("--worker", choices=("transformers",), help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
@@ -333,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from kvloop.engine.bench import decode_report
-    from kvloop.engine.bench.machine import machine_info
+    from kvloop.engine.bench.machine import machine_class, machine_info
 
     machine = machine_info()
     names = args.systems.split(",") if args.systems else default_systems(machine["native_bf16"])
@@ -343,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     tpot_names = set(args.tpot_systems.split(",") if args.tpot_systems
                      else [n for n, s in SYSTEMS.items() if s.get("tpot")])
     sizes, reps = (QUICK, 1) if args.quick else (Sizes(), args.reps)
-    out_dir = args.out_dir or (Path(tempfile.gettempdir()) / "kvloop-decode-quick" if args.quick else RESULTS)
+    default_dir = RESULTS / f"decode_{machine_class(machine)}" if args.by_machine else RESULTS
+    out_dir = args.out_dir or (Path(tempfile.gettempdir()) / "kvloop-decode-quick" if args.quick else default_dir)
     kvloop_args = args.kvloop_args.split()
     skipped = {n: why for n in names if (why := missing(n))}
     if not args.systems and not kvloop_args and kvloop_defaults() == ("float32", "bf16"):

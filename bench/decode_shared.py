@@ -15,6 +15,9 @@ repetitions of one step (the model's forward and the sampled rows' logits) and o
     .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--kv-dtype auto] [--peers peers.json] [--stem S]
     .venv/bin/python bench/decode_shared.py --render-only --peers peers.json   # add peer TPOTs afterwards
 
+Committed results (bench/results/README.md): decode_shared.* (AVX2), decode_shared_avx512bf16.*,
+decode_shared_amx.*; --by-machine names a new run that way.
+
 Peers (llama.cpp's server with -np = batch, vLLM-CPU) are measured elsewhere; `add_peer_tpots` puts their
 TPOT per batch beside ours (peers.json: {"llama.cpp": {"8": 120.0, "16": ...}, "vllm-cpu": {...}}).
 """
@@ -28,8 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kvloop.engine.bench.machine import cpu_flags
 from kvloop.engine.config import DTYPES
+from kvloop.engine.core.cpu import cpu_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TORCH_PATHS = ("today", "inplace", "cascade")
@@ -107,11 +110,11 @@ class Bench:
     def run(self, batch: int, ctx: int, per_doc: int, reps: int) -> dict:
         from gathered_decode import decode_gathered
 
+        from kvloop.engine.cascade.cost import cost_for
+        from kvloop.engine.cascade.plan import build_plan
         from kvloop.engine.kernels import torch_decode
         from kvloop.engine.kernels.attention_meta import AttentionMetadata
         from kvloop.engine.kernels.backend import WithDecode
-        from kvloop.engine.kernels.cascade_cost import cost_for
-        from kvloop.engine.runner.cascade_plan import build_plan
 
         torch, model, bs = self.torch, self.model, self.bs
         cfg = model.cfg
@@ -307,8 +310,15 @@ def main() -> None:
     p.add_argument("--render-only", action="store_true", help="re-render the saved result (with --peers)")
     p.add_argument("--stem", default=None, help="results file stem (default: decode_shared[_KV][_quick]), e.g. a "
                    "machine's own: decode_shared_amx")
+    p.add_argument("--by-machine", action="store_true", help="default stem decode_shared_<machine class> (amx, "
+                   "avx512bf16, avx2: engine/bench/machine.py machine_class)[_KV][_quick]")
     args = p.parse_args()
-    stem = args.stem or ("decode_shared" + ("" if args.kv_dtype == "auto" else f"_{args.kv_dtype}")
+    base = "decode_shared"
+    if args.by_machine:
+        from kvloop.engine.bench.machine import machine_class
+
+        base += f"_{machine_class()}"
+    stem = args.stem or (base + ("" if args.kv_dtype == "auto" else f"_{args.kv_dtype}")
                          + ("_quick" if args.quick else ""))
     if args.render_only:
         result = json.loads((RESULTS / f"{stem}.json").read_text())

@@ -90,7 +90,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: int, start_w: float) -> dict:
-    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.core.sampling import SamplingParams
     from kvloop.sidecar.coordinator import Coordinator
     from kvloop.sidecar.settings import Bounds, SettingsWatcher
 

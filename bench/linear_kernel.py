@@ -13,7 +13,8 @@ CPU use is sampled throughout and the CPU flags are recorded.
 
     .venv/bin/python bench/linear_kernel.py [--quick] [--threads 2] [--reps 10]
 
-Writes bench/results/linear_kernel.json (--quick: linear_kernel_quick.json)."""
+Writes bench/results/linear_kernel.json (--quick: linear_kernel_quick.json; --by-machine:
+linear_kernel_<machine class>.json, amx / avx512bf16 / avx2, as bench/results/README.md names results)."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def main() -> None:
     steps = decode_step(rows)
     result = machine.kernel_result("linear_kernel", args, read_gbps, noise, {}, rows=rows, decode_step=steps)
     result["goals"] = goals(steps, rows, read_gbps)
-    path = machine.write_kernel_result(RESULTS, result)
+    path = machine.write_kernel_result(RESULTS, result, by_machine=args.by_machine)
     print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads)")
     for r in rows:
         print(f"{r['shape']:>8} {r['n']:>5}x{r['k']:<5} M={r['m']:>3}: bf16w {r['kernel_ms']:8.3f} ms "

@@ -25,7 +25,7 @@ from kvloop.engine.bench.metrics import SLO
 from kvloop.engine.bench.suite import RunRow, run_suite
 from kvloop.engine.bench.systems import Sizing
 from kvloop.engine.bench.workloads import SMOKE, W1Params, build_w1
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KEYS = ("throughput_tok_s", "throughput_req_s", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "oom_events", "preemptions",

@@ -18,9 +18,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.sampling import SamplingParams
 
 
 def main(argv: list[str] | None = None) -> None:

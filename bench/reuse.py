@@ -57,7 +57,7 @@ def workloads(seed: int = 0):
 
 
 def ttft(engine, rid: str, ids: list[int]) -> float:
-    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.core.sampling import SamplingParams
 
     seq = engine.add_request(rid, ids, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     engine.drain(max_steps=100)
@@ -117,10 +117,10 @@ def run_ttft(reps: int, threads: int, dtype: str = "bfloat16") -> dict:
 
 # ---- sweep -----------------------------------------------------------------------------------------
 def simulate(mode: str, docs: int, one_off: float, requests: int, pool_blocks: int, seed: int = 0) -> float:
+    from kvloop.engine.core.sampling import SamplingParams
+    from kvloop.engine.core.sequence import Sequence
     from kvloop.engine.kv.config import KVConfig
     from kvloop.engine.kv.manager import KVCacheManager
-    from kvloop.engine.sampling import SamplingParams
-    from kvloop.engine.scheduler.sequence import Sequence
 
     bs = 16
     kv = KVCacheManager(pool_blocks, bs, KVConfig(mode=mode, host_cache_tokens=0, watermark=0.0), extra_key="sim")

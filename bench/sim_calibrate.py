@@ -27,7 +27,7 @@ from sim_fidelity import StepTimer, sim_sizing, workload  # bench/ is on sys.pat
 
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.guard import NoiseGuard
-from kvloop.engine.kernels.cascade_cost import cost_for
+from kvloop.engine.cascade.cost import cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, decode_contexts, step_shape
 from kvloop.engine.sim.profiles import CALIBRATION_FILE, SMOLLM2_135M, THIS_CPU
 
@@ -39,7 +39,7 @@ GRID_POINTS = 48  # per term, log-spaced from 0.02
 
 
 def run_shapes(engine, shapes, decode_steps: int, seed: int = 0) -> list[dict]:
-    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.core.sampling import SamplingParams
 
     rng = random.Random(seed)
     rows: list[dict] = []

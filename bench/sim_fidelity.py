@@ -35,7 +35,7 @@ from kvloop.engine.bench import workloads as bw
 from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.machine import machine_info
 from kvloop.engine.bench.metrics import percentile
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 from kvloop.engine.sim.modes import Sizing
 
 RESULTS = Path(__file__).resolve().parent / "results"

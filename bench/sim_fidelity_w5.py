@@ -7,7 +7,7 @@ run's summary, else computed as bench/w5.py's engine_sizing does), and compares 
 |simulated / real - 1| of each system's output throughput <= 0.15), .md and .png.
 
     .venv/bin/python bench/sim_fidelity.py --w5 [bench/results/w5_cpu.json] [--systems a,b] [--calibration F]
-        [--name sim_fidelity_w5_load1.6]
+        [--name sim_fidelity_w5_avx2]   # one file per real file compared: bench/results/README.md's names
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import json
 import time
 from pathlib import Path
 
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 from kvloop.engine.sim.profiles import get_profile
 from kvloop.engine.sim.scenarios import gpu_sizing, gpu_w1, phased_w1
 from kvloop.engine.sim.simulator import SimConfig, Simulator

@@ -3,8 +3,8 @@ simulator on W1 at full length (rate 4, the real W1 run's pool): does the gate h
 what throughput does it keep against the best hand-chosen cap that meets the same TPOT? Both modes, codesign and
 continuous+lru, each with a sweep of fixed caps and of targets. Writes bench/results/<name>.{json,md,png}.
 
-    .venv/bin/python bench/tpot_target.py --calibration bench/results/sim_calibration_zen4.json \
-        --name tpot_target_sim_zen4     # seconds; the simulator calibrated on the AVX512-BF16 AMD
+    .venv/bin/python bench/tpot_target.py --calibration bench/results/sim_calibration_avx512bf16.json \
+        --name tpot_target_sim_avx512bf16     # seconds; the simulator calibrated on the AVX512-BF16 AMD
 
 Goals, per mode and target: TPOT P50 <= 1.05 x the target; throughput >= 0.97 x the best fixed cap whose TPOT
 P50 is within the target (the gate, which knows nothing of the workload, as good as a cap tuned to it)."""

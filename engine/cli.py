@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.config_options import add_config_args, config_from_args
+from kvloop.engine.core.config_options import add_config_args, config_from_args
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_from_args(args: argparse.Namespace):
-    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.core.sampling import SamplingParams
 
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, stop=args.stop)

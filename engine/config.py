@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvloop.engine.config_options import option
+from kvloop.engine.core.config_options import option
+from kvloop.engine.core.policy import get_policy, policy_names
 from kvloop.engine.kernels.backend import backend_choices
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.config import SchedulerConfig
-from kvloop.engine.scheduler.policy import get_policy, policy_names
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("auto", "none", "bf16", "int4", "int8")
@@ -18,7 +18,7 @@ COMPILE_MODES = ("auto", "on", "off")
 
 @dataclass
 class EngineConfig:
-    # Fields declared with option() are also `kvloop` flags and engine.yaml keys (engine/config_options.py).
+    # Fields declared with option() are also `kvloop` flags and engine.yaml keys (engine/core/config_options.py).
     model: str | None = option(None, flag="--model", setting="model.path",
                                help="a .gguf file or HF directory (default: the embedded SmolLM2-135M)")
     dtype: str = option("auto", flag="--dtype", setting="dtype", choices=DTYPES,

@@ -8,9 +8,13 @@ from collections import Counter
 
 import torch
 
-from kvloop.engine import host_memory
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.cpu_features import cpu_has_native_bf16
+from kvloop.engine.core import host_memory
+from kvloop.engine.core.batch import ScheduledBatch, StepResult
+from kvloop.engine.core.cpu import cpu_has_native_bf16
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.kernels.cpu import amx, linear_bf16w
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.tier_mover import TierMover
@@ -22,12 +26,9 @@ from kvloop.engine.model.registry import build_model
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.compiled_step import resolve_compile
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
-from kvloop.engine.scheduler.sequence import Sequence
-from kvloop.engine.snapshot import EngineSnapshot, build_snapshot
+from kvloop.engine.scheduler.snapshot import build_snapshot
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvloop.engine")

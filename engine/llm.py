@@ -7,11 +7,11 @@ import itertools
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.output_processor import RequestOutput
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 Prompt = str | list[int]

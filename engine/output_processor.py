@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob
+from kvloop.engine.core.sequence import Sequence, TokenLogprob
 from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.config_options import ConfigOption, build_config, config_options
+from kvloop.engine.core.config_options import ConfigOption, build_config, config_options
 
 # Keys that are not config fields: the model's source (an embedded model ignores model.path), its served
 # name and the log level (the server's), chunked_prefill (below), and keys kept for people reading the file.

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from kvloop.engine.scheduler.policy import DEFAULT_POLICY, policy_names
+from kvloop.engine.core.policy import DEFAULT_POLICY, policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
 from kvloop.operator import step_budget as SB

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kvloop.engine.scheduler.policy import DEFAULT_POLICY
+from kvloop.engine.core.policy import DEFAULT_POLICY
 from kvloop.operator import step_budget
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
 from kvloop.operator.limits import (

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 from kvloop.engine.control.records import ControlRecord
+from kvloop.engine.core.kv_stats import TIERS
 from kvloop.sidecar.law import Observation, memory_cap
-
-TIERS = ("device", "host", "disk")
 
 
 def _finite(x: float | None) -> float | None:

@@ -20,7 +20,7 @@ from engine_decode import LLAMA3_8B, TINY, _build, _timed_generate
 
 def _set_mode(llm, mode: str, auto_planner) -> None:
     """Switch the runner's cascade mode in place (one model in memory for all modes)."""
-    from kvloop.engine.runner.cascade_plan import CascadePlanner
+    from kvloop.engine.cascade.plan import CascadePlanner
 
     runner = llm.engine.runner
     runner.cascade = mode

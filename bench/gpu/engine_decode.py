@@ -76,7 +76,7 @@ def _build(config_kw: dict[str, Any], dtype: torch.dtype, device: str, num_block
 
 
 def _timed_generate(llm, prompts: list[list[int]], max_tokens: int, device: torch.device) -> float:
-    from kvloop.engine.sampling import SamplingParams
+    from kvloop.engine.core.sampling import SamplingParams
 
     sync(device)
     t0 = time.perf_counter()

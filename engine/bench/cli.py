@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvloop.engine.bench.metrics import SLO
 from kvloop.engine.bench.w5_workload import W5_SCALES
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 
 
 def add_bench_parser(sub) -> None:

@@ -13,36 +13,13 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from kvloop.engine.cpu_features import cpuinfo_flags, has_native_bf16
+from kvloop.engine.core.cpu import cpu_flags
 
 T = TypeVar("T")
-
-# the flags that decide which kernels are fast: AVX2/FMA everywhere, AVX-512 families, AMX tiles
-_PREFIXES = ("avx512", "amx")
-_NAMED = ("avx", "avx2", "fma", "f16c", "avx_vnni")
-
-
-def cpu_flags(cpuinfo: str | None = None) -> dict:
-    """{"model": name, "flags": the relevant flags present, sorted, "native_bf16": AVX512-BF16 or AMX-BF16}."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags = cpuinfo_flags(cpuinfo)
-    model = platform.processor() or platform.machine()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            model = value.strip()
-            break
-    kept = sorted(f for f in flags if f in _NAMED or f.startswith(_PREFIXES))
-    return {"model": model, "flags": kept, "native_bf16": has_native_bf16(flags)}
-
 
 def machine_info() -> dict:
     import torch
@@ -65,11 +42,14 @@ def machine_read_gbps(reps: int, size_mb: int) -> float:
 
 
 def kernel_bench_args(doc: str, quick_help: str, reps_help: str) -> argparse.Namespace:
-    """A kernel benchmark's command line (--quick, --threads, --reps), parsed; torch set to those threads."""
+    """A kernel benchmark's command line (--quick, --threads, --reps, --by-machine), parsed; torch set to those
+    threads."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=10, help=reps_help)
+    p.add_argument("--by-machine", action="store_true",
+                   help="name the file <bench>_<machine class>.json (amx, avx512bf16, avx2): one per kind of CPU")
     args = p.parse_args()
     import torch
 
@@ -94,10 +74,26 @@ def kernel_result(bench: str, args: argparse.Namespace, read_gbps: float, noise:
             "machine_read_gbps": round(read_gbps, 2), "noise": noise, **body}
 
 
-def write_kernel_result(results: Path, result: dict) -> Path:
-    """bench/results/<bench>.json (<bench>_quick.json for a smoke run)."""
+def machine_class(cpu: dict | Iterable[str] | None = None) -> str:
+    """The kind of CPU a results file's name carries (bench/results/README.md): "amx" (AMX tiles with bf16),
+    "avx512bf16" (AVX512-BF16, no AMX), "avx2" (neither), "other" (not even AVX2). `cpu`: a recorded CPU
+    (cpu_flags() or machine_info(): its "flags"), or the flags themselves; None: this CPU."""
+    if cpu is None:
+        cpu = cpu_flags()
+    flags = set(cpu.get("flags") or cpu.get("cpu_flags") or ()) if isinstance(cpu, dict) else set(cpu)
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return "amx"
+    if "avx512_bf16" in flags:
+        return "avx512bf16"
+    return "avx2" if "avx2" in flags else "other"
+
+
+def write_kernel_result(results: Path, result: dict, by_machine: bool = False) -> Path:
+    """bench/results/<bench>.json (<bench>_quick.json for a smoke run); by_machine: <bench>_<machine class>.json
+    (machine_class of the result's own CPU record), so that each kind of CPU keeps its own file."""
     results.mkdir(exist_ok=True)
-    path = results / f"{result['bench']}{'_quick' if result['quick'] else ''}.json"
+    stem = f"{result['bench']}_{machine_class(result['cpu'])}" if by_machine else result["bench"]
+    path = results / f"{stem}{'_quick' if result['quick'] else ''}.json"
     path.write_text(json.dumps(result, indent=1))
     return path
 

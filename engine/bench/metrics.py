@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import TIERS
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 PERCENTILES = (50, 90, 99)
-TIERS = ("device", "host", "disk")
 
 
 @dataclass

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvloop.engine.core.policy import get_policy
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.config import SchedulerConfig
-from kvloop.engine.scheduler.policy import get_policy
 
 
 @dataclass

@@ -18,7 +18,7 @@ from kvloop.engine.bench.ready import wait_ready
 from kvloop.engine.bench.sizing import Sizing, mode_configs
 from kvloop.engine.bench.targets.base import Target
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_DIR = Path(os.environ.get("KVLOOP_LLAMA_DIR", ROOT / ".tools" / "llama.cpp"))

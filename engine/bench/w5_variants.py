@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, replace
 
-from kvloop.engine.scheduler.policy import get_policy
+from kvloop.engine.core.policy import get_policy
 
 # Fixed caps swept through W5's phases (WORKLOADS.md), and the coordinator periods of issue 16.
 FIXED_CAPS = {"gpu": (16, 32, 64, 128, 256, 512), "cpu": (4, 8, 16, 32, 64)}

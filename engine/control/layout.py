@@ -38,7 +38,7 @@ Snapshot payload, written by the engine every step (SNAPSHOT_FMT; names in SNAPS
     need: the rest of their prefill), block_size I (tokens per block), max_model_len I, _pad I,
     watermark d, kv_use_device d, kv_use_host d, kv_use_disk d,
     prefix_queries_device Q, prefix_queries_host Q, prefix_queries_disk Q,   (tokens, cumulative;
-    prefix_hits_device Q, prefix_hits_host Q, prefix_hits_disk Q,             per tier: engine.kv.stats)
+    prefix_hits_device Q, prefix_hits_host Q, prefix_hits_disk Q,             per tier: engine.core.kv_stats)
     preemptions Q, rejections Q, oom_events Q,
     requests_finished Q (any finish reason), tokens_generated Q (output tokens of finished requests),
     ttft_p50_s d, ttft_p99_s d  (over a recent window; NaN when no request has started yet),

@@ -28,7 +28,7 @@ from kvloop.engine.control.records import (
 )
 
 if TYPE_CHECKING:
-    from kvloop.engine.snapshot import EngineSnapshot
+    from kvloop.engine.core.snapshot import EngineSnapshot
 
 MAX_BATCH_CAP = 1 << 16
 MAX_STEP_TOKEN_BUDGET = 1 << 24  # a sanity bound; the scheduler clamps to its configured ceiling

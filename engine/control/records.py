@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from kvloop.engine.control import layout as L
 
 if TYPE_CHECKING:
-    from kvloop.engine.snapshot import EngineSnapshot
+    from kvloop.engine.core.snapshot import EngineSnapshot
 
 U32 = 2**32 - 1
 U64 = 2**64 - 1

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvloop.engine.runner.cascade_plan import CascadePlan
+from kvloop.engine.cascade.plan import CascadePlan
 
 
 @dataclass

@@ -42,7 +42,7 @@ class AttentionBackend(ABC):
     name: str = ""
 
     def cost_name(self, head_dim: int, query_dtype: torch.dtype, block_size: int) -> str:
-        """The name its decode trade-off is measured under (kernels/cascade_cost.py) for a model of this head_dim
+        """The name its decode trade-off is measured under (cascade/cost.py) for a model of this head_dim
         computing in query_dtype over blocks of block_size tokens: the backend's, or a variant of it where its
         kernel takes another code path on this CPU."""
         return self.name

@@ -12,7 +12,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from kvloop.engine.cpu_features import cpu_has_native_bf16
+from kvloop.engine.core.cpu import cpu_has_native_bf16
 from kvloop.engine.kernels import torch_decode
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
 from kvloop.engine.kernels.backend import AttentionBackend

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvloop.engine.cascade.cost import cost_for
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
-from kvloop.engine.kernels.cascade_cost import cost_for
 
 Run = tuple[int, int, int]  # (first block id, blocks, tokens): a view k_cache[first:first + blocks]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvloop.engine.config_options import option
-from kvloop.engine.scheduler.policy import CachePolicy, get_cache_policy
+from kvloop.engine.core.config_options import option
+from kvloop.engine.core.policy import CachePolicy, get_cache_policy
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.core.sequence import Sequence
 
 if TYPE_CHECKING:
     from kvloop.engine.kv.manager import KVCacheManager

@@ -29,7 +29,7 @@ The scheduler talks to the KV cache only through this class:
   throughput, `fix` takes a cost model's prices (the simulator).
 - Counts: num_blocks, num_free_blocks (not referenced: free + cached, as vLLM counts them),
   num_cached_blocks, num_allocatable_blocks, usage() (referenced share), stats (queries and hits per tier
-  as kv.stats defines them; engine.snapshot reads them all).
+  as core/kv_stats.py defines them; the engine snapshot reads them all).
 - `check_integrity(live)`: the invariants of DESIGN §2, for tests.
 
 Tensors move only through `self.mover` (kv.tier_mover.TierMover in the engine; NullMover otherwise)."""
@@ -40,6 +40,8 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from itertools import filterfalse, takewhile
 
+from kvloop.engine.core.kv_stats import KVStats, RegretWindow
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.copy_value import CopyValue
@@ -54,10 +56,8 @@ from kvloop.engine.kv.mover_api import Mover, NullMover
 from kvloop.engine.kv.persist import PersistMixin
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.prefix_match import PrefixMatch
-from kvloop.engine.kv.stats import KVStats, RegretWindow
 from kvloop.engine.kv.swap import SwapMixin
 from kvloop.engine.kv.two_class import TwoClass
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

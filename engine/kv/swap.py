@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.hashing import ROOT
-from kvloop.engine.scheduler.sequence import Sequence
 
 if TYPE_CHECKING:
     from kvloop.engine.kv.manager import KVCacheManager

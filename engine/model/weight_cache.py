@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kvloop.engine.cache_root import cache_dir_from, prune_unused
+from kvloop.engine.core.cache_root import cache_dir_from, prune_unused
 from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w
 
 log = logging.getLogger("kvloop.engine")

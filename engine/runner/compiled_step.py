@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from kvloop.engine.cache_root import cache_root
+from kvloop.engine.core.cache_root import cache_root
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.backend import LayerFn
 from kvloop.engine.model.linear import dense_above_rows, dense_graph

@@ -11,8 +11,8 @@ from typing import Protocol
 
 import torch
 
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 
 
 @dataclass

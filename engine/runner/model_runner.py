@@ -7,13 +7,13 @@ from collections import Counter
 
 import torch
 
+from kvloop.engine.cascade.cost import cost_for
+from kvloop.engine.cascade.plan import CascadePlanner
+from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
-from kvloop.engine.kernels.cascade_cost import cost_for
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.runner import compiled_step
-from kvloop.engine.runner.cascade_plan import CascadePlanner
 from kvloop.engine.runner.sampler import Sampler
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 
 
 def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype) -> torch.dtype:

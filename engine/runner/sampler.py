@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence, TokenLogprob
 from kvloop.engine.runner.logits_processors import LogitsProcessor, SampleRow, default_processors
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob
 
 
 @dataclass

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from kvloop.engine.bench.machine import cpu_flags
-from kvloop.engine.cache_root import cache_dir_from, prune_unused
+from kvloop.engine.core.cache_root import cache_dir_from, prune_unused
+from kvloop.engine.core.cpu import cpu_flags
 from kvloop.engine.model.weight_cache import cache_key, sources_digest
 
 log = logging.getLogger("kvloop.compile")

@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
 from kvloop.engine.scheduler.prefix import PrefixView
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 class AdmissionGate:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from kvloop.engine.scheduler.batch import ScheduledSeq, StepResult
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.core.batch import ScheduledSeq, StepResult
+from kvloop.engine.core.sequence import Sequence
 
 
 @dataclass(slots=True)

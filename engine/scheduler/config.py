@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvloop.engine.config_options import option
-from kvloop.engine.scheduler.policy import AUTO, get_policy, scheduler_modes
+from kvloop.engine.core.config_options import option
+from kvloop.engine.core.policy import AUTO, get_policy, scheduler_modes
 
 STATIC_OOM = ("fail", "retry")
 CASCADE_GROUPS = ("auto", "nested", "common")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixView, now: float,

@@ -3,8 +3,8 @@ else free them and recompute later. Counted by kind ('swap', 'recompute')."""
 
 from __future__ import annotations
 
+from kvloop.engine.core.sequence import SeqStatus, Sequence
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.scheduler.sequence import SeqStatus, Sequence
 
 KINDS = ("swap", "recompute")
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 @dataclass

@@ -26,18 +26,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
+from kvloop.engine.cascade.cost import AttentionCost, cost_for
+from kvloop.engine.cascade.shapes import ShapePlanner
+from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.policy import resolve_policy
+from kvloop.engine.core.sequence import SeqStatus, Sequence, decodes
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
 from kvloop.engine.scheduler.admission import AdmissionGate
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.scheduler.bookkeeping import Sampled, advance
 from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
 from kvloop.engine.scheduler.grouping import order_waiting
-from kvloop.engine.scheduler.policy import resolve_policy
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
-from kvloop.engine.scheduler.sequence import SeqStatus, Sequence, decodes
-from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.step_cost import StepCost
 from kvloop.engine.scheduler.tpot_gate import TpotGate

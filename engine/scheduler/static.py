@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvloop.engine.scheduler.sequence import SeqStatus
+from kvloop.engine.core.sequence import SeqStatus
 
 if TYPE_CHECKING:
     from kvloop.engine.scheduler.scheduler import Scheduler

@@ -1,10 +1,10 @@
 """The price of a decode step's attention, one function for the scheduler and the simulator (pure Python).
 
 Rows whose block tables begin with the same block ids (the KV manager's identities) share that prefix,
-and a cascaded group reads it once. Which groups cascade is the runner's own plan (runner/cascade_plan.py,
+and a cascaded group reads it once. Which groups cascade is the runner's own plan (cascade/plan.py,
 `build_plan`) under the mode's scope (`nested`: any shared prefix, nested ones included; `common`: only
 the prefix common to every row, as vLLM) wherever the per-layer attention model says it pays
-(kernels/cascade_cost.AttentionCost: measured on a CPU by bench/calibrate_cascade.py; derived from the
+(cascade/cost.AttentionCost: measured on a CPU by bench/calibrate_cascade.py; derived from the
 roofline for a GPU profile, engine/sim/cost.py). `StepCost` prices a step with that plan:
 - the simulator charges its decode steps with `decode_us` over the groups of its `planner`'s plan
   (`group_shapes`; sim/runner.py, and inside fast-forward windows); `price_us` does both in one call,
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost
-from kvloop.engine.runner.cascade_plan import CascadePlan, build_plan
-from kvloop.engine.scheduler.shape_planner import ShapePlanner
+from kvloop.engine.cascade.cost import AttentionCost
+from kvloop.engine.cascade.plan import CascadePlan, build_plan
+from kvloop.engine.cascade.shapes import ShapePlanner
 
 GROUP_SCOPES = ("nested", "common")
 

@@ -19,11 +19,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.output_processor import RequestOutput
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.server.engine_thread import EngineThread
 from kvloop.engine.server.metrics import EngineMetrics
-from kvloop.engine.snapshot import EngineSnapshot
 
 log = logging.getLogger("kvloop.server")
 # While idle the engine thread still takes an empty step this often: the control hook publishes the snapshot

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
-from kvloop.engine.kv.stats import TIERS
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import TIERS
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 # vLLM's buckets, so that dashboards and SLO rules built for vLLM read the same.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

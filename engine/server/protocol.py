@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from kvloop.engine.sampling import (
+from kvloop.engine.core.sampling import (
     LOGIT_BIAS_RANGE,
     MAX_LOGIT_BIAS,
     MAX_LOGPROBS,

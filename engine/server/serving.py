@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvloop.engine.core.grammar_spec import GrammarSpec, parse_response_format
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import TokenLogprob
 from kvloop.engine.output_processor import RequestOutput
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected
-from kvloop.engine.scheduler.sequence import TokenLogprob
 from kvloop.engine.server.async_engine import AsyncEngine, EngineDead, Overloaded, RequestFailed, RequestGroup
 from kvloop.engine.server.errors import APIError, bad_request, error_body, param_of
 from kvloop.engine.server.protocol import _Sampling
 from kvloop.engine.structured.compiler import compiler_for
-from kvloop.engine.structured.spec import GrammarSpec, parse_response_format
 
 MAX_CHOICES = 64  # prompts x n in one call
 

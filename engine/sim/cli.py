@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvloop.engine.bench.w5_workload import W5_SCALES
-from kvloop.engine.scheduler.policy import get_policy, policy_names
+from kvloop.engine.core.policy import get_policy, policy_names
 
 WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", *W5_SCALES, "azure", "mooncake")
 

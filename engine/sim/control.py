@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from kvloop.engine.control.hook import apply_targets, request_tpot
 from kvloop.engine.control.percentiles import RecentPercentiles
 from kvloop.engine.control.records import Targets, control_record, pack_record, unpack_record
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.sidecar.law import ControlLaw, Decision
 from kvloop.sidecar.settings import Settings
 from kvloop.sidecar.steering import Steering

@@ -3,7 +3,7 @@ plus fixed and per-sequence overheads (pure arithmetic, no torch).
 
 Decode attention is priced apart, by the step-cost function the scheduler shares
 (engine/scheduler/step_cost.py: the runner's cascade plan over the rows' block tables, each group's
-shared K/V read once): with coefficients measured on the CPU (kernels/cascade_cost.py), or, for a GPU
+shared K/V read once): with coefficients measured on the CPU (cascade/cost.py), or, for a GPU
 profile, derived from this roofline (`roofline_attention`: K/V bytes over bandwidth, products over peak).
 Prefill chunks' context reads and attention stay in the roofline terms below."""
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost
+from kvloop.engine.cascade.cost import AttentionCost
 from kvloop.engine.kv.load_or_recompute import Prices
 from kvloop.engine.scheduler import step_cost as shared
 

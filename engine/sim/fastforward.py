@@ -29,8 +29,8 @@ from bisect import bisect_left
 from itertools import repeat
 from operator import add
 
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
-from kvloop.engine.scheduler.sequence import decodes
+from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.sequence import decodes
 from kvloop.engine.sim.lazy_rows import LazyRows, Steady, allocation_due
 
 CONTINUE, SCHEDULE, IDLE = "continue", "schedule", "idle"  # what the step loop does next (FastForward.run)

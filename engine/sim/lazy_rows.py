@@ -14,8 +14,8 @@ import heapq
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.workload import OutputTokens
 
 

@@ -1,6 +1,6 @@
 """Hardware + model profiles for the cost model. The CPU profile's efficiencies come from
 bench/sim_calibrate.py (real EngineCore steps on this machine) and its decode attention from the
-measured step-cost model of its KV dtype (kernels/cascade_cost.py, bench/calibrate_cascade.py); the GPU
+measured step-cost model of its KV dtype (cascade/cost.py, bench/calibrate_cascade.py); the GPU
 ones are stated assumptions, their decode attention derived from the roofline (sim/cost.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
+from kvloop.engine.cascade.cost import AttentionCost, cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, ModelShape
 
 SMOLLM2_135M = ModelShape("SmolLM2-135M", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,

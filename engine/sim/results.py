@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 from kvloop.engine.bench.metrics import RequestRecord, Sample, client_metrics, server_metrics
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.sim.workload import RequestSpec
-from kvloop.engine.snapshot import EngineSnapshot
 
 
 class LogHistogram:

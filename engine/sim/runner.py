@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from kvloop.engine.scheduler.batch import ScheduledBatch, ScheduledSeq, StepResult
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.scheduler.step_cost import StepCost as DecodeCost
 from kvloop.engine.sim.cost import CostModel, StepCost
 from kvloop.engine.sim.workload import OutputTokens

@@ -12,13 +12,15 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
+from kvloop.engine.core.batch import ScheduledBatch, StepResult
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.kv.hashing import TupleChainKeys
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.scheduler.snapshot import build_snapshot
 from kvloop.engine.sim.control import VirtualCoordinator
 from kvloop.engine.sim.fastforward import CONTINUE, IDLE, FastForward
 from kvloop.engine.sim.modes import Sizing, build_configs
@@ -26,7 +28,6 @@ from kvloop.engine.sim.profiles import Profile
 from kvloop.engine.sim.results import Recorder
 from kvloop.engine.sim.runner import SimRunner
 from kvloop.engine.sim.workload import RequestSpec
-from kvloop.engine.snapshot import EngineSnapshot, build_snapshot
 from kvloop.sidecar.settings import Settings
 
 IDLE_TICK_S = 0.005  # work waits but nothing can run (memory, a static batch filling): look again after this

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 import llguidance
 
-from kvloop.engine.structured.spec import GrammarSpec
+from kvloop.engine.core.grammar_spec import GrammarSpec
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 # Compact JSON: no free whitespace, so a model cannot spend its tokens on blank lines inside the object.

@@ -7,8 +7,8 @@ from __future__ import annotations
 import llguidance
 import torch
 
+from kvloop.engine.core.grammar_spec import GrammarSpec
 from kvloop.engine.structured.compiler import GrammarCompiler
-from kvloop.engine.structured.spec import GrammarSpec
 
 
 class GrammarStateError(RuntimeError):

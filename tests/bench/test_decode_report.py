@@ -1,7 +1,7 @@
 """bench/decode.py's pure half: medians, the issue's goals against the peers, the table (no servers)."""
 
 from kvloop.engine.bench import decode_report
-from kvloop.engine.bench.machine import cpu_flags
+from kvloop.engine.core.cpu import cpu_flags
 
 
 def run(single=None, prefill=None, tpot=None, rss=None, start=None, other=0.1) -> dict:

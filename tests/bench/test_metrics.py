@@ -11,8 +11,8 @@ from kvloop.engine.bench.metrics import (
     percentile,
     server_metrics,
 )
-from kvloop.engine.kv.stats import KVStats
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import KVStats
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 def rec(rid, send, first, end, n, chunks=None, error=None, prompt=100, cached=0):

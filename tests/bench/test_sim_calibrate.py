@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvloop.engine.kernels.cascade_cost import cost_for
+from kvloop.engine.cascade.cost import cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency
 from kvloop.engine.sim.profiles import SMOLLM2_135M, THIS_CPU
 

@@ -5,8 +5,8 @@ import time
 from kvloop.engine.bench.targets.base import Event, Target
 from kvloop.engine.bench.targets.http import kvloop_snapshot, parse_prometheus
 from kvloop.engine.bench.targets.static_gate import StaticBatchGate
-from kvloop.engine.kv.stats import KVStats
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import KVStats
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 class FakeTarget(Target):

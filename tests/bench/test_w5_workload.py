@@ -29,8 +29,8 @@ from kvloop.engine.bench.w5_workload import (
     phase_plan,
     phases_of,
 )
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.sim.workload import BenchWorkload
-from kvloop.engine.snapshot import EngineSnapshot
 
 # W5's structure with short sequences, so that thousands of requests build in a blink
 SMALL = W5Params(chat_rate=4.0, rag_rate=2.0, duration_s=2400.0, phase_s=300.0, num_docs=40, doc_tokens=64,

@@ -16,8 +16,8 @@ from kvloop.engine.control.records import (
     unpack_record,
     unpack_targets,
 )
-from kvloop.engine.kv.stats import KVStats
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import KVStats
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 def test_header_and_size(tmp_path):

@@ -8,7 +8,7 @@ import types
 
 from kvloop.engine.control.hook import EngineControl
 from kvloop.engine.control.link import SidecarLink
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 class FakeKV:
@@ -95,7 +95,7 @@ def test_apply_targets_sets_the_schedulers_budget_within_its_clamp():
     from kvloop.engine.kv.config import KVConfig
     from kvloop.engine.kv.manager import KVCacheManager
     from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
-    from kvloop.engine.snapshot import build_snapshot
+    from kvloop.engine.scheduler.snapshot import build_snapshot
 
     kv = KVCacheManager(64, 16, KVConfig())
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=1024), kv)
@@ -111,13 +111,13 @@ def test_apply_targets_sets_the_schedulers_budget_within_its_clamp():
 
 
 def test_snapshot_counts_decoding_rows_and_the_prompt_blocks_still_to_prefill():
+    from kvloop.engine.core.batch import StepResult
+    from kvloop.engine.core.sampling import SamplingParams
+    from kvloop.engine.core.sequence import Sequence
     from kvloop.engine.kv.config import KVConfig
     from kvloop.engine.kv.manager import KVCacheManager
-    from kvloop.engine.sampling import SamplingParams
-    from kvloop.engine.scheduler.batch import StepResult
     from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
-    from kvloop.engine.scheduler.sequence import Sequence
-    from kvloop.engine.snapshot import build_snapshot
+    from kvloop.engine.scheduler.snapshot import build_snapshot
 
     kv = KVCacheManager(64, 16, KVConfig())
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=48, idle_step_tokens=0, max_model_len=2048), kv)

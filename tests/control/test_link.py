@@ -8,7 +8,7 @@ import pytest
 from kvloop.engine.control import layout as L
 from kvloop.engine.control.link import ControlLink, SidecarLink
 from kvloop.engine.control.records import Targets, pack_targets
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 SEC = 1_000_000_000
 

@@ -15,9 +15,9 @@ import pytest
 
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.control.link import SidecarLink
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import RequestRejected, SchedulerConfig
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.settings import SettingsWatcher

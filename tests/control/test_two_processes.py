@@ -10,7 +10,7 @@ import sys
 import time
 
 from kvloop.engine.control import layout as L
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 
 def kvloop(*args: str) -> str:
@@ -63,7 +63,7 @@ def test_targets_from_another_process_applied_within_one_step(make_engine, tmp_p
 def test_restart_changes_start_id(tmp_path):
     path = tmp_path / "control.bin"
     code = ("import sys; from kvloop.engine.control import ControlLink, Targets; "
-            "from kvloop.engine.snapshot import EngineSnapshot; "
+            "from kvloop.engine.core.snapshot import EngineSnapshot; "
             "l = ControlLink(sys.argv[1], Targets(8, 0.3)); l.publish(EngineSnapshot()); print(l.start_id)")
     ids = []
     for _ in range(2):

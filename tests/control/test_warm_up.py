@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from kvloop.engine.control.link import SidecarLink
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 
 def test_warm_up_is_not_published_or_counted(make_engine, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

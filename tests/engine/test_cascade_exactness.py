@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.sampling import SamplingParams
 
 
 def toks(seed: int, n: int) -> list[int]:

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
 from kvloop.engine.runner import compiled_step, step_artefact
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 TINY = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

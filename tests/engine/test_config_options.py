@@ -10,7 +10,7 @@ import yaml
 
 from kvloop.engine.cli import add_engine_args, engine_config_from_args
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.config_options import config_options
+from kvloop.engine.core.config_options import config_options
 from kvloop.engine.settings_file import SettingsFileError, load_engine_settings
 
 
@@ -37,7 +37,7 @@ def test_flags_reach_nested_fields_under_their_existing_names():
 
 
 def test_mode_choices_are_the_policy_registry():
-    from kvloop.engine.scheduler.policy import policy_names
+    from kvloop.engine.core.policy import policy_names
 
     mode = next(o for o in config_options(EngineConfig) if o.path == "mode")
     assert mode.option.choice_list() == list(policy_names())

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.runner.model_runner import resolve_kv_dtype
-from kvloop.engine.sampling import SamplingParams
 
 
 def test_resolution_rules():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.runner.logits_processors import LogitBias, Penalties, SampleRow
-from kvloop.engine.sampling import SamplingParams
 
 VOCAB = 11
 

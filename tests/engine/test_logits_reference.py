@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 TOL = 1e-4
 PROMPTS = [

@@ -3,10 +3,10 @@ stop strings, which need the text (pure Python, a toy decoder: token t is the le
 
 from __future__ import annotations
 
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.output_processor import OutputState
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.bookkeeping import finish_reason
-from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.runner.sampler import Sampler
-from kvloop.engine.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 
 def test_a_target_no_step_meets_admits_one_at_a_time_and_changes_no_token(make_engine, tokenizer):

@@ -277,8 +277,8 @@ def assert_logits_match(ours: LlamaModel, reference_model: LlamaModel) -> None:
 def assert_greedy_tokens_match(ours: LlamaModel, reference_model: LlamaModel, checkpoint) -> None:
     """Engines over the two models generate the same 8 greedy tokens after PROMPT."""
     from kvloop.engine.config import EngineConfig
+    from kvloop.engine.core.sampling import SamplingParams
     from kvloop.engine.engine_core import EngineCore
-    from kvloop.engine.sampling import SamplingParams
 
     def greedy(model: LlamaModel) -> list[int]:
         engine = EngineCore(EngineConfig(dtype="float32", progress=False, kv_cache_tokens=256), model=model,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from kernel_ref import DTYPES, TOL, new_generator
 
+from kvloop.engine.cascade.plan import build_plan
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.backend import (
@@ -23,7 +24,6 @@ from kvloop.engine.kernels.backend import (
     register_backend,
     resolve_backend_name,
 )
-from kvloop.engine.runner.cascade_plan import build_plan
 
 BS, N_KV, HEADS, HD = 16, 2, 6, 32
 SCALE = HD**-0.5

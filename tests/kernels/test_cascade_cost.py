@@ -1,4 +1,4 @@
-"""The decode-attention cost model per attention backend and KV dtype (kernels/cascade_cost.py): which entry
+"""The decode-attention cost model per attention backend and KV dtype (cascade/cost.py): which entry
 each backend gets, the CPU kernel's entry against its measured decisions, every entry consistent with
 itself, the runner asking for the backend its model runs, and the CPU calibration's fit recovering known
 coefficients (bench/calibrate_cascade.py)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvloop.engine.kernels.cascade_cost import (
+from kvloop.engine.cascade.cost import (
     AMX_TILES,
     BLOCKED_BF16,
     COSTS,

@@ -3,8 +3,8 @@ the planner's reuse while the decode set is unchanged."""
 
 from __future__ import annotations
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost
-from kvloop.engine.runner.cascade_plan import CascadePlanner, build_plan
+from kvloop.engine.cascade.cost import AttentionCost
+from kvloop.engine.cascade.plan import CascadePlanner, build_plan
 
 
 def always(members: int, tokens: int) -> bool:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from kernel_ref import TOL, new_generator
 
+from kvloop.engine.cascade.plan import build_plan
 from kvloop.engine.kernels import reference, torch_backend, torch_decode
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
-from kvloop.engine.runner.cascade_plan import build_plan
 
 BS, N_KV, HEADS, HD = 16, 2, 6, 64
 

@@ -66,7 +66,8 @@ def test_layer_falls_back_to_dense_weights_without_the_kernel(monkeypatch):
 
 @pytest.mark.parametrize("native_bf16", [False, True])
 def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16):
-    from kvloop.engine import engine_core, host_memory
+    from kvloop.engine import engine_core
+    from kvloop.engine.core import host_memory
 
     monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: native_bf16)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**40)
@@ -85,7 +86,8 @@ def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memo
     """A kernel without bf16 pairs keeps a dense copy for oneDNN: packed + dense bf16 copies of 134.5M linear weights
     (the embedded model), 0.501 GiB. Kept only while that is at most half of the available memory (1.002 GiB);
     where /proc/meminfo cannot be read, kept. With bf16 pairs there is one copy, and no rule."""
-    from kvloop.engine import engine_core, host_memory
+    from kvloop.engine import engine_core
+    from kvloop.engine.core import host_memory
 
     monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(linear_bf16w, "native", lambda: True)
@@ -104,7 +106,7 @@ def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memo
 
 
 def test_meminfo_available_is_read_in_bytes():
-    from kvloop.engine.host_memory import meminfo_available_bytes
+    from kvloop.engine.core.host_memory import meminfo_available_bytes
 
     text = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20971520 kB\n"
     assert meminfo_available_bytes(text) == 20 * 2**30

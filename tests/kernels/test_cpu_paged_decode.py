@@ -21,13 +21,13 @@ from kernel_ref import (
     strided_rows,
 )
 
+from kvloop.engine.cascade.plan import build_plan
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.backend import AttentionBackend
 from kvloop.engine.kernels.cpu import backend, build
 from kvloop.engine.kernels.cpu import paged_decode as pd
 from kvloop.engine.kernels.torch_decode import merge_into
-from kvloop.engine.runner.cascade_plan import build_plan
 
 ATOL = RTOL = 1e-5  # fp32 accumulation over the dtype-rounded values the reference sees too
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

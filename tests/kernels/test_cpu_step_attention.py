@@ -14,9 +14,9 @@ import torch
 from kernel_ref import new_generator
 from test_cpu_paged_decode import BS, kernel, meta_for  # noqa: F401 - kernel: its autouse build-or-skip fixture
 
+from kvloop.engine.cascade.plan import build_plan
 from kvloop.engine.kernels.cpu import backend
 from kvloop.engine.runner import compiled_step
-from kvloop.engine.runner.cascade_plan import build_plan
 
 
 class Recording:

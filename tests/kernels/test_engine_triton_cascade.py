@@ -10,13 +10,13 @@ import pytest
 import torch
 from test_engine_triton_path import TINY
 
+from kvloop.engine.cascade.plan import CascadePlan
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels import triton as tk
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
-from kvloop.engine.runner.cascade_plan import CascadePlan
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 SYSTEM = list(range(40, 60))  # 20 tokens: one full shared block, then the documents start mid-block

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kernels import triton as tk
 from kvloop.engine.kernels.triton import is_interpreted
 from kvloop.engine.model.config import ModelConfig
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=6, num_kv_heads=2,

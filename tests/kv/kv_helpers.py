@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from collections import deque
 
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.hashing import chain_hashes
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.sequence import Sequence
 
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from kv_helpers import ONE_TOKEN, fake_manager, serve
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.eviction import LRU, GClock
 from kvloop.engine.kv.host_tier import HostTier
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.two_class import TwoClass
-from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 16
 HOT = list(range(1000, 1000 + 8 * BS))

@@ -12,12 +12,12 @@ import pytest
 import torch
 from kv_helpers import greedy
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv import disk_format as fmt
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.mover_api import NullMover
 from kvloop.engine.kv.tier_mover import TierMover
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 @pytest.fixture

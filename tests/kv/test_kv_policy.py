@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from kv_helpers import ONE_TOKEN, fake_manager, serve
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.eviction import LRU, GClock
@@ -14,7 +15,6 @@ from kvloop.engine.kv.hashing import ROOT
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.two_class import TwoClass
-from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 16
 HOT = list(range(1000, 1000 + 8 * BS))  # a shared 128-token prefix (system prompt, document)

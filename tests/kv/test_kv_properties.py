@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from kv_helpers import FakeMover, manager_state
 
+from kvloop.engine.core.policy import cache_policy_names
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.policy import cache_policy_names
-from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 4
 PREFIXES = [list(range(1, 14)), list(range(1, 9)) + [50, 51, 52, 53, 54], [7] * 10, []]

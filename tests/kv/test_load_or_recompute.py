@@ -7,10 +7,10 @@ import pytest
 import torch
 from kv_helpers import ONE_TOKEN, fake_manager, manager_state, serve
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.load_or_recompute import Prices, TierCosts, blocks_to_use
 from kvloop.engine.kv.tier_mover import TierMover
-from kvloop.engine.scheduler.sequence import Sequence
 from kvloop.engine.sim.profiles import get_profile
 
 BS = 16

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from kv_helpers import ONE_TOKEN, fake_manager, manager_state, serve
 
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.kv.prefix_match import PrefixMatch
-from kvloop.engine.scheduler.sequence import Sequence
 
 BS = 4
 DOC = list(range(1, 26))  # six full blocks and one token

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from crdcheck import ROOT, all_rules, compile_rule, load_crd, openapi_schema, validate
 
-from kvloop.engine.scheduler.policy import DEFAULT_POLICY, policy_names
+from kvloop.engine.core.policy import DEFAULT_POLICY, policy_names
 from kvloop.operator.crd import render_yaml
 from kvloop.operator.limits import is_quantity, parse_quantity
 from kvloop.operator.spec import DEFAULTS

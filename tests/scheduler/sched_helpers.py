@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
+from kvloop.engine.core.batch import StepResult
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import StepResult
 from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 class FakeClock:

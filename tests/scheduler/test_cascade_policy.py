@@ -9,9 +9,9 @@ import random
 import pytest
 
 from kvloop.engine.bench.sizing import Sizing, mode_configs
+from kvloop.engine.cascade.plan import build_plan
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.runner.cascade_plan import build_plan
-from kvloop.engine.sampling import SamplingParams
 from kvloop.engine.scheduler.config import resolve_cascade_groups
 from kvloop.engine.scheduler.scheduler import Scheduler
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvloop.engine.core.batch import StepResult
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import StepResult
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler, SchedulerConfig
-from kvloop.engine.scheduler.sequence import Sequence
 
 
 def make(num_blocks=64, block_size=4, **cfg) -> Scheduler:

@@ -13,10 +13,8 @@ from sched_helpers import kv_config, make
 from kvloop.engine.bench.sizing import Sizing, mode_configs
 from kvloop.engine.cli import add_engine_args
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.kv.eviction import EVICTION_ORDERS
-from kvloop.engine.scheduler import policy as registry
-from kvloop.engine.scheduler.config import SchedulerConfig
-from kvloop.engine.scheduler.policy import (
+from kvloop.engine.core import policy as registry
+from kvloop.engine.core.policy import (
     AUTO,
     DEFAULT_POLICY,
     LRU_CACHE,
@@ -28,6 +26,8 @@ from kvloop.engine.scheduler.policy import (
     register,
     resolve_policy,
 )
+from kvloop.engine.kv.eviction import EVICTION_ORDERS
+from kvloop.engine.scheduler.config import SchedulerConfig
 from kvloop.engine.settings_file import SettingsFileError, load_engine_settings
 from kvloop.engine.sim.cli import add_simulate_parser
 from kvloop.operator.crd import spec_schema

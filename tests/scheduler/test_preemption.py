@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sched_helpers import kv_config, make, next_token, req, run_all, step, toks
 
-from kvloop.engine.scheduler.sequence import SeqStatus
+from kvloop.engine.core.sequence import SeqStatus
 
 
 def _reference(prompt: list[int], n: int) -> list[int]:

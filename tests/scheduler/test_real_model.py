@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sched_helpers import toks
 
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.sampling import SamplingParams
 
 N = 10
 PROMPTS = [toks(i, 40) for i in range(3)]  # 3 blocks of 16; the 9th output token needs a 4th

@@ -7,7 +7,7 @@ import pytest
 from sched_helpers import FakeClock, kv_config, make, req, run_all, step, toks
 
 from kvloop.engine.config import EngineConfig
-from kvloop.engine.scheduler.policy import get_policy, policy_names
+from kvloop.engine.core.policy import get_policy, policy_names
 from kvloop.engine.scheduler.scheduler import RequestRejected
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from sched_helpers import FakeClock, kv_config, req, run_all, step, toks
 
-from kvloop.engine.kernels.cascade_cost import AttentionCost, cost_for
+from kvloop.engine.cascade.cost import AttentionCost, cost_for
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
 from kvloop.engine.scheduler.step_cost import StepCost

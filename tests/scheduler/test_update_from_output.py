@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from sched_helpers import FakeClock, make, req, toks
 
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.batch import StepResult
-from kvloop.engine.scheduler.sequence import SeqStatus, Sequence, TokenLogprob
+from kvloop.engine.core.batch import StepResult
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import SeqStatus, Sequence, TokenLogprob
 
 
 def _sampling(batch) -> list[str]:

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from kvloop.engine.config import EngineConfig
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.launch import build_server
-from kvloop.engine.snapshot import EngineSnapshot
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.engine_thread import EngineThread
-from kvloop.engine.snapshot import EngineSnapshot
 
 
 class ThreadRecordingEngine:

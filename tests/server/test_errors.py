@@ -169,8 +169,8 @@ def test_api_key_and_not_ready(server, core_engine):
 
 def test_engine_failed_request_is_503_not_500(server, core_engine):
     """A request the scheduler fails (static mode's out-of-memory) comes back as an OpenAI-shaped 503."""
+    from kvloop.engine.core.sampling import SamplingParams
     from kvloop.engine.output_processor import RequestOutput
-    from kvloop.engine.sampling import SamplingParams
     from kvloop.engine.server.async_engine import AsyncEngine
     from kvloop.engine.server.serving import to_api_error
 

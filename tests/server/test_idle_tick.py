@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.server.async_engine import IDLE_TICK_S, AsyncEngine
-from kvloop.engine.snapshot import EngineSnapshot
 
 
 class IdleEngine:

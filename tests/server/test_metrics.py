@@ -69,9 +69,9 @@ def test_build_registry_lists_every_name():
 
 def test_metrics_read_the_engine_snapshot():
     """Every engine-state family comes from one typed field of the engine snapshot."""
-    from kvloop.engine.kv.stats import KVStats
+    from kvloop.engine.core.kv_stats import KVStats
+    from kvloop.engine.core.snapshot import EngineSnapshot
     from kvloop.engine.server.metrics import EngineMetrics
-    from kvloop.engine.snapshot import EngineSnapshot
 
     stats = KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=50, hit_tokens_device=40,
                     hit_tokens_host=10, evictions=7, demotions_host=4, promotions_disk=2, admissions_refused=5,

@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 
 from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.records import Targets
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.sidecar.app import build_app
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.metrics import build_registry

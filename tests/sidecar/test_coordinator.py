@@ -11,8 +11,8 @@ import pytest
 
 from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.records import Targets
-from kvloop.engine.kv.stats import KVStats
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import KVStats
+from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.sidecar.coordinator import Coordinator
 from kvloop.sidecar.settings import SettingsWatcher
 

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from kvloop.engine.sampling import SamplingParams
-from kvloop.engine.scheduler.sequence import Sequence
+from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.sim.modes import Sizing
 from kvloop.engine.sim.profiles import get_profile
 from kvloop.engine.sim.simulator import SimConfig, Simulator

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvloop.engine.kernels.cascade_cost import cost_for
+from kvloop.engine.cascade.cost import cost_for
 from kvloop.engine.sim.cost import (
     CostModel,
     Efficiency,

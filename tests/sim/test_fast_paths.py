@@ -10,10 +10,10 @@ import random
 import pytest
 
 from kvloop.engine.bench import workloads as bw
+from kvloop.engine.cascade.plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
+from kvloop.engine.cascade.shapes import ShapePlanner
+from kvloop.engine.core.policy import policy_names
 from kvloop.engine.kv.hashing import ChainHasher, TupleChainKeys
-from kvloop.engine.runner.cascade_plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
-from kvloop.engine.scheduler.policy import policy_names
-from kvloop.engine.scheduler.shape_planner import ShapePlanner
 from kvloop.engine.sim import simulator
 from kvloop.engine.sim.modes import Sizing
 from kvloop.engine.sim.workload import OutputTokens

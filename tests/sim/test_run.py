@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvloop.engine.bench import workloads as bw
-from kvloop.engine.scheduler.policy import policy_names
+from kvloop.engine.core.policy import policy_names
 
 KEYS = ("output_throughput_tok_s", "request_throughput_req_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
         "itl_p99_s", "e2e_p90_s")

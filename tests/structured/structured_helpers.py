@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvloop.engine.structured.spec import GrammarSpec
+from kvloop.engine.core.grammar_spec import GrammarSpec
 
 # Small enough that its JSON completes in a few dozen tokens, strict enough to check.
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

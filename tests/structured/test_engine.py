@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 from structured_helpers import PERSON, PERSON_SPEC
 
+from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.kv.config import KVConfig
-from kvloop.engine.sampling import SamplingParams
 
 MAX_TOKENS = 40
 
@@ -96,7 +96,7 @@ def test_a_prefix_cache_hit_gives_the_same_output_as_cold(make_engine, tokenizer
 
 
 def test_json_object_returns_an_object(make_engine, tokenizer):
-    from kvloop.engine.structured.spec import parse_response_format
+    from kvloop.engine.core.grammar_spec import parse_response_format
 
     eng = make_engine(kv=KVConfig(mode="continuous"))
     params = SamplingParams(max_tokens=60, temperature=0, grammar=parse_response_format({"type": "json_object"}))

@@ -8,10 +8,10 @@ import pytest
 import torch
 from structured_helpers import PERSON_SPEC
 
+from kvloop.engine.core.grammar_spec import parse_response_format
 from kvloop.engine.structured.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask
 from kvloop.engine.structured.compiler import GrammarError
 from kvloop.engine.structured.matcher import GrammarMatcher, GrammarStateError
-from kvloop.engine.structured.spec import parse_response_format
 
 
 def test_apply_bitmask_masks_exactly_the_cleared_bits():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvloop.engine.structured.spec import ANY_OBJECT, MAX_SCHEMA_CHARS, GrammarSpec, parse_response_format
+from kvloop.engine.core.grammar_spec import ANY_OBJECT, MAX_SCHEMA_CHARS, GrammarSpec, parse_response_format
 
 
 def test_text_and_none_are_unconstrained():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 @dataclass

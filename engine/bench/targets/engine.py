@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from kvloop.engine.bench.targets.base import Event, Target
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 class EngineTarget(Target):
@@ -16,7 +16,7 @@ class EngineTarget(Target):
         self._live: set[str] = set()
 
     def submit(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        from kvloop.engine.sampling import SamplingParams
+        from kvloop.engine.core.sampling import SamplingParams
         from kvloop.engine.scheduler.scheduler import RequestRejected
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)

@@ -15,8 +15,8 @@ import time
 import httpx
 
 from kvloop.engine.bench.targets.base import Event, Target
-from kvloop.engine.kv.stats import TIERS, KVStats
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.kv_stats import TIERS, KVStats
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 _METRIC = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfaINF]+)$')
 _LABEL = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"')

@@ -9,7 +9,7 @@ import time
 from collections import deque
 
 from kvloop.engine.bench.targets.base import Event, Target
-from kvloop.engine.snapshot import EngineSnapshot
+from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 class StaticBatchGate(Target):

@@ -21,8 +21,8 @@ from functools import cache, partial
 
 import torch
 
+from kvloop.engine.cascade.cost import AMX_TILES, BLOCKED_BF16
 from kvloop.engine.kernels.backend import AttentionBackend, WithDecode, get_backend
-from kvloop.engine.kernels.cascade_cost import AMX_TILES, BLOCKED_BF16
 from kvloop.engine.kernels.cpu import amx, build
 
 

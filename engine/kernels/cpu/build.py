@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvloop.engine.cache_root import cache_root as kvloop_cache_root
+from kvloop.engine.core.cache_root import cache_root as kvloop_cache_root
 
 log = logging.getLogger("kvloop.kernels")
 

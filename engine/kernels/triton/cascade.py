@@ -146,7 +146,7 @@ def shared_tiles(members: int, group: int, head_dim: int, dtype: torch.dtype) ->
 
 
 def segments_from_groups(groups: Sequence) -> list[CascadeSegment]:
-    """Segments from a runner's cascade groups (engine/runner/cascade_plan.py: rows, start_token,
+    """Segments from a runner's cascade groups (engine/cascade/plan.py: rows, start_token,
     num_tokens; a group's ancestors hold all of its rows). Its level is the number of groups before it
     in the chain of its rows."""
     ordered = sorted(groups, key=lambda g: g.start_token)

@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from kvloop.engine.sampling import SamplingParams
+from kvloop.engine.core.sampling import SamplingParams
 
 
 class SeqStatus(enum.Enum):

@@ -23,7 +23,7 @@ from collections.abc import Hashable, Sequence
 from itertools import compress
 from operator import itemgetter, ne
 
-from kvloop.engine.runner.cascade_plan import Worth, build_plan, common_run
+from kvloop.engine.cascade.plan import Worth, build_plan, common_run
 
 
 class _Node:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvloop.engine.structured.spec import GrammarSpec
+from kvloop.engine.core.grammar_spec import GrammarSpec
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string: the output processor re-searches this much text on every token

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvloop.engine.scheduler.sequence import Sequence, TokenLogprob
+from kvloop.engine.core.sequence import Sequence, TokenLogprob
 
 
 @dataclass(slots=True)  # one per running sequence per step

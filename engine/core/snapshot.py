@@ -1,23 +1,17 @@
 """The engine's state at one moment, typed: what Prometheus, the control block, the benchmark harness and
-the simulator's results read. `build_snapshot` is the one place it is made, for EngineCore and the
-Simulator alike (pure Python, no torch).
+the simulator's results read. scheduler/snapshot.py's `build_snapshot` is the one place it is made, for
+EngineCore and the Simulator alike (pure Python, no torch).
 
 Counters are cumulative since the engine started; gauges are the value now. Prefix queries and hits are
-in prompt tokens, per tier as engine.kv.stats defines them (a lower tier is asked only for what the
+in prompt tokens, per tier as engine.core.kv_stats defines them (a lower tier is asked only for what the
 tiers above it did not serve)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from kvloop.engine.kv.stats import TIERS, KVStats
-
-if TYPE_CHECKING:
-    from kvloop.engine.kv.manager import KVCacheManager
-    from kvloop.engine.scheduler.scheduler import Scheduler
+from kvloop.engine.core.kv_stats import TIERS, KVStats
 
 
 @dataclass(frozen=True)
@@ -78,60 +72,3 @@ class EngineSnapshot:
     def kv_use_by_tier(self) -> dict[str, float]:
         """The tiers this engine has, with their use."""
         return {t: u for t in TIERS if (u := self.kv_use(t)) is not None}
-
-
-def build_snapshot(scheduler: Scheduler, kv: KVCacheManager, *, num_steps: int, step_failures: int = 0,
-                   request_failures: Mapping[str, int] | None = None) -> EngineSnapshot:
-    """The snapshot of a scheduler, its KV manager and the engine-level counters."""
-    host, disk = kv.host, kv.disk
-    decoding, pending = _running_phases(scheduler.running, kv.block_size)
-    return EngineSnapshot(
-        num_waiting=len(scheduler.waiting),
-        num_running=len(scheduler.running),
-        num_decoding=decoding,
-        batch_cap=scheduler.batch_cap,
-        step_token_budget=scheduler.step_token_budget,
-        step_token_budget_max=scheduler.step_token_budget_max,
-        max_model_len=scheduler.config.max_model_len,
-        scheduler_mode=scheduler.mode,
-        num_preemptions=scheduler.num_preemptions,
-        num_preemptions_by_kind=scheduler.preemptions_by_kind,
-        num_rejections=scheduler.num_rejections,
-        num_oom_events=scheduler.num_oom_events,
-        tpot_target_s=scheduler.tpot_gate.target_s or 0.0,
-        decode_step_s=scheduler.tpot_gate.step_s or 0.0,
-        tpot_holds=scheduler.tpot_gate.holds,
-        requests_finished=scheduler.requests_finished,
-        tokens_generated=scheduler.tokens_generated,
-        num_steps=num_steps,
-        step_failures=step_failures,
-        request_failures=dict(request_failures or {}),
-        kv_mode=kv.config.mode,
-        prefix_cache=kv.config.prefix_cache,
-        watermark=kv.watermark,
-        kv_usage=kv.usage(),
-        kv_blocks_total=kv.num_blocks,
-        kv_blocks_free=kv.num_free_blocks,
-        kv_blocks_pending=pending,
-        block_size=kv.block_size,
-        kv_cached_blocks=kv.num_cached_blocks,
-        kv_host_blocks_used=host.num_used if host is not None else 0,
-        kv_host_blocks_total=host.num_slots if host is not None else 0,
-        kv_disk_blocks_used=len(disk) if disk is not None else 0,
-        kv_disk_blocks_total=disk.capacity if disk is not None else 0,
-        kv_ghost_entries=len(kv.ghost),
-        kv_stats=dataclasses.replace(kv.stats),
-    )
-
-
-def _running_phases(running, block_size: int) -> tuple[int, int]:
-    """(rows decoding, blocks the prefilling rows' prompts still need beyond what they hold). A row decodes
-    once its whole prompt is computed (a row recomputing after preemption prefills again)."""
-    decoding = pending = 0
-    for seq in running:
-        prompt = seq.num_prompt_tokens
-        if seq.num_computed_tokens >= prompt:
-            decoding += 1
-        else:
-            pending += max(0, -(-prompt // block_size) - len(seq.block_table))
-    return decoding, pending
