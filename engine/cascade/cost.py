@@ -9,9 +9,9 @@ and every row that takes part in a cascade pays merge_us per extra partial resul
 group). Plain decode is one such call per row (M = 1) over its whole context. A group cascades only where
 the modelled gain exceeds min_gain times what its rows' reading of the shared tokens costs plain: a margin
 for the model's error on small groups, where both paths take tens of microseconds (fitted by the calibration
-against whole decode steps, so that the model never picks the path measured slower). For a backend whose kernel
-takes the whole step in one call (the CPU kernel, which also merges each row's partial results inside it),
-a "call" is one segment of that call: call_us is what a segment adds, and the call's own fixed cost, the
+against whole decode steps, so that the model never picks the path measured slower). For a backend whose
+kernel takes the whole step in one call (the CPU kernel, which also merges each row's partial results inside
+it), a "call" is one segment of that call: call_us is what a segment adds, and the call's own fixed cost, the
 same with or without cascade, is left out.
 Coefficients are measured by bench/calibrate_cascade.py on a CPU and stored below per attention backend
 and KV dtype; compare them only within one machine and one backend.
@@ -33,7 +33,7 @@ class AttentionCost:
     # A row's own part up to this many tokens is copied out and batched with rows of similar length; longer
     # ones are read in place (per-call overhead of thin products beats the copy only for long spans).
     copy_max_tokens: int = 512
-    group_us: float = 0.0  # per cascaded group, beyond its rows' merges (the CPU kernel: the merge's fixed cost)
+    group_us: float = 0.0  # per cascaded group, beyond its rows' merges (CPU kernel: the merge's fixed cost)
     token_stack_us: float = 0.0  # per token, once for all the stacked rows, beside their products
     min_gain: float = 0.0  # the share of the group's plain reading cost cascade must save to be chosen
 
@@ -59,35 +59,22 @@ class AttentionCost:
     def worth(self, members: int, shared_tokens: int) -> bool:
         if members < 2 or shared_tokens <= 0:
             return False
-        return self.group_gain_us(members, shared_tokens) > self.min_gain * members * shared_tokens * self.token_cost_us(1)
+        margin = self.min_gain * members * shared_tokens * self.token_cost_us(1)
+        return self.group_gain_us(members, shared_tokens) > margin
 
     def step_us(self, context_lens: list[int], groups: Iterable[tuple[int, int]]) -> float:
         """Per layer: plain cost of these rows minus the gain of each cascaded (members, shared_tokens)."""
         return self.plain_us(context_lens) - sum(self.group_gain_us(m, s) for m, s in groups)
 
 
-# The torch decode path (kernels/torch_decode.py; backend "torch"). Measured with
-# `bench/calibrate_cascade.py --threads 2` (the engine's thread count in the benchmarks) on an
-# AVX512-BF16 CPU, quiet machine: the fit's worst sample is off by 40% (bf16) / 27% (fp32); break-even
-# shared tokens for 16 sharers: 368 (bf16), 80 (fp32), inside or below the published 256-512. fp16 reuses
-# bf16's entry (same bytes; not measured separately). copy_max_tokens is set above any context here: with 2
-# threads, reading a long own part in place (one thin product per row) measured 1.7x slower per step than
-# copying rows out and batching them by length (bench/decode_shared.py, nothing shared, context 2,000),
-# although the calibration's micro-benchmark put the crossover at 1,024 tokens.
+# Entries per backend and KV dtype; where each number came from: docs/cascade_calibration.md.
+# torch: `bench/calibrate_cascade.py --threads 2` -> bench/results/cascade_calibration.json
 _BF16 = AttentionCost(call_us=233.872, row_us=0.0289, token_us=0.06555, token_row_us=0.01613, merge_us=3.062,
                       copy_max_tokens=8192)
 _FP32 = AttentionCost(call_us=94.993, row_us=1.7569, token_us=0.15738, token_row_us=0.02125, merge_us=3.062,
                       copy_max_tokens=8192)
 
-# The C++ CPU kernel (kernels/cpu/paged_decode.py; backend "cpu"): one call per step, a segment per row and
-# per group, merged inside the call. Measured with `bench/calibrate_cascade.py --backend cpu --threads 2` on an
-# AMD EPYC with AVX2 (no AVX-512), quiet machine (bench/results/cascade_calibration_cpu.json), after the kernel
-# stopped running cascade calls on one thread: the plain terms from single segments, the cascade-only terms
-# (token_stack_us, token_row_us, group_us, merge_us) from whole decodes with and without the group, which they
-# fit within 11% (bf16) / 8% (fp32) of a plain step. Break-even shared tokens: 192 for 2 sharers, 128 for 4, 80
-# for 16 (bf16); 112, 80, 64 (fp32): far below the published 256-512, which are GPU figures. On the 35 held-out
-# decodes the model cascades where cascade measured slower at none; it stays plain at 2 (bf16) / 4 (fp32) points
-# of 48 shared tokens where cascade was 7-15% faster.
+# cpu: `bench/calibrate_cascade.py --backend cpu --threads 2` -> bench/results/cascade_calibration_cpu.json
 _CPU_BF16 = AttentionCost(call_us=3.106, row_us=1.4141, token_us=0.05871, token_row_us=0.036745,
                           merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.01292,
                           min_gain=0.0)
@@ -95,32 +82,18 @@ _CPU_FP32 = AttentionCost(call_us=2.047, row_us=1.7709, token_us=0.07751, token_
                           merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.02851,
                           min_gain=0.0)
 
-# The kernel's blocked bf16 routine (AVX512F/BW + AVX512-BF16; backend "cpu", cost name "cpu/avx512bf16"), bf16 K/V
-# only: K transposed once per tile and scored with bf16 dot products, several stacked queries per K/V load, so a
-# plain row already costs less per token and a group gains less. Measured with `bench/calibrate_cascade.py --backend
-# cpu --threads 2` on an AMD EPYC with AVX512-BF16, quiet machine (bench/results/cascade_calibration_cpu_avx512bf16
-# .json): the cascade terms fit whole decodes within 17% of a plain step (the segments alone within 95%, as the other
-# routine's). Break-even 288 shared tokens for any group size: cascade measured slower at 192 shared tokens and less
-# for 12-24 sharers (16 x 192: 160 against 154 us plain), where the _CPU_BF16 entry cascades from 80 tokens. On the 35
-# held-out decodes it cascades where cascade measured slower at none; it stays plain at 4 and 6 sharers of 192 tokens
-# where cascade was 5-6% faster.
+# cpu/avx512bf16: the same on AVX512-BF16 -> bench/results/cascade_calibration_cpu_avx512bf16.json
 _CPU_BF16_BLOCKED = AttentionCost(call_us=0.0, row_us=2.6018, token_us=0.02572, token_row_us=0.016463,
                                   merge_us=0.0, copy_max_tokens=512, group_us=0.0, token_stack_us=0.0,
                                   min_gain=0.0)
 
-# The kernel on a CPU with AMX tiles (backend "cpu", cost name "cpu/amx"), bf16 K/V and bf16 queries (the model's
-# dtype there): plain rows through the blocked bf16 routine, a group's stacked rows through the tile routine
-# (csrc/tile_amx.h, head_dim 64). Measured with `bench/calibrate_cascade.py --backend cpu --threads 2` on an Intel
-# Xeon with AMX, quiet machine (bench/results/cascade_calibration_cpu_amx.json): a stacked row's token costs 0.0059 us
-# against the blocked entry's 0.0165 (AMD), and a plain row's 0.0211. The cascade terms fit whole decodes within 14%
-# of a plain step (the segments alone within 89%). Break-even shared tokens: 160 for 2 sharers, 112 for 4, 96 for
-# 16, where _CPU_BF16_BLOCKED says 288 for any group. On the 35 held-out decodes it picks the faster path at all.
+# cpu/amx: the same on a CPU with AMX tiles -> bench/results/cascade_calibration_cpu_amx.json
 _CPU_BF16_AMX = AttentionCost(call_us=0.604, row_us=0.506, token_us=0.02106, token_row_us=0.005884,
                               merge_us=0.82, copy_max_tokens=512, group_us=0.0, token_stack_us=0.0,
                               min_gain=0.0)
 
-# Per attention backend (backend.py's names, or a backend's cost name "name/variant": AttentionBackend.cost_name),
-# per KV dtype. A variant measured for some KV dtypes only runs the others through its backend's routine.
+# Per attention backend (backend.py's names, or a cost name "name/variant": AttentionBackend.cost_name), per
+# KV dtype. A variant measured for some KV dtypes only runs the others through its backend's routine.
 BLOCKED_BF16 = "avx512bf16"  # the cpu kernel's variant with the blocked bf16 routine
 AMX_TILES = "amx"  # ... with the blocked routine for plain rows and the AMX tile routine for stacked ones
 COSTS: dict[str, dict[str, AttentionCost]] = {
@@ -130,19 +103,20 @@ COSTS: dict[str, dict[str, AttentionCost]] = {
     f"cpu/{AMX_TILES}": {"bfloat16": _CPU_BF16_AMX},
 }
 # Backends decided by another's entries, said here rather than found by a silent fallback. Triton has no
-# calibration of its own yet: the torch path's entries keep deciding for it, as they did before per-backend ones.
+# calibration of its own yet: the torch path's entries decide for it.
 STAND_INS: dict[str, str] = {"triton": "torch"}
 
 
 def cost_for(kv_dtype: str, backend: str = "torch") -> AttentionCost:
     """The model for a KV dtype name ("bfloat16", "torch.bfloat16", ...) on an attention backend's decode path
     (its cost name: the registered name, or "name/variant"; the torch path by default, as the simulator prices
-    steps). An error for a backend without entries: its cascade decisions would otherwise rest on another path's
-    trade-off."""
+    steps). An error for a backend without entries: its cascade decisions would otherwise rest on another
+    path's trade-off."""
     dtype = kv_dtype.removeprefix("torch.")
     name = STAND_INS.get(backend, backend)
     entries = COSTS.get(name)
     if entries is None:
         raise ValueError(f"no attention cost model for backend {backend!r}; measured: {sorted(COSTS)}, "
                          f"standing in: {STAND_INS} (bench/calibrate_cascade.py measures one)")
-    return entries.get(dtype) or COSTS[name.partition("/")[0]][dtype]  # a variant's other dtypes: its backend's
+    # a variant's other dtypes: its backend's
+    return entries.get(dtype) or COSTS[name.partition("/")[0]][dtype]

@@ -1,22 +1,27 @@
 """Cascade plan for one decode step: which rows attend to which shared prefix once, as a group.
 
-Block ids are the KV manager's identities (equal ids = the same cached K/V), so rows whose block tables
-begin with the same ids share that prefix. A trie over the rows' tables finds every shared prefix,
-nested ones included (a system prompt shared by all, a document shared by some). A node becomes a
-group only where the step-cost model says cascading it is faster. Groups chain: each group covers
-the tokens from the end of its nearest cascaded ancestor (or 0) to the end of its node, so a row's
-context splits into its groups' segments, in order, then its own suffix [suffix_start, context_len).
+The shared prefixes are the prefix tree's nodes with two or more rows (tree.py). A node becomes a group only
+where the step-cost model says cascading it is faster. Groups chain: each group covers the tokens from the end
+of its nearest cascaded ancestor (or 0) to the end of its node, so a row's context splits into its groups'
+segments, in order, then its own suffix [suffix_start, context_len). The `common` scope (cascade_scope.py)
+looks at the root alone: the prefix every row shares (vLLM's cascade, one group of all rows at most).
 
-Pure Python (no torch): the scheduler and the simulator can build plans too."""
+One planner serves every caller: the runner reads whole plans (`plan`), the scheduler's and the simulator's
+pricing only each group's (members, shared tokens) (`shapes`). Pure Python (no torch)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence, Set
 from dataclasses import dataclass
+from operator import itemgetter
+
+from kvloop.engine.cascade.tree import PrefixTree, common_run
 
 # worth(members, shared_tokens) -> bool: whether one group of `members` rows attending to
 # `shared_tokens` tokens together beats each of them reading those tokens alone.
 Worth = Callable[[int, int], bool]
+# a group found: (first token, first row's position, members, shared tokens, its rows' identities; None: all)
+Found = tuple[int, int, int, int, Set[Hashable] | None]
 
 
 @dataclass(frozen=True)
@@ -41,95 +46,132 @@ class CascadePlan:
         return [g for g in self.groups if row in g.rows]
 
 
-def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], block_size: int,
-               worth: Worth, nested: bool = True) -> CascadePlan | None:
-    """The cascade plan for decode rows with these block tables and context lengths (the new token
-    included), or None when no group pays. Only blocks filled before this step are shared: a block
-    the step writes into belongs to one row. nested=False keeps only the prefix common to every row
-    (vLLM's cascade: one group of all rows at most)."""
-    # blocks of row r that hold only tokens written before this step
-    full = [max(0, (n - 1) // block_size) for n in context_lens]
-    groups: list[CascadeGroup] = []
-    suffix = [0] * len(tables)
-
-    # Iterative walk over trie nodes: (rows sharing tables[:depth], depth, covered) where covered is the
-    # block index up to which the nearest cascaded ancestor already reads for these rows.
-    stack: list[tuple[list[int], int, int]] = [(list(range(len(tables))), 0, 0)]
-    while stack:
-        rows, depth, covered = stack.pop()
-        end = depth
-        if len(rows) > 1:  # extend the node while every row holds the same full block
-            end += _shared_run(tables, rows, depth, min(map(full.__getitem__, rows)))
-        if end > covered and len(rows) > 1 and worth(len(rows), (end - covered) * block_size):
-            ids = tuple(map(int, tables[rows[0]][covered:end]))
-            groups.append(CascadeGroup(tuple(sorted(rows)), ids, covered * block_size, len(ids) * block_size))
-            covered = end
-            for r in rows:
-                suffix[r] = covered * block_size
-        if not nested:
-            break  # the root node (every row) is the only candidate
-        children: dict[int, list[int]] = {}
-        for r in rows:
-            if end < full[r]:
-                children.setdefault(int(tables[r][end]), []).append(r)
-        for child in children.values():
-            if len(child) > 1:
-                stack.append((child, end, covered))
-    if not groups:
-        return None
-    groups.sort(key=lambda g: (g.start_token, g.rows))
-    return CascadePlan(tuple(groups), tuple(suffix), block_size)
-
-
-def _shared_run(tables: Sequence[Sequence[int]], rows: list[int], depth: int, limit: int) -> int:
-    """How many blocks from `depth` (short of `limit`) every row's table holds alike. The rows share their
-    first `depth` blocks, so the least and the greatest of their tables (compared as lists, in C) bound all
-    the others: the run they share is everyone's."""
-    if limit <= depth:
-        return 0
-    picked = [tables[r] for r in rows]
-    lo, hi = min(picked), max(picked)
-    return common_run(lo, depth, hi, depth, limit - depth)
-
-
-def common_run(a: Sequence[int], i: int, b: Sequence[int], j: int, n: int) -> int:
-    """How many of a[i:i+n] and b[j:j+n] agree from the first on: slices compared in C, halving the span
-    that holds the first difference."""
-    if a[i : i + n] == b[j : j + n]:
-        return n
-    lo, hi = 0, n  # they agree on [0, lo); the first difference lies in [lo, hi)
-    while hi - lo > 8:
-        mid = (lo + hi) // 2
-        if a[i + lo : i + mid] == b[j + lo : j + mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[i + lo] == b[j + lo]:
-        lo += 1
-    return lo
-
-
 class CascadePlanner:
-    """Builds plans and reuses the last one while the decode set is unchanged.
+    """Plans decode steps and reuses the last plan while the decode set is unchanged.
 
-    The key is the step's decode rows in order, each as (request id, preemption count): any join, leave,
-    finish or preemption changes it (a swapped row can be back within one step: its count tells). While
-    the key holds, a plan stays correct: its shared blocks are indexed, so the KV manager never swaps them
-    out of a running row's table, and each row's own part is read from its current table every step. What
-    a reused plan can miss is sharing that appears mid-decode (the manager deduplicating two rows'
-    identical new blocks); it is picked up when the decode set next changes."""
+    The key is one identity per decode row, in order (the runner's: each row's stint): any join, leave,
+    finish or preemption changes it. While the key holds, a plan stays correct: its shared blocks are
+    indexed, so the KV manager never swaps them out of a running row's table, and each row's own part is
+    read from its current table every step. What a reused plan can miss is sharing that appears mid-decode
+    (the manager deduplicating two rows' identical new blocks); it is picked up when the decode set next
+    changes. Where the key changes, the tree is updated for the rows that changed."""
 
     def __init__(self, block_size: int, worth: Worth, nested: bool = True):
         self.block_size = block_size
         self.worth = worth
-        self.nested = nested  # False: only the prefix common to all rows (see build_plan)
+        self.nested = nested  # False: only the prefix common to all rows
+        self._worth: dict[tuple[int, int], bool] = {}  # worth's answers (a pure function of its two ints)
+        self._tree = PrefixTree(block_size)
         self._key: tuple | None = None
+        self._rows: dict[Hashable, int] = {}  # the key's identities -> positions (the nested scope's)
+        self._positions = False  # whether the tree's rows are positions (a key with a repeated identity)
+        self._found: list[Found] = []
         self._plan: CascadePlan | None = None
+        self._shapes: list[tuple[int, int]] | None = None
+        self._planned = False  # whether _plan is the key's plan
         self.builds = 0  # plans actually built (tests check the reuse)
 
-    def plan(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> CascadePlan | None:
-        if key != self._key:
-            self._plan = build_plan(tables, context_lens, self.block_size, self.worth, self.nested)
-            self._key = key
-            self.builds += 1
+    def plan(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
+             fixed: Sequence[int] | None = None) -> CascadePlan | None:
+        """The step's plan (None: no group pays). tables, context_lens (the new token included): per row;
+        fixed: see PrefixTree.update."""
+        self._refresh(key, tables, context_lens, fixed)
+        if not self._planned:
+            self._plan, self._planned = self._read_plan(tables), True
         return self._plan
+
+    def shapes(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
+               fixed: Sequence[int] | None = None) -> list[tuple[int, int]]:
+        """(members, shared tokens) of each group of plan(...)'s plan, in its order: what pricing reads."""
+        self._refresh(key, tables, context_lens, fixed)
+        if self._shapes is None:
+            self._shapes = [(members, tokens) for _, _, members, tokens, _ in self._found]
+        return self._shapes
+
+    def _refresh(self, key: tuple, tables: Sequence[Sequence[int]], context_lens: Sequence[int],
+                 fixed: Sequence[int] | None) -> None:
+        if key == self._key:
+            return
+        self._key = key
+        self.builds += 1
+        self._plan, self._shapes, self._planned = None, None, False
+        if not self.nested:
+            self._found = self._common(tables, context_lens)
+            return
+        rows = self._rows = dict(zip(key, range(len(key)), strict=True))
+        if len(rows) != len(key) or self._positions:  # a tree of positions holds no identities: start afresh
+            self._tree = PrefixTree(self.block_size)
+        self._positions = len(rows) != len(key)
+        if self._positions:  # two rows with one identity: rows by position, for this key alone
+            key = tuple(range(len(key)))
+            self._rows = dict(zip(key, key, strict=True))
+            fixed = None
+        self._tree.update(key, tables, context_lens, fixed)
+        self._found = self._walk()
+
+    def _pays(self, members: int, tokens: int) -> bool:
+        known = self._worth
+        pays = known.get((members, tokens))
+        if pays is None:
+            if len(known) >= 1 << 16:
+                known.clear()  # a bound for a long-lived planner (shapes are few in practice)
+            pays = known[members, tokens] = self.worth(members, tokens)
+        return pays
+
+    def _walk(self) -> list[Found]:
+        """The groups: from the root down the shared nodes, a node cascades where its rows' tokens past
+        the nearest cascaded ancestor pay; ordered by first token, then by first row (groups that start at
+        the same token never share a row)."""
+        bs, pays, position = self.block_size, self._pays, self._rows
+        found: list[Found] = []
+        stack = [(self._tree.root, 0)]
+        while stack:
+            node, covered = stack.pop()
+            members = len(node.rows)
+            if members < 2:
+                continue
+            if node.end > covered and pays(members, (node.end - covered) * bs):
+                rows = node.rows
+                found.append((covered * bs, min(map(position.__getitem__, rows)), members,
+                              (node.end - covered) * bs, rows))
+                covered = node.end
+            for child in node.shared.values():
+                stack.append((child, covered))
+        found.sort()  # never compares the row sets: groups starting at one token have distinct first rows
+        return found
+
+    def _common(self, tables: Sequence[Sequence[int]], context_lens: Sequence[int]) -> list[Found]:
+        """The common scope's group: the tree's root alone, the run of full blocks every row holds alike. It
+        needs no tree: the least and the greatest table (compared as lists, in C) bound all the others, so the
+        run they share is everyone's."""
+        bs = self.block_size
+        if len(tables) < 2 or min(context_lens) <= bs:
+            return []  # fewer than two rows, or a row without a full block
+        if tables[0][0] != tables[-1][0] or len(set(map(itemgetter(0), tables))) > 1:
+            return []  # no first block common to all (mixed traffic: most steps), told in C
+        tokens = bs * common_run(min(tables), 0, max(tables), 0, (min(context_lens) - 1) // bs)
+        return [(0, 0, len(tables), tokens, None)] if tokens and self._pays(len(tables), tokens) else []
+
+    def _read_plan(self, tables: Sequence[Sequence[int]]) -> CascadePlan | None:
+        """The found groups as a plan: each group's rows, its blocks (its first row's) and every row's suffix
+        start (parents come first, so a row's deepest group sets it)."""
+        if not self._found:
+            return None
+        position, bs, n = self._rows, self.block_size, len(tables)
+        groups: list[CascadeGroup] = []
+        suffix = [0] * n
+        for start, first, _, tokens, members in self._found:
+            end = start + tokens
+            rows = tuple(range(n)) if members is None else tuple(sorted(map(position.__getitem__, members)))
+            groups.append(CascadeGroup(rows, tuple(tables[first][start // bs : end // bs]), start, tokens))
+            for r in rows:
+                suffix[r] = end
+        return CascadePlan(tuple(groups), tuple(suffix), bs)
+
+
+def build_plan(tables: Sequence[Sequence[int]], context_lens: Sequence[int], block_size: int,
+               worth: Worth, nested: bool = True) -> CascadePlan | None:
+    """The cascade plan for decode rows with these block tables and context lengths (the new token included),
+    or None when no group pays: a planner's plan with no earlier step. nested=False keeps only the prefix
+    common to every row."""
+    return CascadePlanner(block_size, worth, nested).plan(tuple(range(len(tables))), tables, context_lens)

@@ -1,4 +1,4 @@
-"""Scheduling and cache policies by name: what each `mode` means, defined once (pure Python, no imports).
+"""Scheduling and cache policies by name: what each `mode` means, defined once (pure Python).
 
 A mode name (`static`, `continuous`, `continuous+lru`, `codesign`) is what users pick: the CLI's --mode,
 the settings file, the CRD's engine.scheduler.mode, the benchmark's systems, the metrics label. Code does
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+
+from kvloop.engine.core.cascade_scope import COMMON, NESTED
 
 AUTO = "auto"  # SchedulerConfig.mode: follow the KV manager's cache policy of the same name
 
@@ -45,7 +47,7 @@ class Policy:
     cache: CachePolicy
     admission: Admission
     static_batching: bool  # fixed batches, prompt + max_tokens reserved up front (static.py)
-    cascade_groups: str  # decode cascade scope when SchedulerConfig.cascade_groups is auto: nested | common
+    cascade_groups: str  # decode cascade scope when SchedulerConfig.cascade_groups is auto (cascade_scope.py)
     feedback_loop: bool  # the coordinator steers it (batch cap, watermark) where a run asks for feedback
 
     @property
@@ -113,13 +115,13 @@ def resolve_policy(setting: str, cache_mode: str) -> Policy:
 # is moot: nested, the runner's default. `continuous+lru` cascades only the prefix common to every decode
 # row (vLLM's cascade, so the baseline stays honest); `codesign` any nested group its grouping brings
 # together.
-register(Policy("static", NO_CACHE, Admission.FCFS, static_batching=True, cascade_groups="nested",
+register(Policy("static", NO_CACHE, Admission.FCFS, static_batching=True, cascade_groups=NESTED,
                 feedback_loop=False))
-register(Policy("continuous", NO_CACHE, Admission.FCFS, static_batching=False, cascade_groups="nested",
+register(Policy("continuous", NO_CACHE, Admission.FCFS, static_batching=False, cascade_groups=NESTED,
                 feedback_loop=False))
-register(Policy("continuous+lru", LRU_CACHE, Admission.FCFS, static_batching=False, cascade_groups="common",
+register(Policy("continuous+lru", LRU_CACHE, Admission.FCFS, static_batching=False, cascade_groups=COMMON,
                 feedback_loop=False))
-register(Policy("codesign", CODESIGN_CACHE, Admission.GROUPED, static_batching=False, cascade_groups="nested",
+register(Policy("codesign", CODESIGN_CACHE, Admission.GROUPED, static_batching=False, cascade_groups=NESTED,
                 feedback_loop=True))
 
 DEFAULT_POLICY = "codesign"

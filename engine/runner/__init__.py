@@ -1,1 +1,1 @@
-"""Model execution: runner, cascade planning, sampler (torch)."""
+"""Model execution: runner, sampler (torch); the cascade plan it runs comes from engine/cascade."""

@@ -10,6 +10,7 @@ import torch
 from kvloop.engine.cascade.cost import cost_for
 from kvloop.engine.cascade.plan import CascadePlanner
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.cascade_scope import NESTED
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.runner import compiled_step
@@ -27,7 +28,7 @@ def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype)
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
-                 cascade: str = "auto", cascade_groups: str = "nested", compile: bool = False, fingerprint: str = ""):
+                 cascade: str = "auto", cascade_groups: str = NESTED, compile: bool = False, fingerprint: str = ""):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -38,7 +39,7 @@ class ModelRunner:
         self.attention_cost = cost = cost_for(str(self.kv_cache.dtype), self.attention_cost_name)
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
         # cascade_groups: nested (any shared prefix) or common (only the prefix of all rows: continuous+lru)
-        self.planner = CascadePlanner(block_size, worth, nested=cascade_groups == "nested")
+        self.planner = CascadePlanner(block_size, worth, nested=cascade_groups == NESTED)
         self.cascade_group_sizes: Counter[int] = Counter()  # members per cascaded group, counted per step
         self.sampler = Sampler()
         self.device = model.device

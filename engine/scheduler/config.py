@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvloop.engine.core.cascade_scope import SCOPES
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import AUTO, get_policy, scheduler_modes
 
 STATIC_OOM = ("fail", "retry")
-CASCADE_GROUPS = ("auto", "nested", "common")
+CASCADE_GROUPS = ("auto", *SCOPES)
 
 
 def resolve_cascade_groups(setting: str, mode: str) -> str:

@@ -2,7 +2,7 @@
 plus fixed and per-sequence overheads (pure arithmetic, no torch).
 
 Decode attention is priced apart, by the step-cost function the scheduler shares
-(engine/scheduler/step_cost.py: the runner's cascade plan over the rows' block tables, each group's
+(engine/cascade/step_cost.py: the runner's cascade plan over the rows' block tables, each group's
 shared K/V read once): with coefficients measured on the CPU (cascade/cost.py), or, for a GPU
 profile, derived from this roofline (`roofline_attention`: K/V bytes over bandwidth, products over peak).
 Prefill chunks' context reads and attention stay in the roofline terms below."""
@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvloop.engine.cascade.cost import AttentionCost
+from kvloop.engine.cascade.step_cost import StepCost as DecodeCost
 from kvloop.engine.kv.load_or_recompute import Prices
-from kvloop.engine.scheduler import step_cost as shared
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class CostModel:
         """attention: decode attention per layer (measured on a CPU); None: derived from the roofline."""
         self.model, self.hw, self.eff = model, hw, eff
         self.attention = attention or roofline_attention(model, hw, eff)
-        self.decode = shared.StepCost(self.attention, model.layers, block_size)  # prices the caller's groups
+        self.decode = DecodeCost(self.attention, model.layers, block_size)  # prices the caller's groups
         m = model
         self._w_bytes = float(m.weight_bytes_per_step)
         self._kv_tok = float(m.kv_bytes_per_token)

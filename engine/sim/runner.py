@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from kvloop.engine.cascade.step_cost import StepCost as DecodeCost
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.core.sequence import Sequence
-from kvloop.engine.scheduler.step_cost import StepCost as DecodeCost
 from kvloop.engine.sim.cost import CostModel, StepCost
 from kvloop.engine.sim.workload import OutputTokens
 
@@ -66,9 +66,7 @@ class SimRunner:
         key = tuple(map(STINT, seqs))  # the runner's key: each row's stint
         if key != self._key:
             self._key = key
-            # a decode row's full blocks are committed (indexed): they stay while it runs (only the nested scope's
-            # tree reads that)
-            fixed = list(map(len, map(COMMITTED, seqs))) if self.planner.nested else None
-            plan = self.planner.plan(key, list(map(TABLE, seqs)), contexts, fixed)
-            self._shapes = self.decode.group_shapes(plan)
+            # a decode row's full blocks are committed (indexed): they stay while it runs
+            fixed = list(map(len, map(COMMITTED, seqs)))
+            self._shapes = self.planner.shapes(key, list(map(TABLE, seqs)), contexts, fixed)
         return self._shapes

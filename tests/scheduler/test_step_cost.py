@@ -9,9 +9,9 @@ import pytest
 from sched_helpers import FakeClock, kv_config, req, run_all, step, toks
 
 from kvloop.engine.cascade.cost import AttentionCost, cost_for
+from kvloop.engine.cascade.step_cost import StepCost
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
-from kvloop.engine.scheduler.step_cost import StepCost
 
 # Tiny blocks and contexts: coefficients under which a pair sharing 64 tokens already pays
 CHEAP = AttentionCost(call_us=1.0, row_us=0.0, token_us=1.0, token_row_us=0.01, merge_us=0.1)

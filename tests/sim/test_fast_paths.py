@@ -1,5 +1,6 @@
-"""The simulator's speed paths give exactly what the plain code gives: the cascade plan's C-speed shared runs
-against the block-by-block walk they replaced."""
+"""The simulator's speed paths give exactly what the plain code gives: the cascade planner (its prefix tree
+kept across steps) against an independent reference, the block-by-block walk over a trie of the rows' tables;
+fast-forward windows against step-by-step runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import pytest
 
 from kvloop.engine.bench import workloads as bw
 from kvloop.engine.cascade.plan import CascadeGroup, CascadePlan, CascadePlanner, build_plan
-from kvloop.engine.cascade.shapes import ShapePlanner
 from kvloop.engine.core.policy import policy_names
 from kvloop.engine.kv.hashing import ChainHasher, TupleChainKeys
 from kvloop.engine.sim import simulator
@@ -21,7 +21,7 @@ from kvloop.sidecar.settings import Settings
 
 
 def walk_plan(tables, context_lens, block_size, worth, nested=True):
-    """build_plan as first written: each node extended block by block, row by row."""
+    """The reference: a trie walked block by block, row by row (slow and plain, no state across steps)."""
     full = [max(0, (n - 1) // block_size) for n in context_lens]
     groups, suffix = [], [0] * len(tables)
     stack = [(list(range(len(tables))), 0, 0)]
@@ -72,7 +72,7 @@ def random_rows(rng: random.Random, n: int) -> tuple[list[list[int]], list[int]]
 
 
 @pytest.mark.parametrize("nested", [True, False])
-def test_shared_runs_plan_as_the_block_walk(nested):
+def test_a_plan_is_the_reference_walks(nested):
     rng = random.Random(7)
 
     def worth(members: int, tokens: int) -> bool:
@@ -105,10 +105,11 @@ def shapes_of(plan) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("nested", [True, False])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("hinted", [False, True])
-def test_shape_planner_follows_build_plan_step_after_step(nested, seed, hinted):
+def test_the_planner_follows_the_reference_walk_step_after_step(nested, seed, hinted):
     """Rows join (at the end or in the middle), leave, grow a block, are rewritten in place (past their
     committed blocks, which `fixed` then names), and keep a key while their tables change (the plan is then
-    reused, as CascadePlanner reuses it): the shapes are those of CascadePlanner's plan at every step."""
+    reused): at every step the planner's plan, and its shapes (read alone, as pricing reads them), are the
+    reference walk's over the tables of the key's first step."""
     rng = random.Random(seed)
     bs, next_id = 4, iter(range(1, 10**6))
 
@@ -118,14 +119,15 @@ def test_shape_planner_follows_build_plan_step_after_step(nested, seed, hinted):
     prefixes = [[]]
     for _ in range(10):
         prefixes.append(rng.choice(prefixes) + [next(next_id) for _ in range(rng.choice((1, 2, 5, 30)))])
-    rows: list[list] = []  # [identity, table, context]
-    planner, reference = ShapePlanner(bs, worth, nested), CascadePlanner(bs, worth, nested)
+    rows: list[list] = []  # [identity, table, context, committed blocks]
+    planner, pricing = CascadePlanner(bs, worth, nested), CascadePlanner(bs, worth, nested)
+    last_key, expected, changes = None, None, 0
     for step in range(300):
         if rows and rng.random() < 0.3:
             rows.pop(rng.randrange(len(rows)))
         for _ in range(rng.choice((0, 0, 1, 2))):
             t = rng.choice(prefixes) + [next(next_id) for _ in range(rng.randint(0, 2))]
-            row = [(step, rng.random()), t or [next(next_id)], 0, 0]  # + committed blocks
+            row = [(step, rng.random()), t or [next(next_id)], 0, 0]
             row[2] = rng.randint(max(1, (len(row[1]) - 1) * bs), len(row[1]) * bs)
             row[3] = rng.randint(0, len(row[1]))
             rows.insert(rng.choice((len(rows), rng.randint(0, len(rows)))), row)
@@ -141,15 +143,23 @@ def test_shape_planner_follows_build_plan_step_after_step(nested, seed, hinted):
         key = tuple(r[0] for r in rows)
         tables, lens = [r[1] for r in rows], [r[2] for r in rows]
         fixed = [r[3] for r in rows] if hinted else None
-        assert planner.plan(key, tables, lens, fixed) == shapes_of(reference.plan(key, tables, lens)), step
-    assert planner.builds == reference.builds > 150
+        if key != last_key:
+            last_key, expected, changes = key, walk_plan(tables, lens, bs, worth, nested), changes + 1
+        assert planner.plan(key, tables, lens, fixed) == expected, step
+        assert planner.shapes(key, tables, lens, fixed) == shapes_of(expected), step
+        assert pricing.shapes(key, tables, lens, fixed) == shapes_of(expected), step
+    assert planner.builds == pricing.builds == changes > 150
 
 
-def test_shape_planner_without_distinct_identities():
-    planner = ShapePlanner(4, lambda m, t: m > 1)
+@pytest.mark.parametrize("nested", [True, False])
+def test_the_planner_without_distinct_identities(nested):
+    """Two rows with one identity: planned by position for that step, and the next key starts afresh."""
+    always = lambda m, t: m > 1  # noqa: E731
+    planner = CascadePlanner(4, always, nested)
     tables, lens = [[1, 2, 3], [1, 2, 4], [1, 5]], [12, 12, 8]
-    assert planner.plan(("a", "a", "b"), tables, lens) == shapes_of(build_plan(tables, lens, 4, lambda m, t: m > 1))
-    assert planner.plan(("a", "b", "c"), tables, lens) == [(3, 4), (2, 4)]
+    assert planner.plan(("a", "a", "b"), tables, lens) == walk_plan(tables, lens, 4, always, nested)
+    assert planner.shapes(("a", "b", "c"), tables, lens) == ([(3, 4), (2, 4)] if nested else [(3, 4)])
+    assert planner.plan((0, 1, 2), tables, lens) == walk_plan(tables, lens, 4, always, nested)
 
 
 def run_both(simulate, mode, **cfg):
