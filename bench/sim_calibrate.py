@@ -5,7 +5,7 @@ says) for a few decode batch sizes and prompt lengths, times every engine.step()
 and bookkeeping: everything the simulator's step time stands for), records each step's shape, and fits
 the cost model: efficiencies of bandwidth and peak on a log grid, then non-negative least squares for
 the fixed, per-sequence and per-token overheads, minimising relative error. Decode attention is not
-fitted here: it is the step-cost function's (engine/scheduler/step_cost.py, with the coefficients
+fitted here: it is the step-cost function's (engine/cascade/step_cost.py, with the coefficients
 bench/calibrate_cascade.py measured for the engine's KV dtype, and each step's cascade groups as the
 runner planned them), taken as known and subtracted before the fit. Few, short runs; the
 other processes' CPU use during the runs is recorded (NoiseGuard) because this machine is shared.
