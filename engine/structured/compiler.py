@@ -6,6 +6,7 @@ is about a millisecond where outlines-core took seconds on a free-form object, a
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -13,10 +14,20 @@ from collections import OrderedDict
 import llguidance
 
 from kvloop.engine.core.grammar_spec import GrammarSpec
+from kvloop.engine.structured.finite import has_finite_document
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
 # Compact JSON: no free whitespace, so a model cannot spend its tokens on blank lines inside the object.
 JSON_OPTIONS = {"whitespace_flexible": False}
+# errors without the parser's state and grammar dump: they reach clients
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+REFUSED = "response_format: the schema cannot be compiled: "
+
+
+def library_error(text: str | None) -> str:
+    """The first line of an llguidance error: its reason, without any state it appends."""
+    lines = (text or "").strip().splitlines()
+    return lines[0].strip() if lines else "rejected"
 
 
 class GrammarError(ValueError):
@@ -28,37 +39,63 @@ class GrammarCompiler:
         self.vocab_size = vocab_size or tokenizer.vocab_size
         self.ll_tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=self.vocab_size,
                                                    eos_token=sorted(tokenizer.eos_token_ids))
-        self._cache: OrderedDict[str, str] = OrderedDict()
+        # schema text -> (grammar, None) or (None, why it was refused)
+        self._cache: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()  # the API thread validates while the engine thread compiles
         self.hits = 0
         self.misses = 0
 
     def compile(self, spec: GrammarSpec) -> str:
-        """The validated grammar for spec (llguidance's serialized form); GrammarError if it has none."""
+        """The validated grammar for spec (llguidance's serialized form); GrammarError if it has none.
+        Refusals are cached too, so that a client repeating a bad schema costs no new probe."""
         with self._lock:
-            grammar = self._cache.get(spec.key)
-            if grammar is not None:
+            entry = self._cache.get(spec.key)
+            if entry is not None:
                 self._cache.move_to_end(spec.key)
                 self.hits += 1
-                return grammar
-        grammar = self._build(spec)
-        with self._lock:
-            self.misses += 1
-            self._cache[spec.key] = grammar
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        if entry is None:
+            try:
+                entry = (self._build(spec), None)
+            except GrammarError as exc:
+                entry = (None, str(exc))
+            with self._lock:
+                self.misses += 1
+                self._cache[spec.key] = entry
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        grammar, error = entry
+        if error is not None:
+            raise GrammarError(error)  # a new exception each time: a cached one would grow its traceback
         return grammar
 
     def _build(self, spec: GrammarSpec) -> str:
+        if not has_finite_document(json.loads(spec.schema)):
+            raise GrammarError(REFUSED + "it admits no finite JSON document (a $ref cycle with no way out, "
+                               "or a required part that no value satisfies)")
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(spec.schema, defaults=JSON_OPTIONS)
-            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+                grammar, self.ll_tokenizer, limits=LIMITS)
         except Exception as exc:  # noqa: BLE001 - the library's own words go back to the client
-            raise GrammarError(f"response_format: the schema cannot be compiled: {exc}") from exc
+            raise GrammarError(REFUSED + library_error(str(exc))) from exc
         if is_error:
-            raise GrammarError(f"response_format: the schema cannot be compiled: {messages[0] if messages else ''}")
+            raise GrammarError(REFUSED + library_error(messages[0] if messages else ""))
+        self._probe(grammar)
         return grammar
+
+    def _probe(self, grammar: str) -> None:
+        """The first mask and the first token, as a request's matcher will meet them: llguidance builds its
+        parser lazily, so a grammar with no first token (a $ref to itself) validates and fails only here."""
+        m = llguidance.LLMatcher(self.ll_tokenizer, grammar, limits=LIMITS)
+        mask = m.compute_bitmask()
+        first = next((i * 8 + b for i, byte in enumerate(mask) if byte for b in range(8) if byte >> b & 1),
+                     None)  # the lowest allowed token
+        if not m.is_error() and first is not None:
+            m.consume_token(first)
+        if m.is_error() or first is None:
+            raise GrammarError(REFUSED + "no JSON document can be generated from it (the grammar stops at "
+                               f"its first token: {library_error(m.get_error())})")
 
 
 # keyed by the tokenizer itself, held weakly: an entry goes with its tokenizer, so a new tokenizer at a reused

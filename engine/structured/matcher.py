@@ -8,7 +8,7 @@ import llguidance
 import torch
 
 from kvloop.engine.core.grammar_spec import GrammarSpec
-from kvloop.engine.structured.compiler import GrammarCompiler
+from kvloop.engine.structured.compiler import LIMITS, GrammarCompiler, library_error
 
 
 class GrammarStateError(RuntimeError):
@@ -17,7 +17,7 @@ class GrammarStateError(RuntimeError):
 
 class GrammarMatcher:
     def __init__(self, compiler: GrammarCompiler, spec: GrammarSpec):
-        self._m = llguidance.LLMatcher(compiler.ll_tokenizer, compiler.compile(spec))
+        self._m = llguidance.LLMatcher(compiler.ll_tokenizer, compiler.compile(spec), limits=LIMITS)
         self._check("start")
         self.num_accepted = 0
 
@@ -31,7 +31,7 @@ class GrammarMatcher:
     def accept(self, token: int) -> None:
         if not self._m.consume_token(token):
             raise GrammarStateError(f"the grammar does not allow token {token} after {self.num_accepted} "
-                                    f"tokens: {self._m.get_error() or 'rejected'}")
+                                    f"tokens: {library_error(self._m.get_error())}")
         self.num_accepted += 1
 
     @property
@@ -41,4 +41,4 @@ class GrammarMatcher:
 
     def _check(self, when: str) -> None:
         if self._m.is_error():
-            raise GrammarStateError(f"grammar error at {when}: {self._m.get_error()}")
+            raise GrammarStateError(f"grammar error at {when}: {library_error(self._m.get_error())}")

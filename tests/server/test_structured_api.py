@@ -97,3 +97,22 @@ def test_bad_response_formats_are_400s_naming_it(oai, server, fmt, words):
     body = info.value.body
     assert body["param"].startswith("response_format") and words in body["message"], body
     server.assert_no_leak()
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]},
+    {"not": {}},
+])
+def test_recursive_or_unsatisfiable_schemas_are_400s_without_library_internals(oai, server, schema):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    for call in (lambda: chat(oai, response_format=fmt),
+                 lambda: oai.completions.create(model="default", prompt="{", max_tokens=4,
+                                               extra_body={"response_format": fmt})):
+        with pytest.raises(openai.BadRequestError) as info:
+            call()
+        body = info.value.body
+        assert body["param"] == "response_format" and "cannot be compiled" in body["message"], body
+        assert not any(s in body["message"] for s in ("<state>", "non-verbose", "Parser", "\n")), body
+    server.assert_no_leak()
