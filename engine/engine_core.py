@@ -11,7 +11,7 @@ import torch
 from kvloop.engine.config import EngineConfig
 from kvloop.engine.core import host_memory
 from kvloop.engine.core.batch import ScheduledBatch, StepResult
-from kvloop.engine.core.cpu import cpu_has_native_bf16
+from kvloop.engine.core.cpu import cpu_capabilities
 from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.core.snapshot import EngineSnapshot
@@ -41,7 +41,8 @@ DENSE_COPY_MEMORY_SHARE = 0.5
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") or cpu_has_native_bf16() else torch.float32
+        native = device.startswith("cuda") or cpu_capabilities().native_bf16
+        return torch.bfloat16 if native else torch.float32
     return getattr(torch, name)
 
 
@@ -58,7 +59,7 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
-        native_bf16 = cpu_has_native_bf16()
+        native_bf16 = cpu_capabilities().native_bf16
         if native_bf16 and linear_bf16w.dense_above_rows() is None:
             log.info("bf16 weights through the bf16-weight kernel's bf16 pairs (AVX512-BF16) for every step "
                      "(--quantization none keeps oneDNN's bf16 GEMM)")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from kvloop.engine.core.cpu import cpu_flags
+from kvloop.engine.core.cpu import CpuCapabilities, cpu_capabilities, cpu_flags
 
 T = TypeVar("T")
 
@@ -79,13 +79,15 @@ def machine_class(cpu: dict | Iterable[str] | None = None) -> str:
     "avx512bf16" (AVX512-BF16, no AMX), "avx2" (neither), "other" (not even AVX2). `cpu`: a recorded CPU
     (cpu_flags() or machine_info(): its "flags"), or the flags themselves; None: this CPU."""
     if cpu is None:
-        cpu = cpu_flags()
-    flags = set(cpu.get("flags") or cpu.get("cpu_flags") or ()) if isinstance(cpu, dict) else set(cpu)
-    if {"amx_tile", "amx_bf16"} <= flags:
+        caps = cpu_capabilities()
+    else:
+        flags = (cpu.get("flags") or cpu.get("cpu_flags") or ()) if isinstance(cpu, dict) else cpu
+        caps = CpuCapabilities("", frozenset(flags))
+    if caps.amx_bf16:
         return "amx"
-    if "avx512_bf16" in flags:
+    if caps.avx512_bf16:
         return "avx512bf16"
-    return "avx2" if "avx2" in flags else "other"
+    return "avx2" if caps.avx2_fma else "other"
 
 
 def write_kernel_result(results: Path, result: dict, by_machine: bool = False) -> Path:

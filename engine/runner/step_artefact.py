@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from kvloop.engine.core.cache_root import cache_dir_from, prune_unused
-from kvloop.engine.core.cpu import cpu_flags
+from kvloop.engine.core.cpu import cpu_capabilities
 from kvloop.engine.model.weight_cache import cache_key, sources_digest
 
 log = logging.getLogger("kvloop.compile")
@@ -49,9 +49,8 @@ def artefact_key(model, fingerprint: str, kv_dtype: torch.dtype, inductor_option
 
     from kvloop.engine.runner import compiled_step
 
-    cpu = cpu_flags()
     inductor_config_digest = hashlib.sha256(repr(sorted(inductor_config.save_config_portable().items())).encode())
-    extra = [f"attention={model.attention.name}", f"kv={kv_dtype}", f"cpu={cpu['model']} {' '.join(cpu['flags'])}",
+    extra = [f"attention={model.attention.name}", f"kv={kv_dtype}", f"cpu={cpu_capabilities().cache_key}",
              sources_digest([Path(compiled_step.__file__), Path(__file__)]), f"python={sys.version}",
              f"threads={torch.get_num_threads()}", f"inductor={sorted(inductor_options.items())}",
              f"inductor_config={inductor_config_digest.hexdigest()}"]

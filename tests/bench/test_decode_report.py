@@ -1,7 +1,7 @@
 """bench/decode.py's pure half: medians, the issue's goals against the peers, the table (no servers)."""
 
 from kvloop.engine.bench import decode_report
-from kvloop.engine.core.cpu import cpu_flags
+from kvloop.engine.core.cpu import parse_cpuinfo
 
 
 def run(single=None, prefill=None, tpot=None, rss=None, start=None, other=0.1) -> dict:
@@ -87,7 +87,8 @@ def test_quick_runs_take_the_nearest_concurrency():
 
 
 def test_cpu_flags_keep_what_decides_the_kernels():
-    info = cpu_flags("model name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile\n")
+    cpuinfo = "model name\t: Some CPU\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile\n"
+    info = parse_cpuinfo(cpuinfo).record()
     assert info == {"model": "Some CPU", "flags": ["amx_tile", "avx2", "avx512_bf16", "avx512f", "fma"],
                     "native_bf16": True}
 

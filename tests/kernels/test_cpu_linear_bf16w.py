@@ -14,11 +14,13 @@ import kernel_ref
 import pytest
 import torch
 
+from kvloop.engine.core.cpu import parse_cpuinfo
 from kvloop.engine.kernels.cpu import amx, linear_bf16w
 from kvloop.engine.model.linear import Linear
 from kvloop.engine.model.llama import LlamaModel
 
 ROUNDED_SUFFIXES = ("_proj.weight", "embed_tokens.weight", "lm_head.weight")  # what the bf16 format stores
+NATIVE_BF16 = "flags\t: avx2 fma avx512f avx512bw avx512_bf16\n"  # a /proc/cpuinfo with AVX512-BF16
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,7 +71,7 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16)
     from kvloop.engine import engine_core
     from kvloop.engine.core import host_memory
 
-    monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(engine_core, "cpu_capabilities", lambda: parse_cpuinfo(NATIVE_BF16 if native_bf16 else ""))
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**40)
     # with native bf16 too: the kernel for decode-sized steps, oneDNN over a dense copy for the rest
     assert engine_core.resolve_quantization("auto", "auto", "cpu") == "bf16"
@@ -89,7 +91,7 @@ def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memo
     from kvloop.engine import engine_core
     from kvloop.engine.core import host_memory
 
-    monkeypatch.setattr(engine_core, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(engine_core, "cpu_capabilities", lambda: parse_cpuinfo(NATIVE_BF16))
     monkeypatch.setattr(linear_bf16w, "native", lambda: True)
     monkeypatch.setattr(amx, "available", lambda: False)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)

@@ -13,15 +13,18 @@ import torch
 import torch.nn.functional as F
 from kernel_ref import linear_case, load_linear_kernel
 
+from kvloop.engine.core.cpu import cpu_capabilities
 from kvloop.engine.kernels.cpu import linear_onednn
 from kvloop.engine.model.linear import Linear, bf16_needs_dense
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> None:
-    load_linear_kernel(linear_onednn)
     if not torch.backends.mkldnn.is_available():
         pytest.skip("torch without oneDNN")
+    if not cpu_capabilities().onednn_bf16:
+        pytest.skip("oneDNN has no bf16 path on this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT)")
+    load_linear_kernel(linear_onednn)
 
 
 def bf16_case(m: int, n: int, k: int, with_bias: bool):

@@ -22,6 +22,7 @@ from kernel_ref import (
 )
 
 from kvloop.engine.cascade.plan import build_plan
+from kvloop.engine.core.cpu import cpu_capabilities
 from kvloop.engine.kernels import reference
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
 from kvloop.engine.kernels.backend import AttentionBackend
@@ -174,9 +175,7 @@ def test_stacked_queries_of_any_count_equal_full_attention(heads, kv_heads, head
 
 def test_the_kernel_reports_the_blocked_bf16_path_where_the_cpu_has_it():
     """Built with -march=native: on a CPU with AVX-512 and AVX512-BF16 the bf16 K/V path is the blocked one."""
-    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
-    has_it = "avx512f" in flags and "avx512_bf16" in flags
-    assert ("avx512bf16" in build.simd()) == has_it, (build.simd(), has_it)
+    assert build.blocked_bf16() == cpu_capabilities().avx512_bf16, build.simd()
 
 
 def meta_for(tables: list[list[int]], lens: list[int], plan=None) -> AttentionMetadata:

@@ -4,10 +4,10 @@ edit or compile error leaves the others alone).
 
 They are compiled once, at install time (`python -m kvloop.engine.kernels.cpu.build`, run by `make install`),
 into a cache directory inside the virtual environment, keyed by the source and the headers, the compiler
-flags, torch's version and the CPU's flags (built with -march=native), so that a changed source or another
-machine gets a fresh build and a stale one is never loaded. The engine only loads finished builds: it never
-compiles on a user's request; without one (no compiler, a failed build) it logs why and the torch path
-serves.
+flags, torch's version and the CPU (core/cpu.py's cache_key: -march=native compiles for this CPU), so that a
+changed source or another machine gets a fresh build and a stale one is never loaded. The engine only loads
+finished builds: it never compiles on a user's request; without one (no compiler, a failed build) it logs why
+and the torch path serves.
 
     python -m kvloop.engine.kernels.cpu.build   # build (or find) every kernel and print where it is
 
@@ -19,7 +19,6 @@ import hashlib
 import importlib
 import logging
 import os
-import platform
 import shutil
 import sys
 import time
@@ -29,13 +28,13 @@ from pathlib import Path
 import torch
 
 from kvloop.engine.core.cache_root import cache_root as kvloop_cache_root
+from kvloop.engine.core.cpu import cpu_capabilities
 
 log = logging.getLogger("kvloop.kernels")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-# Built on the machine that runs it: -march=native picks AVX2/FMA/F16C (or AVX-512) where present.
-# tuples, and copies passed to cpp_extension.load: it appends to the lists it is given, which changed the
-# build key (digest) of every kernel built after the first in one process
+# Built on the machine that runs it: -march=native picks AVX2/FMA/F16C (or AVX-512, AMX) where present.
+# Tuples, passed as copies: cpp_extension.load appends to the lists it is given (changing the build key).
 CFLAGS = ("-O3", "-march=native", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 ATTENTION = "paged_decode"  # the attention kernel's source, csrc/paged_decode.cpp
@@ -64,23 +63,13 @@ def kernels() -> list[str]:
     return sorted(p.stem for p in CSRC.glob("*.cpp"))
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def digest(kernel: str) -> str:
     """What a build depends on: its source and the headers, flags, torch, Python and the CPU."""
     h = hashlib.sha256()
     for path in [CSRC / f"{kernel}.cpp", *sorted(CSRC.glob("*.h"))]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
-    for part in (*CFLAGS, *LDFLAGS, torch.__version__, sys.version.split()[0], _cpu_flags()):
+    for part in (*CFLAGS, *LDFLAGS, torch.__version__, sys.version.split()[0], cpu_capabilities().cache_key):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -140,7 +129,7 @@ def simd() -> str:
 
 def blocked_bf16() -> bool:
     """Whether the attention kernel was built with its blocked bf16 path (AVX-512 with AVX512-BF16)."""
-    return "avx512bf16" in simd()
+    return torch.ops.kvloop_cpu.blocked_bf16()
 
 
 def _compile(kernel: str, target: Path) -> float:

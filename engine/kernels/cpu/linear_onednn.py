@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from kvloop.engine.core.cpu import cpu_capabilities
 from kvloop.engine.kernels.cpu import build
 
 KERNEL = "linear_onednn"
 
 
 def available() -> bool:
-    """Whether the built operator is loaded (loads it on first call; never compiles) and torch has oneDNN."""
-    return torch.backends.mkldnn.is_available() and build.load(KERNEL)
+    """Whether the built operator is loaded (loads it on first call; never compiles), torch has oneDNN and
+    oneDNN has a bf16 path on this CPU (elsewhere its reorder refuses bf16 weights)."""
+    return torch.backends.mkldnn.is_available() and cpu_capabilities().onednn_bf16 and build.load(KERNEL)
 
 
 def register_fakes() -> None:

@@ -28,6 +28,7 @@ struct alignas(64) TileConfig {
 
 // Linux grants the tile data state per process, on request (arch_prctl ARCH_REQ_XCOMP_PERM): a tile instruction
 // without it faults. Asks for it (a no-op once granted); false where it is refused, or not Linux on x86-64.
+// No CPUID check: callers pass on = amx.available() (core/cpu.py: the CPU has tiles); Linux refuses others.
 inline bool amx_granted() {
 #if defined(KVLOOP_AMX) && defined(__linux__) && defined(SYS_arch_prctl)
   constexpr long kGetPermission = 0x1022, kRequestPermission = 0x1023;

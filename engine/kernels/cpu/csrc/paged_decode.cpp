@@ -452,6 +452,15 @@ std::string simd() {
 #endif
 }
 
+// Whether bf16 K/V take the blocked routine (tile_bf16.h): what the backend routes and prices by.
+bool blocked_bf16() {
+#ifdef KVLOOP_AVX512BF16
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 }  // namespace kvloop
 
@@ -475,6 +484,7 @@ TORCH_LIBRARY(kvloop_cpu, m) {
       &kvloop::bind_decode_step);
   m.def("unbind_decode_step() -> ()", &kvloop::unbind_decode_step);
   m.def("simd() -> str", &kvloop::simd);
+  m.def("blocked_bf16() -> bool", &kvloop::blocked_bf16);
   m.def("set_stacked_flash(bool on) -> bool", &kvloop::set_stacked_flash);
   m.def("set_stacked_tiles(bool on) -> bool", &kvloop::set_stacked_tiles);
   m.def("stacked_tiles() -> bool", [] { return kvloop::stacked_tiles_on.load(); });
