@@ -49,13 +49,13 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 def resolve_quantization(name: str, dtype_name: str, device: str, linear_params: int = 0) -> str:
     """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where dtype
     auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
-    step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16), the
-    kernel serves every step on a CPU without AMX: it beat oneDNN's bf16 GEMM at every row count measured
-    (model/linear.py). With AMX tiles (the kernel multiplies in them up to 64 rows, oneDNN's GEMM wins past that),
-    or built without bf16 pairs, the kernel serves decode-sized steps (2.1x a whole step at 1 row here) and dense
-    bf16 weights through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of the `linear_params` linear weights, kept
-    only while they take at most DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model keeps
-    one copy, and oneDNN for every step). Dense weights in the model dtype elsewhere."""
+    step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16),
+    the kernel serves every step on a CPU without AMX. With AMX tiles (the kernel multiplies in them up to 64
+    rows, oneDNN's GEMM wins past that), or built without bf16 pairs, the kernel serves decode-sized steps and
+    dense bf16 weights through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of
+    the `linear_params` linear weights, kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's
+    available memory (a larger model keeps one copy, and oneDNN for every step). Dense weights in the model
+    dtype elsewhere. Where each path wins, measured: docs/engine_history.md (weight formats)."""
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():

@@ -54,8 +54,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if keys.dtype != q.dtype:  # 16-bit KV under a wider model dtype
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     if q.dtype == torch.float32 or q.device.type != "cpu" or cpu_has_native_bf16():
-        # the fused kernel: fp32 about 2.5x faster than matmul + softmax (an AVX2 machine), bf16 about 7x on a
-        # Xeon with AMX (31.4 -> 4.3 ms a layer; L=512, S=2000, 2 threads)
+        # the fused kernel: faster than matmul + softmax in fp32, and in bf16 with native bf16
+        # (docs/engine_history.md, prefill attention)
         whole = q_len == seq_len  # a whole prompt: the kernel's own causal mask skips the upper half's blocks
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                              values.transpose(0, 1)[None], scale=scale, enable_gqa=True,

@@ -3,32 +3,27 @@
 - "none": dense weights in the model dtype (the exact path).
 - "bf16": weights rounded to bf16 (half of fp32's bytes) through the CPU kernel kernels/cpu/linear_bf16w, sums
   in fp32. Under a float32 model (a CPU without native bf16, where torch's bf16 matmul is emulated) the kernel
-  widens the weights and beats torch's fp32 GEMM at every batch size measured (1 to 512 rows), so it serves
-  all steps and no dense copy is kept. Under a bf16 model (a CPU with native bf16) built with AVX512-BF16, the
-  kernel multiplies bf16 pairs in hardware and again serves every step with no dense copy: the embedded model's
-  layers (one pass, 2 threads, AMD EPYC) took 2.1 ms at 1 row, 8.8 at 16, 31 at 64 and 240 at 512, against
-  torch's F.linear over dense bf16 weights 10.3, 19.4, 46 and 250-269, and even against oneDNN with its weights
-  prepacked ahead (mkldnn._linear_pointwise, which the compiled step does not get) 5.3, 12.5, 35 and 243-247;
-  whole decode steps at 16 rows of 2,000 tokens 55 against 77 ms. On a CPU with AMX tiles oneDNN's bf16 GEMM
-  multiplies in them and beats the pairs past a few rows (6.6x at 64 rows, 11x at 512); the kernel then multiplies
-  in AMX tiles itself (kernels/cpu/csrc/linear_amx.h: 1.3x oneDNN at 8-16 rows, the weights read at about the
-  memory's pace) and oneDNN serves only the steps past linear_bf16w.TILES_DENSE_ABOVE_ROWS rows; and a kernel built without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for
-  decode-sized steps: in both cases the layer keeps a dense bf16 copy (twice the weights' memory) for the steps
-  past linear_bf16w.dense_above_rows() rows, through oneDNN with the copy packed once and kept only in that
-  packed form, `weight` then being a key for it (kernels/cpu/linear_onednn; a plain dense copy through F.linear
-  where that is not built), and the compiled step holds two graphs,
-  one per branch (runner/compiled_step.py; `dense_graph` says which one is being traced). Eager steps branch on
-  their rows.
+  widens the weights and outruns torch's fp32 GEMM at every batch size, so it serves all steps and no dense
+  copy is kept. Under a bf16 model (a CPU with native bf16) built with AVX512-BF16, the kernel multiplies bf16
+  pairs in hardware and again serves every step with no dense copy (it outruns oneDNN's bf16 GEMM there). On
+  a CPU with AMX tiles oneDNN's bf16 GEMM multiplies in them and beats the pairs past a few rows; the kernel
+  then multiplies in AMX tiles itself (kernels/cpu/csrc/linear_amx.h: the weights read at about the memory's
+  pace) and oneDNN serves only the steps past linear_bf16w.TILES_DENSE_ABOVE_ROWS rows; and a kernel built
+  without AVX512-BF16 (an old compiler) multiplies in fp32, faster than oneDNN only for decode-sized steps
+  (the numbers: docs/engine_history.md, weight formats): in both cases the layer keeps a dense bf16 copy
+  (twice the weights' memory) for the steps past linear_bf16w.dense_above_rows() rows, through oneDNN with the
+  copy packed once and kept only in that packed form, `weight` then being a key for it
+  (kernels/cpu/linear_onednn; a plain dense copy through F.linear where that is not built), and the compiled
+  step holds two graphs, one per branch (runner/compiled_step.py; `dense_graph` says which one is being
+  traced). Eager steps branch on their rows.
   Without a built kernel (or off the CPU) the layer falls back to "none".
 - "int4": 4-bit, group-32, asymmetric (min/max) weights through torch's `_weight_int4pack_mm_for_cpu`.
   For weights that came from a Q4_0/Q4_1 GGUF this re-encodes the file's own 4-bit values; only the
   per-group scale and offset are rounded to bf16.
 - "int8": per-output-channel symmetric int8 (fp32 scales) through the CPU kernel kernels/cpu/linear_int8w
   (activations quantized per 32 k's as llama.cpp's Q8_0 does, int32 dot products; K a multiple of 32) at
-  every row count, keeping no dense copy: measured (1 thread, shared machine, the model's shapes; fp32
-  activations then) 3-5x faster than torch's fp32 F.linear at M=1, 1.2-4x at M=16..64, and about on par
-  with it and with the bf16 kernel at M=256..512 (0.84-2.7x; the few below 1 were within the noise), so
-  prefill does not need a dense copy; quantized activations kept M >= 16 within ~15% of that. Without a
+  every row count, keeping no dense copy: faster than torch's fp32 F.linear at decode sizes and about on par
+  at prefill sizes (docs/engine_history.md), so prefill does not need a dense copy. Without a
   built kernel (or off the CPU): torch's `_weight_int8pack_mm` (bf16 activations, bf16 scales) for steps of
   up to `quant_max_rows` rows, dense weights above.
 
@@ -76,8 +71,8 @@ def dense_above_rows(model) -> int | None:
 def bf16_needs_dense(dtype: torch.dtype) -> bool:
     """Whether a "bf16" layer of a `dtype` model keeps a dense copy of its weights for oneDNN: under a bf16 model
     whose kernel multiplies in fp32 (built without AVX512-BF16), or on a CPU with AMX tiles, where oneDNN wins
-    past a few rows. Elsewhere the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count measured
-    (1 to 512), so nothing else is kept."""
+    past a few rows. Elsewhere the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count
+    (docs/engine_history.md), so nothing else is kept."""
     return dtype == torch.bfloat16 and linear_bf16w.dense_above_rows() is not None
 
 

@@ -3,8 +3,7 @@
 Why one: libgomp keeps a pool of worker threads for each thread that starts a parallel region, and once a
 process manages more OpenMP threads than it has CPUs, it throttles their spin-wait to a few hundred spins
 before they sleep on a futex, so every parallel region pays a wake-up. Loading the model in the main thread
-and stepping in another left two pools on a 2-core machine: a batch-1 decode step took 33 ms instead of 25
-(SmolLM2, bf16 weights, 2 threads; the same step built and run in one thread, either thread)."""
+and stepping in another left two pools on a 2-core machine, and slower steps (docs/engine_history.md)."""
 
 from __future__ import annotations
 

@@ -17,19 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
-
-from kvloop.engine.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def has_serve() -> bool:
-    sub = next(a for a in build_parser()._actions if a.dest == "command")
-    return "serve" in sub.choices
-
-
-pytestmark = pytest.mark.skipif(not has_serve(), reason="`kvloop serve` (engine/server/) has not landed yet")
 
 
 def free_port() -> int:

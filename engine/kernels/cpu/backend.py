@@ -64,14 +64,11 @@ class CpuBackend(WithDecode):
 
     def extend(self, q, k_cache, v_cache, meta, scale):
         """Over bf16 K/V with the kernel's blocked bf16 path, the chunks' attention is one kernel call reading the
-        cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds them
-        (measured per layer, 9 query heads, 2 threads, AVX512-BF16: 512 new tokens over 2,000 10.7 ms against SDPA's
-        18.4-19.1 with the gather; 112 over 1,952 2.5 against 4.6; 512 fresh 2.1 against 4.6). With AMX tiles, only
-        where the tile routine takes the chunks' runs of rows (bf16 queries, head_dim 64: 30 layers, 2 threads,
-        Intel Xeon: 112 new tokens over 1,952 27 ms against SDPA's 37, four such chunks 101 against 140, 512 over
-        1,500 102 against 129, 2,000 fresh 232 against 248; whole engine prefills 7-12% faster); elsewhere there
-        SDPA's bf16 path is the faster one (the blocked routine's 2,000-token prefill: 958 ms). The kernel's AVX2
-        routine scores one query at a time (not measured against SDPA)."""
+        cache in place, its probabilities rounded to bf16 for the value product as SDPA's bf16 path rounds
+        them: faster than SDPA with its gather. With AMX tiles, only where the tile routine takes the chunks'
+        runs of rows (bf16 queries, head_dim 64); elsewhere there SDPA's bf16 path is the faster one. The
+        kernel's AVX2 routine scores one query at a time (not measured against SDPA). The numbers:
+        docs/engine_history.md."""
         if (self._prefill is not None and k_cache.dtype == torch.bfloat16
                 and (not self._tiles or self._tiles_take(q.shape[-1], q.dtype, k_cache.shape[1]))):
             return self._prefill(q, k_cache, v_cache, meta, scale)
@@ -85,8 +82,7 @@ class CpuBackend(WithDecode):
     def bind(self, kv_cache, meta, scale):
         """A decode-only step's layers call the operator directly, with the step's work list and arguments made
         once. Between memory-bound linears (caches cold) each Python call per layer costs far more than in a
-        warm loop: dropping three calls per layer took a batch-1 int8 step from ~28-36 to ~26-32 ms of CPU time
-        (1 thread, context 128, 30 layers; measured on a shared machine, so rough)."""
+        warm loop (docs/engine_history.md, per-step overhead)."""
         if meta.prefills:
             return super().bind(kv_cache, meta, scale)
         work = self._decode.work(meta, kv_cache.shape[3])
@@ -99,8 +95,6 @@ class CpuBackend(WithDecode):
 
         # For the compiled step: while bound, kvloop_step::attention's CPU kernel runs decode_layer with these
         # arguments itself, without calling back into Python per layer (CompiledStep.__call__ binds and unbinds).
-        # Measured ~0.6-1.1 ms of a ~15 ms batch-1 int8 step (2 threads, steps alternating in one process, on a
-        # shared machine, so rough)
         attend.native_step = (partial(torch.ops.kvloop_cpu.bind_decode_step.default, kv_cache, *step),
                               torch.ops.kvloop_cpu.unbind_decode_step.default)
         return attend
@@ -114,8 +108,8 @@ def create(device: torch.device | str) -> AttentionBackend:
     blocked = build.blocked_bf16()  # decided once, not per layer
     # With AMX tiles, a cascade group's shared prefix and a prefill chunk's rows (bf16) go through the kernel's tile
     # routine (head_dim 64: csrc/tile_amx.h), or where that does not apply, a large group's prefix through ATen's
-    # flash attention, whose oneDNN GEMMs outrun the kernel's dot products there (csrc/stacked_flash.h has the
-    # measurements). The tiles stay off where the OS refuses this process their state.
+    # flash attention, whose oneDNN GEMMs outrun the kernel's dot products there (measured:
+    # docs/engine_history.md). The tiles stay off where the OS refuses this process their state.
     amx_tiles = amx.available()
     tiles = torch.ops.kvloop_cpu.set_stacked_tiles(amx_tiles)
     torch.ops.kvloop_cpu.set_stacked_flash(amx_tiles)

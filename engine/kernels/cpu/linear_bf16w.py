@@ -4,14 +4,13 @@ activations, `linear`), and for bf16 models on CPUs with it (bf16 activations, `
 Decode at small batch is bound by the bytes of weights a step reads. Stored as bf16 they are half of fp32's,
 and widening bf16 to fp32 is exact, so `linear`'s products and sums stay fp32 (no emulated bf16 arithmetic).
 `linear_bf16`, built for AVX512-BF16 (`native`), multiplies pairs of bf16 into fp32 sums with one instruction
-per 16 pairs (csrc/linear_dpbf16.h): measured on an AMD EPYC (2 threads, the embedded model's layers) it beat
-oneDNN's bf16 GEMM at every row count from 1 to 512 (model/linear.py has the numbers), so a bf16 model keeps
+per 16 pairs (csrc/linear_dpbf16.h), faster than oneDNN's bf16 GEMM at every row count, so a bf16 model keeps
 no dense copy of its weights. Built without AVX512-BF16 it widens x and runs `linear`'s fp32 tiles, faster
-than oneDNN only up to `DENSE_ABOVE_ROWS` rows (3.6 against 9.8 ms at 1 row; 1.1x oneDNN's time at 12 and 1.3x
-at 16); a bf16 model then keeps a dense copy for larger steps (model/linear.py, runner/compiled_step.py). So does
-one on a CPU with AMX tiles, where oneDNN's bf16 GEMM beats the pairs past AMX_DENSE_ABOVE_ROWS rows; there the
-kernel multiplies in the tiles itself (`tiles`, csrc/linear_amx.h) and oneDNN takes only the steps past
-TILES_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
+than oneDNN only up to `DENSE_ABOVE_ROWS` rows; a bf16 model then keeps a dense copy for larger steps
+(model/linear.py, runner/compiled_step.py). So does one on a CPU with AMX tiles, where oneDNN's bf16 GEMM
+beats the pairs past AMX_DENSE_ABOVE_ROWS rows; there the kernel multiplies in the tiles itself (`tiles`,
+csrc/linear_amx.h) and oneDNN takes only the steps past TILES_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
+The measurements behind these bounds: docs/engine_history.md.
 
 The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
 one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original [N, K]
@@ -32,15 +31,10 @@ BLOCK = 16
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
 DENSE_ABOVE_ROWS = 12  # without bf16 pairs, a bf16 model's larger steps take torch's GEMM (crossover 8-12 rows)
-# With AMX tiles oneDNN's bf16 GEMM outruns the bf16 pairs past a few rows. The embedded model's four layer linears,
-# one each, 2 threads, Intel Xeon with AMX: kernel 89/196/220/280/545/2,117/16,952 us at 1/4/6/8/16/64/512 rows
-# against oneDNN's 269/255/268/271/281/434/1,475 (the head: 1.0/1.7/2.3/4.4 ms against 1.9/1.9/1.9/2.0 at
-# 1/6/8/16 rows); 1 thread crosses over between the same row counts.
+# With AMX tiles oneDNN's bf16 GEMM outruns the bf16 pairs past this many rows (docs/engine_history.md).
 AMX_DENSE_ABOVE_ROWS = 6
-# The kernel's own AMX tile path (csrc/linear_amx.h) reads the weights at about the memory's pace up to 16 rows.
-# The four layer linears x 30, 2 threads, Intel Xeon with AMX, weights from memory: 8.2/8.6/8.6/11.0/10.3/12.9/15.0
-# ms at 1/8/16/24/32/48/64 rows against oneDNN's 10.5/11.2/11.5/13.2/13.3/13.4/14.9 (and the pairs' 7.6 at 1 row,
-# 18.9 at 8): oneDNN's GEMM serves only the steps past TILES_DENSE_ABOVE_ROWS rows (prefill chunks).
+# The kernel's own AMX tile path (csrc/linear_amx.h) keeps up with oneDNN's GEMM up to this many rows, which
+# then serves only the larger steps (prefill chunks; docs/engine_history.md).
 TILES_DENSE_ABOVE_ROWS = 64
 
 
@@ -87,8 +81,8 @@ def dense_above_rows() -> int | None:
     """Steps of more rows than this take oneDNN's bf16 GEMM over a dense copy of a bf16 model's weights (the
     kernel serves the smaller ones); None: the kernel serves every step and no dense copy is kept. Without bf16
     pairs the kernel multiplies in fp32 and oneDNN wins past DENSE_ABOVE_ROWS rows; with them it beats oneDNN at
-    every row count measured on an AVX512-BF16 CPU without AMX (model/linear.py), and loses past
-    AMX_DENSE_ABOVE_ROWS rows to oneDNN's AMX tiles."""
+    every row count on an AVX512-BF16 CPU without AMX, and loses past AMX_DENSE_ABOVE_ROWS rows to oneDNN's
+    AMX tiles (docs/engine_history.md)."""
     if not native():
         return DENSE_ABOVE_ROWS
     if not amx.available():

@@ -3,11 +3,9 @@
 //
 // Why: a decode step's linears read every weight once and multiply it by a few rows. The bf16 pairs
 // (linear_dpbf16.h) spend one instruction per row per 16 columns and 2 k's, so past a few rows they are bound by
-// arithmetic, and oneDNN's GEMM (which the layer took past 6 rows) reads the weights at about 18 GB/s at 8-16 rows.
+// arithmetic, and oneDNN's GEMM (which the layer took past 6 rows) reads the weights below the memory's pace.
 // One tile product (TDPBF16PS) multiplies 16 rows by 16 columns over 32 k's: with it the reads set the pace at
-// every decode-sized row count. The embedded model's layers (30 x its four linears, 2 threads, weights from
-// memory, Intel Xeon with AMX, through the operator): 8.2-8.6 ms at 1-16 rows against oneDNN's 10.5-11.5 and the
-// pairs' 7.6/18.9/23.9 at 1/8/16 rows (linear_bf16w.py has the table up to 64 rows).
+// every decode-sized row count (measured: docs/engine_history.md).
 //
 // The packed layout holds a block's 16 weights of k and of k + 1 adjacently (64 bytes); one 16-bit permute puts
 // them in the tile's pair order (column c's (k, k + 1) in word c), so each 32-k step of a block is 16 loads and

@@ -2,8 +2,8 @@
 // (+ bias), W in linear_bf16w's packed layout ([N/16 blocks][K][16] bf16, slots in SLOT_OF_COL order).
 //
 // Why: the fp32 tiles (linear_tiles.h) widen every weight and spend two 8-lane FMAs per 16 products, so past a
-// few rows they are bound by arithmetic (about 1.4 ms per row for the embedded model's layers on 2 cores), and
-// oneDNN's bf16 GEMM overtook them at 8-12 rows. One vdpbf16ps multiplies 16 pairs of bf16 into 16 fp32 sums:
+// few rows they are bound by arithmetic, and oneDNN's bf16 GEMM overtakes them at 8-12 rows
+// (docs/engine_history.md). One vdpbf16ps multiplies 16 pairs of bf16 into 16 fp32 sums:
 // half the instructions per product, no widening. A bf16 model's activations are bf16 already, so nothing is
 // rounded that was not rounded before; products of two bf16 are exact in fp32 and the sums stay fp32.
 //

@@ -3,9 +3,7 @@
 // QK = 32 k's (symmetric, one fp32 scale per block), each block's x.Q dot product is exact int32 arithmetic,
 // and the fp32 part is one FMA per block, (block's int32 sum) * (x's block scale), then the weight's scale.
 // Small-batch decode is bound by the bytes of weights it reads (a quarter of fp32's); int8 x int8 products
-// keep the arithmetic well below that, where widening the weights to fp32 did not (measured M = 1, one thread,
-// weights in cache, shared machine: 3072x576 58 us against 139 us widening; from memory both stream at its
-// speed).
+// keep the arithmetic well below that, where widening the weights to fp32 did not (docs/engine_history.md).
 //
 // Weight layout (made by kernels/cpu/linear_int8w.py `pack`): [ceil(N/4) groups][K/32 blocks][4][32] int8,
 // N padded with zero rows: for one block, a group's 4 output channels are 4 consecutive 32-byte loads, and

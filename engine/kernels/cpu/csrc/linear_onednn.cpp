@@ -1,9 +1,8 @@
 // A bf16 linear through oneDNN with its weights packed once: kvloop_cpu::linear_onednn(x, weight, bias) is
 // F.linear(x, weight, bias) for a dense bf16 weight, but multiplies through mkldnn::_linear_pointwise over the
 // weight reordered into oneDNN's blocked layout (mkldnn::_reorder_linear_weight) the first time the weight is
-// seen, not on every call as F.linear's oneDNN path does. Measured (SmolLM2-135M's shapes, 2 threads, Intel Xeon
-// with AMX, weights cycled so they come from memory): 576 -> 3,072 at 16 rows 182 us against 320; 1,536 -> 576
-// 69 against 108; 576 -> 960 58 against 82; the same outputs bit for bit.
+// seen, not on every call as F.linear's oneDNN path does: faster, the same outputs bit for bit
+// (docs/engine_history.md).
 //
 // The packed copies are kept per weight (keyed by its data pointer, checked against a weak reference to its
 // storage, so a weight freed and another allocated at the same address is packed afresh). torch.compile keeps

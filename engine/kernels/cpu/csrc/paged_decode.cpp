@@ -13,8 +13,7 @@
 // each) are merged by log-sum-exp inside the call, so a cascade step is one call per layer like a plain one.
 // paged_prefill is paged_decode over causal segments (a prefill chunk whose K/V are in the cache already: its
 // j-th of m rows sees the segment's tokens but its last m - 1 - j). decode_layer is a decode-only step's whole
-// layer in one call: the new K/V written into the layer's pages (write_kv, also an operator of its own), then
-// paged_decode.
+// layer in one call: the new K/V written into the layer's pages (write_kv), then paged_decode.
 //
 // Work items are (segment, KV heads, context split; a causal segment's are (segment, KV head, run of 64 rows)
 // instead, nothing to merge), spread over torch's thread count with OpenMP. An
@@ -181,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
   // which the threads could not even out: then one KV head each. Either way the arithmetic is the same.
   const int64_t nt = at::get_num_threads();
   // Causal segments (prefill chunks: hundreds of stacked rows) are split by rows instead, one KV head an item:
-  // no partial results to merge (measured 15% of a 512-row chunk's time over 2,000 tokens at 512-token splits).
+  // no partial results to merge (a sizeable share of a chunk's time: docs/engine_history.md).
   const int64_t per_item = !causal && base_items >= 4 * nt && largest * nt <= work ? sh.kv_heads : 1;
 
   // Partial results per output: a pair's pieces, and per row those of every pair naming it.
@@ -474,7 +473,6 @@ TORCH_LIBRARY(kvloop_cpu, m) {
   m.def(
       "paged_prefill(Tensor q, Tensor k_cache, Tensor v_cache, Tensor blocks, Tensor block_start, "
       "Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> (Tensor, Tensor)");
-  m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()");
   m.def(
       "decode_layer(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, int layer, Tensor slots, Tensor blocks, "
       "Tensor block_start, Tensor tokens, Tensor rows_ptr, Tensor rows, float scale, int split_tokens) -> Tensor");
@@ -495,7 +493,6 @@ TORCH_LIBRARY_IMPL(kvloop_cpu, CPU, m) {
   m.impl("paged_attention", &kvloop::paged_attention);
   m.impl("paged_decode", &kvloop::paged_decode);
   m.impl("paged_prefill", &kvloop::paged_prefill);
-  m.impl("write_kv", &kvloop::write_kv);
   m.impl("decode_layer", &kvloop::decode_layer);
 }
 

@@ -1,8 +1,7 @@
 // Stacked flash: a cascade group's shared prefix through ATen's CPU flash attention instead of the kernel's tile
 // routines, where that is faster. With AMX tiles, oneDNN's bf16 GEMMs inside ATen's flash attention score the
-// group's stacked queries several times faster than the kernel's AVX512-BF16 dot products (measured, Intel Xeon
-// with AMX, 2 threads, 9 query heads over 3 KV heads, 1,950 shared tokens: 16 members 0.29 ms against 0.56,
-// 32 members 0.38 against 1.14, 4 members 0.15 against 0.17; a call costs about 0.1 ms whatever its size).
+// group's stacked queries several times faster than the kernel's AVX512-BF16 dot products past a few members
+// (docs/engine_history.md).
 //
 // ATen's kernel needs K and V as strided tensors, so it runs over runs of adjacent blocks (a view of the paged
 // cache, no copy): a segment's tokens are cut into pieces, each one partial result of every member; a long run

@@ -3,8 +3,8 @@
 // blocks a multiple of 16 tokens, on CPUs with AMX tiles.
 //
 // Why: such an item scores every token for members x group queries, and the bf16-pair routine (tile_bf16.h)
-// spends its time on that arithmetic and on one query's softmax at a time (10 members over a 2,000-token
-// document: about 60% of a 48-row decode step). Here, per step of 32 tokens and KV head:
+// spends its time on that arithmetic and on one query's softmax at a time. Here, per step of 32 tokens and
+// KV head:
 // - the scores of 16 queries at once as tile products S^T = K Q^T, one per 16 tokens: K's 16 rows loaded into a
 //   tile straight from the paged cache (no transpose), the queries as a tile of bf16 pairs made once per item;
 // - the online softmax over S^T's rows, 16 queries in the lanes of one vector (one max, one exp per token row), the
@@ -13,15 +13,8 @@
 //   SDPA's bf16 path and the pair routine's stacked items round them; their exp to 5e-5, exp512_for_bf16), V's
 //   rows interleaved into token pairs (pair_values); the accumulators updated once per step.
 // Scores are the tile unit's fp32 sums of exact bf16 products (the queries stay exact).
-// Measured (Intel Xeon with AMX, 2 threads, 9 query heads over 3 KV heads, 30 layers' caches from memory, each
-// member with a 50-token suffix of its own), with 16-token steps: 4 groups of 10 members over 2,000 tokens 30 ms
-// against 55 for the pairs and 55 for flash (stacked_flash.h); 16 members over 1,950 tokens 10.6 against 20.3 and
-// 17.4; 32 members 19.4 against 39.1 and 22.0; 4 members 4.5 against 7.2 and 6.7. A decode step of 40 rows on 4
-// documents plus 8 unshared rows, whole engine step: 65-69 ms against 89. The 32-token steps and the exp took a
-// whole decode of 16 rows sharing 1,888 tokens (each with 112 of its own, one layer) from 278 to 248 us, and
-// 24 rows from 422 to 367 (bench/calibrate_cascade.py's held-out decodes). Prefill chunks, 30 layers: 112 new
-// tokens over 1,952 cached 27 ms against SDPA's 37 (with its gather), 512 over 1,500 102 against 129, 2,000 fresh
-// 232 against 248; the pairs routine takes 107, 400 and 958.
+// It outruns the pair routine and stacked flash at every group size measured, and SDPA on prefill chunks
+// (docs/engine_history.md).
 //
 // Tiles: 0-1 K (16 tokens x 32 dims each), 2-3 the queries (16 dim pairs x 16 queries each), 4 the scores
 // (16 tokens x 16 queries); 5 P (16 queries x 16 token pairs); 6 a V chunk (16 token pairs x 16 dims); the four

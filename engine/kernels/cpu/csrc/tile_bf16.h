@@ -120,8 +120,7 @@ inline __attribute__((always_inline)) void bf16_block(Bf16Tile<HD>& tile, const 
 
 // BF16_PROBS (paged_prefill, and a cascade group's shared prefix: compute-bound, many stacked queries per tile):
 // probabilities rounded to bf16 for the value product, as SDPA's bf16 path rounds them, two tokens per
-// instruction (a decode step of 16 rows sharing 1,800 tokens, whole engine step: 35.3 against 41.9 ms); a single
-// row's decode keeps them in fp32 (bound by its reads: 55.3 against 56.2 ms at 16 rows of 2,000 tokens).
+// instruction; a single row's decode keeps them in fp32 (bound by its reads; docs/engine_history.md).
 template <int64_t HD, bool BF16_PROBS>
 void run_item_bf16(const Item& it, const at::Tensor& q, const c10::BFloat16* k, const c10::BFloat16* v,
                    const Shape& sh, const int64_t* blocks, const int64_t* block_start, const int64_t* rows_ptr,
