@@ -104,11 +104,7 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set(xlabel="step token budget", title=title)
         ax.legend()
     axes[1].set_yscale("log")
-    fig.tight_layout()
-    p = out_dir / f"{stem}.png"
-    fig.savefig(p, dpi=100)
-    plt.close(fig)
-    return [str(p)]
+    return [w5_report.save_figure(plt, fig, out_dir / f"{stem}.png", dpi=100)]
 
 
 def write(report: dict, out_dir: Path, stem: str) -> dict:

@@ -136,11 +136,7 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
     b.set(xlabel="load (x W5's rates)", ylabel="s", title="TTFT P99", yscale="log")
     a.legend(fontsize=8)
     fig.suptitle(report["meta"].get("title", "W5 under rising load"))
-    fig.tight_layout()
-    p = out_dir / f"{stem}.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    return [str(p)]
+    return [w5_report.save_figure(plt, fig, out_dir / f"{stem}.png")]
 
 
 def write(report: dict, out_dir: Path, stem: str) -> dict:

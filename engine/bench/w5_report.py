@@ -324,6 +324,14 @@ def pyplot():
     return plt
 
 
+def save_figure(plt, fig, path: Path, dpi: int = 90) -> str:
+    """Lays out, writes and closes a figure; returns the file's path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return str(path)
+
+
 def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
     plt = pyplot()
     if plt is None:
@@ -350,11 +358,7 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
     axes[0].legend(fontsize=7, ncol=3, loc="upper right")
     axes[-1].set_xlabel("seconds (shaded: RAG phases)")
     fig.suptitle(report["meta"].get("title", "W5"))
-    fig.tight_layout()
-    p = out_dir / f"{stem}.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    files.append(str(p))
+    files.append(save_figure(plt, fig, out_dir / f"{stem}.png"))
     fixed = fixed_cap_runs(runs)
     if fixed:
         kinds = [k for k in report["best_fixed_cap"] if k != "whole"]
@@ -370,11 +374,7 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set_xscale("log", base=2)
         ax.set(xlabel="fixed batch cap", ylabel="output tokens/s", title="Fixed caps through W5's phases")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / f"{stem}_caps.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        files.append(str(p))
+        files.append(save_figure(plt, fig, out_dir / f"{stem}_caps.png"))
     return files
 
 

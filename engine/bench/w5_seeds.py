@@ -129,11 +129,7 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
         ax.set(xlabel="seed", ylabel=ylabel, title=title)
         ax.legend(fontsize=8)
     fig.suptitle(report["meta"].get("title", "W5 over seeds"))
-    fig.tight_layout()
-    p = out_dir / f"{stem}.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    return [str(p)]
+    return [w5_report.save_figure(plt, fig, out_dir / f"{stem}.png")]
 
 
 def write(report: dict, out_dir: Path, stem: str) -> dict:
