@@ -69,11 +69,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segmen
     """q [R, heads, hd]; k_cache / v_cache [num_blocks, block_size, kv_heads, hd] (fp32, bf16 or fp16) →
     (out [P, heads, hd] fp32, normalised; lse [P, heads] fp32, natural log-sum-exp of the scaled scores)
     per (segment, row) pair, in segment order. A segment without tokens gives zeros and -inf."""
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    return torch.ops.kvloop_cpu.paged_attention(q, k_cache, v_cache, segments.blocks, segments.block_start,
-                                                segments.tokens, segments.rows_ptr, segments.rows, float(scale),
-                                                int(split_tokens))
+    return _run(torch.ops.kvloop_cpu.paged_attention, q, k_cache, v_cache, segments, scale, split_tokens)
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
@@ -81,11 +77,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segmen
     """q [R, heads, hd] → (out [R, heads, hd] fp32, lse [R, heads] fp32): row r attends to the tokens of every
     segment that names it, its partial results merged exactly inside the kernel (a row no segment names gets
     zeros and -inf). The segments of one row must cover disjoint tokens (its context, split up)."""
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    return torch.ops.kvloop_cpu.paged_decode(q, k_cache, v_cache, segments.blocks, segments.block_start,
-                                             segments.tokens, segments.rows_ptr, segments.rows, float(scale),
-                                             int(split_tokens))
+    return _run(torch.ops.kvloop_cpu.paged_decode, q, k_cache, v_cache, segments, scale, split_tokens)
 
 
 def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
@@ -93,11 +85,16 @@ def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segme
     """decode with causal segments: a segment's rows are consecutive positions ending at its last token (a
     prefill chunk whose K/V are already in the cache), so its j-th of m rows sees its first tokens - (m - 1 - j)
     tokens. Rows of several segments are merged as in decode (a chunk's context split into runs, say)."""
+    return _run(torch.ops.kvloop_cpu.paged_prefill, q, k_cache, v_cache, segments, scale, split_tokens)
+
+
+def _run(op, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
+         split_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One of the three ops over the segments' index tensors (the kernel reads q's rows contiguously)."""
     if q.stride(-1) != 1:
         q = q.contiguous()
-    return torch.ops.kvloop_cpu.paged_prefill(q, k_cache, v_cache, segments.blocks, segments.block_start,
-                                              segments.tokens, segments.rows_ptr, segments.rows, float(scale),
-                                              int(split_tokens))
+    return op(q, k_cache, v_cache, segments.blocks, segments.block_start, segments.tokens, segments.rows_ptr,
+              segments.rows, float(scale), int(split_tokens))
 
 
 def _pair_shapes(q, k_cache, v_cache, blocks, block_start, tokens, rows_ptr, rows, scale, split_tokens):
