@@ -67,9 +67,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from kvloop.engine.core.knobs import KNOBS as ENGINE_KNOBS
 from kvloop.sidecar.settings import Bounds, Settings
 
-KNOBS = ("batch_cap", "watermark", "step_token_budget")
+KNOBS = tuple(k.name for k in ENGINE_KNOBS)  # in the order of the control block's targets
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 
 from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
 from kvloop.engine.control.link import SidecarLink
+from kvloop.engine.core.knobs import KNOBS
 
 
 def add_control_parser(sub) -> None:
@@ -18,9 +19,8 @@ def add_control_parser(sub) -> None:
     show.set_defaults(func=cmd_show)
     st = csub.add_parser("set", help="write targets (as the sidecar would)")
     st.add_argument("--control", default=DEFAULT_PATH, help="control block file")
-    st.add_argument("--batch-cap", type=int, default=None)
-    st.add_argument("--watermark", type=float, default=None)
-    st.add_argument("--step-token-budget", type=int, default=None, help="tokens one step may schedule")
+    for k in KNOBS:
+        st.add_argument("--" + k.name.replace("_", "-"), type=k.kind, default=None, help=f"{k.doc} ({k.unit})")
     st.set_defaults(func=cmd_set)
 
 
@@ -33,8 +33,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     snap, targets = link.read_snapshot(), link.read_targets()
     out = {"snapshot": snap.as_dict() if snap else None,
            "targets": None if targets is None else {
-               "batch_cap": targets.batch_cap, "watermark": targets.watermark,
-               "step_token_budget": targets.step_token_budget, "version": targets.version,
+               **targets.knob_values(), "version": targets.version,
                "age_s": round((link.clock() - targets.time_ns) / 1e9, 3), "writer_id": targets.writer_id}}
     if args.json:
         print(json.dumps(out))
@@ -47,15 +46,15 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_set(args: argparse.Namespace) -> int:
-    if args.batch_cap is None and args.watermark is None and args.step_token_budget is None:
-        print("error: give --batch-cap, --watermark and/or --step-token-budget")
+    values = {k.name: getattr(args, k.name) for k in KNOBS}
+    if all(v is None for v in values.values()):
+        print("error: give " + " and/or ".join("--" + k.replace("_", "-") for k in values))
         return 2
     try:
         link = SidecarLink(args.control)
     except ControlBlockError as exc:
         print(f"error: {exc}")
         return 1
-    t = link.write_targets(args.batch_cap, args.watermark, args.step_token_budget)
-    print(f"wrote targets version {t.version}: batch_cap={t.batch_cap} watermark={t.watermark} "
-          f"step_token_budget={t.step_token_budget}")
+    t = link.write_targets(**values)
+    print(f"wrote targets version {t.version}: " + " ".join(f"{k}={v}" for k, v in t.knob_values().items()))
     return 0

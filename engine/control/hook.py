@@ -1,8 +1,7 @@
 """The engine's end of the loop: after every step, publish the snapshot and apply the targets.
 
-Duck-typed against EngineCore (no torch import here). The batch cap and the step token budget go to
-the scheduler (its setters when it has them, else `config.max_num_seqs` / `config.max_num_batched_tokens`);
-the watermark to `engine.kv.set_watermark` when the KV manager has that method.
+Duck-typed against EngineCore (no torch import here): targets are written to the engine's live knobs,
+`engine.scheduler.knobs` (engine/core/knobs.py), which the scheduler and the KV manager read.
 
 TTFT is taken at each request's first token; TPOT (time per output token after the first) at its finish,
 over its whole decode: the same per-request TPOT the benchmarks report, so the step budget is steered to
@@ -11,10 +10,12 @@ the number it is judged by."""
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.percentiles import RecentPercentiles
 from kvloop.engine.control.records import Targets
+from kvloop.engine.core.knobs import Knobs
 
 
 def request_tpot(first_token_time: float | None, finished_time: float | None, num_output_tokens: int) -> float | None:
@@ -37,10 +38,8 @@ class EngineControl:
 
     @classmethod
     def attach(cls, engine, path: str | os.PathLike, stale_after_s: float = 120.0) -> EngineControl:
-        """Opens (or creates) the block with the engine's configured values as the defaults."""
-        config = engine.scheduler.config
-        defaults = Targets(batch_cap=config.max_num_seqs, watermark=getattr(engine.kv, "watermark", None),
-                           step_token_budget=getattr(config, "max_num_batched_tokens", None))
+        """Opens (or creates) the block with the knobs' configured values as the defaults."""
+        defaults = Targets(**asdict(engine.scheduler.knobs.configured))
         return cls(ControlLink(path, defaults, stale_after_s=stale_after_s))
 
     def after_step(self, engine, outputs) -> None:
@@ -62,20 +61,7 @@ class EngineControl:
 
 
 def apply_targets(engine, t: Targets) -> None:
-    sched = engine.scheduler
-    if t.batch_cap is not None:
-        setter = getattr(sched, "set_batch_cap", None)
-        if setter is not None:
-            setter(t.batch_cap)
-        else:
-            sched.config.max_num_seqs = t.batch_cap
-    if t.step_token_budget is not None:
-        setter = getattr(sched, "set_step_token_budget", None)
-        if setter is not None:
-            setter(t.step_token_budget)  # clamped there to what the scheduler can run
-        else:
-            sched.config.max_num_batched_tokens = t.step_token_budget
-    if t.watermark is not None:
-        setter = getattr(engine.kv, "set_watermark", None)
-        if setter is not None:
-            setter(t.watermark)
+    """The targets' values to the engine's live knobs (None: keep); the step budget is clamped there to what
+    the scheduler can run."""
+    knobs: Knobs = engine.scheduler.knobs
+    knobs.set(**t.knob_values())

@@ -6,7 +6,6 @@ way to the engine's configured defaults, so the engine outlives its sidecar."""
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
 import time
@@ -20,6 +19,7 @@ from kvloop.engine.control.records import (
     UNKNOWN,
     ControlRecord,
     Targets,
+    admitted,
     control_record,
     pack_record,
     pack_targets,
@@ -30,8 +30,6 @@ from kvloop.engine.control.records import (
 if TYPE_CHECKING:
     from kvloop.engine.core.snapshot import EngineSnapshot
 
-MAX_BATCH_CAP = 1 << 16
-MAX_STEP_TOKEN_BUDGET = 1 << 24  # a sanity bound; the scheduler clamps to its configured ceiling
 CLOCK_SLACK_NS = 1_000_000_000  # targets stamped this far before the engine started are still taken
 
 
@@ -45,11 +43,10 @@ class ControlLink:
     COUNTERS = ("garbled", "out_of_range", "old_version", "stale", "accepted")
 
     def __init__(self, path: str | os.PathLike, defaults: Targets, stale_after_s: float = 120.0,
-                 max_batch_cap: int = MAX_BATCH_CAP, clock: Callable[[], int] = time.time_ns):
+                 clock: Callable[[], int] = time.time_ns):
         self.block = ControlBlock(path, create=True)
-        self.defaults = Targets(defaults.batch_cap, defaults.watermark, defaults.step_token_budget, source="default")
+        self.defaults = Targets(**defaults.knob_values(), source="default")
         self.stale_after_ns = int(stale_after_s * 1e9)
-        self.max_batch_cap = max_batch_cap
         self.clock = clock
         self.start_id = new_id()  # new on every start: the sidecar starts over when it changes
         self.start_ns = clock()
@@ -92,7 +89,7 @@ class ControlLink:
 
     def _judge(self, t: Targets) -> None:
         now = self.clock()
-        if not self._in_range(t) or t.time_ns > now + self.stale_after_ns:
+        if not admitted(t) or t.time_ns > now + self.stale_after_ns:
             self.counters["out_of_range"] += 1
         elif self._accepted is not None and t.version < self._accepted.version:
             self.counters["old_version"] += 1
@@ -101,15 +98,6 @@ class ControlLink:
         else:
             self.counters["accepted"] += 1
             self._accepted, self._stale = t, False
-
-    def _in_range(self, t: Targets) -> bool:
-        if t.values() == (None, None, None):
-            return False
-        if t.batch_cap is not None and not 1 <= t.batch_cap <= self.max_batch_cap:
-            return False
-        if t.step_token_budget is not None and not 1 <= t.step_token_budget <= MAX_STEP_TOKEN_BUDGET:
-            return False
-        return t.watermark is None or (not math.isnan(t.watermark) and 0.0 <= t.watermark < 1.0)
 
 
 class SidecarLink:
@@ -144,11 +132,11 @@ class SidecarLink:
         _, payload = self.block.read(L.TARGETS_OFFSET, L.TARGETS_FMT.size)
         return unpack_targets(payload) if payload else None
 
-    def write_targets(self, batch_cap: int | None, watermark: float | None,
-                      step_token_budget: int | None = None) -> Targets:
-        """Writes targets with the next version after the one in the file."""
+    def write_targets(self, *values: float | None, **by_name: float | None) -> Targets:
+        """Writes the knobs' values (in KNOBS order, or by name; None or left out: no opinion) with the next
+        version after the one in the file."""
         current = self.read_targets()
-        t = Targets(batch_cap, watermark, step_token_budget, version=(current.version if current else 0) + 1,
-                    time_ns=self.clock(), writer_id=self.writer_id)
+        t = Targets(*values, **by_name, version=(current.version if current else 0) + 1, time_ns=self.clock(),
+                    writer_id=self.writer_id)
         self.block.write(L.TARGETS_OFFSET, pack_targets(t))
         return t

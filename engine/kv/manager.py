@@ -22,8 +22,9 @@ The scheduler talks to the KV cache only through this class:
   has no room. `is_swapped(seq)` tells; release(seq) of a swapped sequence frees its host slots.
 - `persist(deadline)` (shutdown): writes the device and host tiers' cached blocks to the disk tier in
   prefix order, waiting for the writes, bounded by the deadline (kv.persist).
-- `set_watermark(w)`: the live retention knob (codesign mode only; other modes keep nothing back): the
-  share of the pool that cached blocks which earned their place keep against allocations.
+- `knobs.watermark` (core/knobs.py): the live retention knob (codesign mode only; other modes keep nothing
+  back): the share of the pool that cached blocks which earned their place keep against allocations. The
+  scheduler shares its Knobs with the manager; a manager alone starts from its config's watermark.
 - `tier_costs` (kv.load_or_recompute.TierCosts): the prices of loading a block per lower tier and of
   recomputing a token; the tier mover reports its copies, `observe_compute` takes the engine's prefill
   throughput, `fix` takes a cost model's prices (the simulator).
@@ -40,6 +41,7 @@ import weakref
 from collections.abc import Callable, Collection, Iterable
 from itertools import filterfalse, takewhile
 
+from kvloop.engine.core.knobs import BATCH_CAP, STEP_TOKEN_BUDGET, Knobs
 from kvloop.engine.core.kv_stats import KVStats, RegretWindow
 from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.kv.block_pool import BlockPool
@@ -100,7 +102,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         # block keys (hashing.py): ChainHasher hashes each distinct block once; the simulator passes a cheaper one
         self._hasher = block_keys(block_size, self._extra)
         self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
-        self._watermark = cfg.watermark
+        # a manager alone reads only the watermark: the widest cap and budget stand for "no scheduler"
+        self.knobs = Knobs(BATCH_CAP.hi, cfg.watermark, STEP_TOKEN_BUDGET.hi, block_size)
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
         self._last_query: str | None = None
         self._last_served: dict[str, int] = {}  # hit tokens by tier counted for the last looked-up request
@@ -143,13 +146,10 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     @property
     def watermark(self) -> float:
-        return self._watermark
+        return self.knobs.watermark
 
     def set_watermark(self, w: float) -> None:
-        """Live knob: the share of the device pool that cached blocks keep against new allocations."""
-        if not 0.0 <= w < 1.0:
-            raise ValueError("watermark must be in [0, 1)")
-        self._watermark = float(w)
+        self.knobs.set(watermark=w)
 
     def _evictable_budget(self, cached: int, referenced: int, own: int) -> int:
         """Cached blocks an allocation may evict; `own` = blocks the allocating sequence already holds. The
@@ -157,7 +157,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         probation are always evictable, and a protected block that cools goes back to probation."""
         if not self.cache_policy.retention_watermark or referenced <= own:
             return cached  # no watermark, or nobody else holds blocks: keeping any back would stall
-        kept = min(int(self._watermark * self.num_blocks), self.policy.num_earned)
+        kept = min(int(self.knobs.watermark * self.num_blocks), self.policy.num_earned)
         return max(0, cached - kept)
 
     def _holder_budget(self, seq: Sequence) -> int:

@@ -27,9 +27,9 @@ from collections import deque
 from collections.abc import Callable, Collection
 
 from kvloop.engine.cascade.cost import AttentionCost, cost_for
-from kvloop.engine.cascade.plan import CascadePlanner
-from kvloop.engine.cascade.step_cost import StepCost
+from kvloop.engine.cascade.shapes import ShapePlanner
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.knobs import Knobs
 from kvloop.engine.core.policy import resolve_policy
 from kvloop.engine.core.sequence import SeqStatus, Sequence, decodes
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
@@ -40,6 +40,7 @@ from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.static import StaticBatcher
+from kvloop.engine.scheduler.step_cost import StepCost
 from kvloop.engine.scheduler.tpot_gate import TpotGate
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
@@ -57,7 +58,7 @@ class Scheduler:
         self.mode = self.policy.name  # the user-facing name (metrics label, snapshot)
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
-        self._planner: CascadePlanner | None = None  # prices past the cap (the runner keeps its own)
+        self._planner: ShapePlanner | None = None  # prices past the cap (the runner keeps its own)
         self._stints = itertools.count(1)  # Sequence.stint of each start
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -72,28 +73,30 @@ class Scheduler:
         self._enqueued: dict[Sequence, float] = {}
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
-        self.step_token_budget_max = config.max_num_batched_tokens  # the configured budget: the live knob's ceiling
+        # the live knobs, starting at the configured values; the KV manager reads the watermark from the same
+        self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens, kv.block_size)
+        kv.knobs = self.knobs
 
     # ---- knobs and counters ---------------------------------------------------------------------
     @property
     def batch_cap(self) -> int:
-        return self.static.batch_size if self.static else self.config.max_num_seqs
+        return self.static.batch_size if self.static else self.knobs.batch_cap
 
     def set_batch_cap(self, n: int) -> None:
-        """Live batch cap (the feedback loop's knob). Lowering it preempts nobody: admission waits."""
-        if int(n) < 1:
-            raise ValueError("batch cap must be >= 1")
-        self.config.max_num_seqs = int(n)
+        """Lowering the cap preempts nobody: admission waits."""
+        self.knobs.set(batch_cap=n)
 
     @property
     def step_token_budget(self) -> int:
-        return self.config.max_num_batched_tokens
+        return self.knobs.step_token_budget
+
+    @property
+    def step_token_budget_max(self) -> int:
+        return self.knobs.budget_ceiling
 
     def set_step_token_budget(self, n: int) -> None:
-        """Live token budget of one step (the prefill chunk size; the feedback loop's third knob), clamped to
-        [the block size, at least 16; the configured budget]."""
-        floor = min(self.step_token_budget_max, max(16, self.kv.block_size))
-        self.config.max_num_batched_tokens = max(floor, min(int(n), self.step_token_budget_max))
+        """Clamped to [the block size, at least 16; the configured budget] (core/knobs.py)."""
+        self.knobs.set(step_token_budget=n)
 
     @property
     def row_ceiling(self) -> int:
@@ -172,7 +175,7 @@ class Scheduler:
     def step_budget(self, decoding: Callable[[], bool]) -> int:
         """Tokens this step may carry: the budget, or while no running row decodes (`decoding()`, asked only where
         the idle budget is larger) the idle budget. The simulator's fast step asks the same."""
-        budget, idle = self.config.max_num_batched_tokens, self.config.idle_step_tokens
+        budget, idle = self.knobs.step_token_budget, self.config.idle_step_tokens
         if idle <= budget or self.static is not None or decoding():
             return budget
         return idle
@@ -267,9 +270,8 @@ class Scheduler:
         if self._planner is None:
             self._planner = sc.planner()
         # a row's committed (indexed) blocks stay while it runs: the planner compares only the others
-        tables, committed = [s.block_table for s in rows], [len(s.block_hashes) for s in rows]
-        groups = self._planner.shapes(key, tables, ctx, committed)
-        return [sc.decode_us(ctx, groups), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
+        plan = self._planner.plan(key, [s.block_table for s in rows], ctx, [len(s.block_hashes) for s in rows])
+        return [sc.decode_us(ctx, sc.group_shapes(plan)), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
 
     def _added_price(self, seq: Sequence) -> float:
         """What seq adds to a decode step: its plain row, less what joining a running group saves."""

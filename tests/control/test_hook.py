@@ -1,6 +1,6 @@
-"""EngineControl against a small fake engine: snapshot published, targets applied to the scheduler
-and to the KV manager's watermark setter, TTFT and TPOT percentiles over the window; apply_targets
-against the real scheduler sets the step token budget within its clamp."""
+"""EngineControl against a small fake engine: snapshot published, targets applied to the engine's live
+knobs, TTFT and TPOT percentiles over the window; apply_targets against the real scheduler sets the step
+token budget within its clamp, and the KV manager reads the same knobs."""
 
 from __future__ import annotations
 
@@ -8,26 +8,21 @@ import types
 
 from kvloop.engine.control.hook import EngineControl
 from kvloop.engine.control.link import SidecarLink
+from kvloop.engine.core.knobs import Knobs, KnobValues
 from kvloop.engine.core.snapshot import EngineSnapshot
-
-
-class FakeKV:
-    def __init__(self):
-        self.watermark = 0.2
-
-    def set_watermark(self, w: float) -> None:
-        self.watermark = w
 
 
 class FakeEngine:
     def __init__(self):
-        self.scheduler = types.SimpleNamespace(config=types.SimpleNamespace(max_num_seqs=16,
-                                                                            max_num_batched_tokens=512))
-        self.kv = FakeKV()
+        self.scheduler = types.SimpleNamespace(knobs=Knobs(16, 0.2, 512))
+
+    @property
+    def knobs(self) -> Knobs:
+        return self.scheduler.knobs
 
     def snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot(num_waiting=2, batch_cap=self.scheduler.config.max_num_seqs,
-                              watermark=self.kv.watermark, kv_usage=0.4)
+        return EngineSnapshot(num_waiting=2, batch_cap=self.knobs.batch_cap, watermark=self.knobs.watermark,
+                              kv_usage=0.4)
 
 
 def out(ttft: float, n: int = 1, finished_after: float | None = None, reason: str = "length"):
@@ -52,21 +47,24 @@ def test_hook_publishes_and_applies(tmp_path):
     assert snap.tpot_p50_s != snap.tpot_p50_s  # NaN: nobody finished yet
     side.write_targets(24, 0.6)
     hook.after_step(engine, [])
-    assert engine.scheduler.config.max_num_seqs == 24 and engine.kv.watermark == 0.6
+    assert (engine.knobs.batch_cap, engine.knobs.watermark) == (24, 0.6)
     side.write_targets(24, None)  # watermark left alone
     hook.after_step(engine, [])
-    assert engine.kv.watermark == 0.6
+    assert engine.knobs.watermark == 0.6
 
 
-def test_scheduler_setter_preferred(tmp_path):
+def test_stale_targets_give_way_to_the_configured_values(tmp_path):
     engine = FakeEngine()
-    calls = []
-    engine.scheduler.set_batch_cap = calls.append
-    hook = EngineControl.attach(engine, tmp_path / "c.bin")
-    SidecarLink(tmp_path / "c.bin").write_targets(7, None)
+    now = [10**18]
+    hook = EngineControl.attach(engine, tmp_path / "c.bin", stale_after_s=30)
+    hook.link.clock = lambda: now[0]
+    hook.link.start_ns = now[0]
+    SidecarLink(tmp_path / "c.bin", clock=lambda: now[0]).write_targets(7, 0.5, 64)
     hook.after_step(engine, [])
-    assert calls == [7]
-
+    assert engine.knobs.values() == KnobValues(7, 0.5, 64)
+    now[0] += 31 * 10**9
+    hook.after_step(engine, [])
+    assert engine.knobs.values() == KnobValues(16, 0.2, 512)
 
 
 def test_tpot_of_finished_requests(tmp_path):
@@ -86,7 +84,7 @@ def test_step_token_budget_applied_through_the_block(tmp_path):
     hook = EngineControl.attach(engine, tmp_path / "c.bin")
     SidecarLink(tmp_path / "c.bin").write_targets(None, None, 128)
     hook.after_step(engine, [])
-    assert engine.scheduler.config.max_num_batched_tokens == 128 and engine.scheduler.config.max_num_seqs == 16
+    assert (engine.knobs.step_token_budget, engine.knobs.batch_cap) == (128, 16)
 
 
 def test_apply_targets_sets_the_schedulers_budget_within_its_clamp():
@@ -97,11 +95,12 @@ def test_apply_targets_sets_the_schedulers_budget_within_its_clamp():
     from kvloop.engine.scheduler.scheduler import Scheduler, SchedulerConfig
     from kvloop.engine.scheduler.snapshot import build_snapshot
 
-    kv = KVCacheManager(64, 16, KVConfig())
+    kv = KVCacheManager(64, 16, KVConfig(watermark=0.1))
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=1024), kv)
-    engine = types.SimpleNamespace(scheduler=sched, kv=kv)
-    apply_targets(engine, Targets(step_token_budget=256))
-    assert sched.step_token_budget == sched.config.max_num_batched_tokens == 256
+    engine = types.SimpleNamespace(scheduler=sched)
+    apply_targets(engine, Targets(step_token_budget=256, watermark=0.4))
+    assert sched.step_token_budget == 256 and sched.config.max_num_batched_tokens == 1024  # the config stays
+    assert kv.knobs is sched.knobs and kv.watermark == 0.4 and kv.config.watermark == 0.1
     snap = build_snapshot(sched, kv, num_steps=0)
     assert (snap.step_token_budget, snap.step_token_budget_max, snap.block_size) == (256, 1024, 16)
     apply_targets(engine, Targets(step_token_budget=1 << 20))

@@ -41,18 +41,18 @@ def test_targets_from_another_process_applied_within_one_step(make_engine, tmp_p
 
     kvloop("control", "set", "--control", str(path), "--batch-cap", "5", "--watermark", "0.4")
     engine.step()  # one step later the cap is in force
-    assert engine.scheduler.config.max_num_seqs == 5
+    assert engine.scheduler.knobs.batch_cap == 5 and engine.kv.watermark == 0.4
     assert engine.snapshot().batch_cap == 5
 
     corrupt_from_another_process(path)
     engine.step()
-    assert engine.scheduler.config.max_num_seqs == 5
+    assert engine.scheduler.knobs.batch_cap == 5 and engine.kv.watermark == 0.4
     assert engine.control.link.counters["garbled"] == 1
 
     # the writer goes away: its targets hold until the staleness limit, then the defaults (16) return
     time.sleep(3.2)
     engine.step()
-    assert engine.scheduler.config.max_num_seqs == 16
+    assert engine.scheduler.knobs.batch_cap == 16 == engine.config.scheduler.max_num_seqs
     assert engine.control.link.counters["stale"] == 1
     engine.drain(max_steps=50)  # the engine kept serving throughout
     engine.step()  # idle steps publish too
