@@ -27,7 +27,8 @@ from collections import deque
 from collections.abc import Callable, Collection
 
 from kvloop.engine.cascade.cost import AttentionCost, cost_for
-from kvloop.engine.cascade.shapes import ShapePlanner
+from kvloop.engine.cascade.plan import CascadePlanner
+from kvloop.engine.cascade.step_cost import StepCost
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.core.knobs import Knobs
 from kvloop.engine.core.policy import resolve_policy
@@ -40,7 +41,6 @@ from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.static import StaticBatcher
-from kvloop.engine.scheduler.step_cost import StepCost
 from kvloop.engine.scheduler.tpot_gate import TpotGate
 
 __all__ = ["RequestRejected", "Scheduler", "SchedulerConfig"]
@@ -58,7 +58,7 @@ class Scheduler:
         self.mode = self.policy.name  # the user-facing name (metrics label, snapshot)
         self.step_cost = StepCost(attention or cost_for("bfloat16"), layers, kv.block_size,
                                   resolve_cascade_groups(config.cascade_groups, self.mode))
-        self._planner: ShapePlanner | None = None  # prices past the cap (the runner keeps its own)
+        self._planner: CascadePlanner | None = None  # prices past the cap (the runner keeps its own)
         self._stints = itertools.count(1)  # Sequence.stint of each start
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -270,8 +270,9 @@ class Scheduler:
         if self._planner is None:
             self._planner = sc.planner()
         # a row's committed (indexed) blocks stay while it runs: the planner compares only the others
-        plan = self._planner.plan(key, [s.block_table for s in rows], ctx, [len(s.block_hashes) for s in rows])
-        return [sc.decode_us(ctx, sc.group_shapes(plan)), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
+        tables, committed = [s.block_table for s in rows], [len(s.block_hashes) for s in rows]
+        groups = self._planner.shapes(key, tables, ctx, committed)
+        return [sc.decode_us(ctx, groups), sc.decode_us(ctx) * self.batch_cap / max(1, len(ctx))]
 
     def _added_price(self, seq: Sequence) -> float:
         """What seq adds to a decode step: its plain row, less what joining a running group saves."""
