@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
+
+from kvloop.engine.server.limits import ConnectionLimits
 
 # below the kubelet's default terminationGracePeriodSeconds (30 s), leaving room for uvicorn's own exit
 DEFAULT_SHUTDOWN_GRACE_S = 20.0
@@ -18,6 +21,18 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pending", type=int, default=256, help="requests in flight before 429 (admission bound)")
     p.add_argument("--request-timeout", type=float, default=None, help="per-request deadline in seconds")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    p.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s,
+                   help="seconds a client has to send a request's line and headers, from connecting (or "
+                        "from the first byte of a later request on a kept-alive connection); then 408 and "
+                        "the close (default: %(default)s)")
+    p.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s,
+                   help="seconds a client has to send a request's whole body once its headers are in; "
+                        "then the close (default: %(default)s)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds an idle connection is kept open between requests (default: %(default)s)")
+    p.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
+                   help="open connections beyond this get 503 with Retry-After and the close; the open-files "
+                        "limit is raised to fit (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("KVLOOP_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $KVLOOP_API_KEY, else none)")
     p.add_argument("--allowed-origins", action="append", default=None, help="enable CORS for these origins")
@@ -70,9 +85,29 @@ def build_server(engine, args: argparse.Namespace, engine_thread=None):
     return app, async_engine
 
 
-def serve(args: argparse.Namespace, engine_config) -> int:
+def uvicorn_config(app, args: argparse.Namespace, **overrides):
+    """uvicorn's settings for kvloop serve: the guarded HTTP protocol (http_guard.py), the limits given."""
     import uvicorn
 
+    from kvloop.engine.server.http_guard import guarded_protocol
+
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                              max_connections=args.max_connections)
+    # after the drain only finished responses remain to be sent: uvicorn's own wait can be short
+    settings = dict(host=args.host, port=args.port, log_level=args.log_level, http=guarded_protocol(limits),
+                    timeout_keep_alive=args.keep_alive_timeout, timeout_graceful_shutdown=3)
+    return uvicorn.Config(app, **{**settings, **overrides})
+
+
+def raise_fd_limit(needed: int) -> None:
+    """The soft open-files limit up to what max_connections needs (within the hard limit), as vLLM does."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def serve(args: argparse.Namespace, engine_config) -> int:
     from kvloop.engine.engine_core import EngineCore
     from kvloop.engine.server.engine_thread import EngineThread
     from kvloop.engine.server.shutdown import DrainingServer
@@ -81,8 +116,7 @@ def serve(args: argparse.Namespace, engine_config) -> int:
     engine_thread = EngineThread()  # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
     engine = engine_thread.call(EngineCore, engine_config)
     app, async_engine = build_server(engine, args, engine_thread)
-    # after the drain only finished responses remain to be sent: uvicorn's own wait can be short
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=3)
-    server = DrainingServer(config, async_engine, args.shutdown_grace)
+    raise_fd_limit(args.max_connections + 256)  # room for the model's files, the disk tier, the pipes
+    server = DrainingServer(uvicorn_config(app, args), async_engine, args.shutdown_grace)
     server.run()
     return 0 if server.started else 3  # 3: uvicorn's start-up failure code

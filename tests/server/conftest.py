@@ -4,9 +4,11 @@ uvicorn on 127.0.0.1 with a free port, run in a background thread."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -19,7 +21,8 @@ from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.launch import build_server
+from kvloop.engine.server.launch import build_server, uvicorn_config
+from kvloop.engine.server.limits import ConnectionLimits
 
 torch.set_num_threads(1)
 
@@ -34,6 +37,7 @@ class LiveServer:
     engine: EngineCore
     async_engine: AsyncEngine
     app: object
+    protocol: type | None = None  # the guarded HTTP protocol class: tests may shorten its limits
 
     def wait_idle(self, timeout: float = 20.0) -> EngineSnapshot:
         """Until nothing is in flight and the engine holds no request; returns the last snapshot."""
@@ -68,9 +72,34 @@ def _free_port() -> int:
 
 
 def _serve_args(**overrides) -> argparse.Namespace:
+    limits = ConnectionLimits()
     base = dict(max_pending=MAX_PENDING, request_timeout=60.0, served_model_name=None, api_key=None,
-                allowed_origins=None, max_body_bytes=1 << 20)
+                allowed_origins=None, max_body_bytes=1 << 20, host="127.0.0.1", port=0, log_level="warning",
+                header_timeout=limits.header_timeout_s, body_timeout=limits.body_timeout_s,
+                keep_alive_timeout=5.0, max_connections=limits.max_connections)
     return argparse.Namespace(**{**base, **overrides})
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, args: argparse.Namespace, lifespan: str = "off") -> Iterator[tuple[str, object]]:
+    """uvicorn as kvloop serve configures it (guarded protocol, limits from args) on 127.0.0.1 and a free
+    port, in a thread; yields (base url, uvicorn config). lifespan "off": the app's engine is not started."""
+    import uvicorn
+
+    port = _free_port()
+    config = uvicorn_config(app, args, port=port, lifespan=lifespan)
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, name=f"uvicorn-test-{port}", daemon=True)
+    thread.start()
+    end = time.monotonic() + 30
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < end, "the test server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", config
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=15)
 
 
 @pytest.fixture(scope="session")
@@ -85,28 +114,21 @@ def core_engine(checkpoint, fp32_model, tokenizer) -> EngineCore:
 
 @pytest.fixture(scope="session")
 def server(core_engine) -> LiveServer:
-    import uvicorn
-
-    app, async_engine = build_server(core_engine, _serve_args())
+    args = _serve_args()
+    app, async_engine = build_server(core_engine, args)
     async_engine.exit_on_death = False  # a dead engine here must fail tests, not end pytest's process
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("the test server did not become ready")
-    yield LiveServer(url, core_engine, async_engine, app)
-    srv.should_exit = True
-    thread.join(timeout=15)
+    with serve_in_thread(app, args, lifespan="on") as (url, config):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("the test server did not become ready")
+        yield LiveServer(url, core_engine, async_engine, app, config.http)
 
 
 @pytest.fixture(scope="session")
