@@ -18,7 +18,7 @@ from kvloop.engine.server.serving import (
     api_errors,
     check_model,
     check_prompt,
-    encode,
+    check_unicode,
     grammar_of,
     json_logprob,
     logit_bias_of,
@@ -31,17 +31,30 @@ from kvloop.engine.server.serving import (
 from kvloop.engine.server.unsupported import check_unsupported
 
 
+def check_contents(req: ChatCompletionRequest) -> None:
+    """OpenAI requires content on every message except an assistant's with tool_calls, which this server
+    refuses anyway: a null or missing content is the client's mistake, not an empty turn."""
+    for i, m in enumerate(req.messages):
+        if m.content is None:
+            raise bad_request(f"messages[{i}].content: a {m.role} message needs content (a string or text "
+                              "parts); it is null or missing", f"messages[{i}].content")
+
+
 def chat_prompt(engine: AsyncEngine, req: ChatCompletionRequest) -> list[int]:
     # "developer" is OpenAI's newer name for the system role; templates know only "system". name and
     # tool_call_id reach the template, which uses them where the model's format has a place for them.
     messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text(),
                  **{k: v for k in ("name", "tool_call_id") if (v := getattr(m, k)) is not None}}
                 for m in req.messages]
+    for i, m in enumerate(messages):
+        for key in ("content", "name", "tool_call_id"):
+            if key in m:
+                check_unicode(m[key], f"messages[{i}].{key}")
     try:
-        text = engine.tokenizer.render_chat(messages, add_generation_prompt=True)
+        # control tokens from the template alone: special-token text in a message stays text
+        return engine.tokenizer.encode_chat(messages, add_generation_prompt=True)
     except TemplateError as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
-    return encode(engine, text, "messages")
 
 
 def token_logprobs(engine: AsyncEngine, pairs) -> list[dict]:
@@ -60,6 +73,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, e
                                  settings: ServerSettings):
     check_model(engine, settings, req.model)
     check_unsupported(req)
+    check_contents(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     if req.stream_options is not None and not req.stream:

@@ -17,6 +17,7 @@ log = logging.getLogger("kvloop.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+RETRY_AFTER_S = 1  # every 429 and 503 says when to come back; a load balancer or client may wait that long
 
 
 class APIError(Exception):
@@ -33,6 +34,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
+    if status in (429, 503) and not any(k.lower() == "retry-after" for k in headers or {}):
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 

@@ -60,15 +60,21 @@ class BodyLimit:
 
 
 class APIKey:
-    """Bearer-token check for /v1/* (health, readiness and metrics stay open for probes and scrapers)."""
+    """Bearer-token check for /v1/* (health, readiness and metrics stay open for probes and scrapers). The
+    scheme is case-insensitive (RFC 9110: `bearer KEY` and `BEARER KEY` too); the key is not."""
 
     def __init__(self, app, key: str):
-        self.app, self.key = app, f"Bearer {key}".encode()
+        self.app, self.key = app, key.encode()
+
+    def _accepts(self, given: bytes) -> bool:
+        scheme, _, token = given.partition(b" ")
+        # constant time on the key: no timing oracle on it (the scheme is no secret)
+        return hmac.compare_digest(token.lstrip(b" "), self.key) and scheme.lower() == b"bearer"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.key):  # constant time: no timing oracle on the key
+            if not self._accepts(given):
                 return await _send_error(send, 401, "invalid or missing API key", "invalid_api_key",
                                          [(b"www-authenticate", b"Bearer")])
         return await self.app(scope, receive, send)

@@ -45,12 +45,17 @@ def check_model(engine: AsyncEngine, settings: ServerSettings, name: str) -> Non
                        "model", "model_not_found")
 
 
-def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
-    """Tokenizes; a lone surrogate (valid JSON, not valid Unicode text) is the client's error, not ours."""
+def check_unicode(text: str, param: str) -> None:
+    """A lone surrogate (valid JSON, not valid Unicode text) is the client's error, not ours."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise bad_request(f"{param} is not valid Unicode text: {exc.reason} at position {exc.start}", param) from exc
+
+
+def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
+    """A raw prompt: special-token strings in it are the control tokens they name, as in vLLM."""
+    check_unicode(text, param)
     return engine.tokenizer.encode(text)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer as HFTokenizer
 
 from kvloop.engine.tokenizer.build import tokenizer_from_file, tokenizer_from_gguf
+from kvloop.engine.tokenizer.chat_encode import ChatEncoder
 from kvloop.engine.tokenizer.chat_template import ChatTemplate
 from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -18,6 +19,7 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._chat_encoder: ChatEncoder | None = None  # built on first use: it copies the backend
 
     @classmethod
     def from_source(cls, source: dict) -> Tokenizer:
@@ -41,7 +43,18 @@ class Tokenizer:
         return cls(backend, template, eos, bos_id, bool(source.get("add_bos_token")))
 
     def encode(self, text: str) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        """Raw text, special-token strings in it read as the control tokens they name (a completions prompt)."""
+        return self._with_bos(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """The chat template over messages, tokenized so that control tokens come from the template alone:
+        special-token text inside a message stays text (chat_encode.py)."""
+        if self._chat_encoder is None:
+            self._chat_encoder = ChatEncoder(self.backend)
+        clean, back = self._chat_encoder.sanitize(messages)
+        return self._with_bos(self._chat_encoder.encode(self.render_chat(clean, add_generation_prompt), back))
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
         return ids

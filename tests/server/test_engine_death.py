@@ -61,6 +61,7 @@ def test_engine_death_fails_in_flight_reports_and_exits_nonzero():
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "engine_unavailable"
         health = httpx.get(f"{url}/health", timeout=5)  # within the exit grace: the reason is visible
         assert health.status_code == 503 and "scheduler bug" in health.json()["error"]["message"]
+        assert int(resp.headers["retry-after"]) >= 1 and int(health.headers["retry-after"]) >= 1
         assert proc.wait(timeout=30) == EXIT_ENGINE_DEAD
         assert "exiting with status" in proc.stdout.read()
     finally:

@@ -123,6 +123,7 @@ def test_term_during_a_stream_stops_admitting_and_ends_the_stream_within_the_gra
             assert time.monotonic() < end, "/ready still 200 five seconds after TERM"
             time.sleep(0.02)
         assert ready.status_code == 503 and ready.json()["error"]["code"] == "shutting_down"
+        assert int(ready.headers["retry-after"]) >= 1
         with pytest.raises(openai.APIStatusError) as rejected:
             _complete(client)
         assert rejected.value.status_code == 503
