@@ -59,5 +59,7 @@ class LLM:
         return [final[rid] for rid in order]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:
-        prompt = self.tokenizer.render_chat(messages, add_generation_prompt=True)
-        return self.generate(prompt, params)[0]
+        """The chat template's control tokens only: special-token text inside a message stays text."""
+        if self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer: chat needs one")
+        return self.generate(self.tokenizer.encode_chat(messages, add_generation_prompt=True), params)[0]
