@@ -37,6 +37,15 @@ def finish_reason(seq: Sequence, token: int, eos_token_ids: Collection[int] = ()
     return None
 
 
+def tokens_to_length(seq: Sequence, eos_token_ids: Collection[int] = ()) -> int | None:
+    """Tokens seq samples until finish_reason ends it at max_tokens ("length"), that last one counted; None
+    where a sampled token may stop it before (a stop token, or EOS that it does not ignore)."""
+    p = seq.params
+    if p.stop_token_ids or (eos_token_ids and not p.ignore_eos):
+        return None
+    return p.max_tokens - seq.num_output_tokens
+
+
 def advance(item: ScheduledSeq, result: StepResult, now: float, eos_token_ids: Collection[int] = ()) -> Sampled | None:
     """Applies one item of a step that ran (the caller finishes seq when a reason comes back); returns
     None when the item sampled nothing (a prefill chunk short of the prompt's end)."""

@@ -29,17 +29,19 @@ from collections.abc import Callable, Collection
 from kvloop.engine.cascade.cost import AttentionCost, cost_for
 from kvloop.engine.cascade.plan import CascadePlanner
 from kvloop.engine.cascade.step_cost import StepCost
-from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
+from kvloop.engine.core.batch import ScheduledBatch, StepResult
 from kvloop.engine.core.knobs import Knobs
 from kvloop.engine.core.policy import resolve_policy
 from kvloop.engine.core.sequence import SeqStatus, Sequence, decodes
 from kvloop.engine.kv.manager import KVCacheManager, blocks_for
 from kvloop.engine.scheduler.admission import AdmissionGate
+from kvloop.engine.scheduler.admission_entry import admission_shut, admission_tried
 from kvloop.engine.scheduler.bookkeeping import Sampled, advance
 from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
 from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
+from kvloop.engine.scheduler.running import place, schedule_running
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.tpot_gate import TpotGate
 
@@ -168,7 +170,7 @@ class Scheduler:
         batch = ScheduledBatch()
         if self.static is not None:
             self.static.form(self, now)
-        budget = self._schedule_running(batch, self.step_budget(lambda: any(map(decodes, self.running))))
+        budget = schedule_running(self, batch, self.step_budget(lambda: any(map(decodes, self.running))))
         self.admit(batch, budget, now)
         return batch
 
@@ -183,32 +185,19 @@ class Scheduler:
     def admit(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         """schedule()'s second half: waiting requests join the batch within what the running rows left of the
         token budget (the simulator's fast step places the running rows itself, then calls this)."""
-        if (self.static is None and budget > 0 and self.waiting and len(self.running) < self.row_ceiling
-                and self.tpot_gate.open(len(self.running))):  # asked again per request: an idle engine takes one
+        # the TPOT gate is asked again per request (an idle engine takes one)
+        if admission_tried(self, budget) and self.tpot_gate.open(len(self.running)):
             if self.policy.groups_prefixes:
                 self._admit_grouped(batch, budget, now)
             else:
                 self._admit_fcfs(batch, budget, now)
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not self._grow(seq, n):
-                continue  # seq itself was preempted; running[i] is now the next sequence
-            self._place(batch, seq, n)
-            budget -= n
-            i += 1
-        return budget
-
     def _admit_fcfs(self, batch: ScheduledBatch, budget: int, now: float) -> None:
-        while (self.waiting and budget > 0 and len(self.running) < self.batch_cap
-               and self.tpot_gate.open(len(self.running))):
+        while admission_tried(self, budget) and self.tpot_gate.open(len(self.running)):
             n = self._try_start(self.waiting[0], budget, now)
             if not n:
                 break  # FCFS: the head of the queue waits for memory
-            self._place(batch, self.running[-1], n)
+            place(batch, self.running[-1], n)
             budget -= n
 
     def _admit_grouped(self, batch: ScheduledBatch, budget: int, now: float) -> None:
@@ -223,7 +212,7 @@ class Scheduler:
         headroom = self.gate.headroom(self.running)
         past_cap: list[float] | None = None  # [priced step, its budget] once the cap is reached
         for seq in order:
-            if budget <= 0 or len(self.running) >= self.row_ceiling or not self.tpot_gate.open(len(self.running)):
+            if admission_shut(self, budget) or not self.tpot_gate.open(len(self.running)):
                 return
             extra = 0.0
             if len(self.running) >= self.batch_cap:
@@ -246,7 +235,7 @@ class Scheduler:
             if past_cap is not None:
                 past_cap[0] += extra
             headroom -= need
-            self._place(batch, seq, n)
+            place(batch, seq, n)
             budget -= n
 
     # ---- the step-cost function in grouped admission ------------------------------------------------
@@ -283,7 +272,7 @@ class Scheduler:
     def may_admit_past_cap(self) -> bool:
         """Whether schedule() might admit a waiting request beyond the batch cap: grouped admission, someone
         waiting, below the row ceiling (the priced budget moves with every step's contexts, so this does not try
-        to predict it). The simulator's fast-forward asks before skipping steps."""
+        to predict it)."""
         return self.policy.groups_prefixes and bool(self.waiting) and len(self.running) < self.row_ceiling
 
     def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
@@ -313,15 +302,6 @@ class Scheduler:
         seq.stint = next(self._stints)
         self.running.append(seq)
 
-    def _grow(self, seq: Sequence, n: int) -> bool:
-        """Finds blocks for n more tokens of seq, preempting the newest running sequences as needed."""
-        while not self.kv.allocate(seq, seq.num_computed_tokens + n):
-            victim = self.running[-1]
-            self.preempt(victim)
-            if victim is seq:
-                return False
-        return True
-
     def preempt(self, seq: Sequence) -> str:
         """Swap (host room) or recompute; seq goes back to the head of the queue. Returns the kind."""
         self.running.remove(seq)
@@ -329,11 +309,6 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self._enqueued[seq] = self.clock()
         return kind
-
-    @staticmethod
-    def _place(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
-        item = ScheduledSeq(seq, seq.num_computed_tokens, n)
-        (batch.decodes if n == 1 else batch.prefills).append(item)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         if seq.is_finished:

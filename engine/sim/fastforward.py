@@ -1,67 +1,62 @@
 """Fast-forward: the simulator's steps without schedule()'s per-row calls, exactly as the step loop would run
 them, with steady decode rows advanced lazily (lazy_rows.py: a row's Sequence is written only where
-something reads it). At every step boundary it decides as the step loop decides:
+something reads it). Every decision is the scheduler's own rule, asked rather than copied: the budget's split
+over the running rows and when a row's step needs the KV manager (scheduler/running.py), whether admission
+weighs the queue (scheduler/admission_entry.py), the step budget (Scheduler.step_budget), admission itself
+(Scheduler.admit) and the bookkeeping (Scheduler.update_from_output). At every step boundary it decides as the
+step loop decides:
 
-- a window, where every running row is steady and no waiting request can be admitted (`admission_idle`): the
+- a window, where every running row is steady and admit() would not weigh the queue (`window_opens`): the
   next schedule() would return the same decodes again, and the only state it changes is a new block for a row
   whose next token starts one (allocate, which also indexes the block just filled). Such steps are replayed
   with exactly those allocate() calls, in the scheduler's order, up to the step in which a row samples its
   last token: that step goes through the scheduler's bookkeeping (update_from_output), which finishes it.
-  A window also ends before the next coordinator/KV sample is due, before the next arrival unless nobody can
-  be admitted anyway (`admits_nobody`: then arrivals join the queue inside the window), and at the first
+  A window also ends before the next coordinator/KV sample is due, before the next arrival unless admission
+  is shut whoever waits (`admission_shut`: then arrivals join the queue inside the window), and at the first
   allocation that fails. Its steps are accounted as windows always were: inter-token gaps of (step time,
   rows) per step, the runner's busy time summed at its end.
 - otherwise one step, as schedule(), SimRunner.execute and the simulator's bookkeeping make it: the running
-  rows placed in order within the token budget (kv.allocate only where it changes something), waiting
+  rows given the scheduler's split of the token budget (kv.allocate only where it changes something), waiting
   requests admitted by the scheduler itself (Scheduler.admit, after every row is written when the admission
   reads them all: grouped admission), the step priced by the runner's cost model and plan, and the bookkeeping
   of the rows that need it (first tokens, prefill chunks, finishes) through update_from_output, in batch
   order; a steady row only advances.
 It hands back to the step loop (every row written) where the loop has more to do than step: a sample or a
 coordinator decision due, the end, nothing to run (idle), or a step only schedule() can take: an allocation
-that fails (it preempts), a steady row the token budget does not reach, static batching. Nothing in the
-scheduler or KV manager is changed; tests check that results match step-by-step runs."""
+that fails (schedule() preempts), a steady row the token budget does not reach, static batching. Nothing in
+the scheduler or KV manager is changed; tests check that results match step-by-step runs."""
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
 from itertools import repeat
-from operator import add
+from operator import add, itemgetter
 
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.core.sequence import decodes
-from kvloop.engine.sim.lazy_rows import LazyRows, Steady, allocation_due
+from kvloop.engine.scheduler.admission_entry import admission_shut, admission_tried
+from kvloop.engine.scheduler.running import holds, place, split_budget
+from kvloop.engine.scheduler.scheduler import Scheduler
+from kvloop.engine.sim.lazy_rows import LazyRows, Steady
 
 CONTINUE, SCHEDULE, IDLE = "continue", "schedule", "idle"  # what the step loop does next (FastForward.run)
 
 
-def admits_nobody(sched) -> bool:
-    """schedule() would admit no waiting request however many wait: static mode with a batch running,
-    or the batch cap or the token budget reached. Arrivals then only join the queue, and a window may take
-    them in instead of ending at them (near saturation, that is most steps). In codesign, past the cap
-    and below its row ceiling, a request that joins a running group may still run: the window ends at an
-    arrival that makes `may_admit_past_cap` true."""
-    n = len(sched.running)
-    if getattr(sched, "static", None) is not None or n >= sched.row_ceiling or n >= sched.config.max_num_batched_tokens:
-        return True
-    return n >= sched.batch_cap and not sched.may_admit_past_cap()
+def _all_decode() -> bool:
+    return True
 
 
-def admission_idle(sched) -> bool:
-    """A window may start (given every running row is steady): rows run, all fit the token budget, and
-    schedule() would admit nobody."""
-    running = sched.running
-    if not running:
-        return False
-    n = len(running)
-    budget = sched.config.max_num_batched_tokens
-    if n > budget:
-        return False
-    static = getattr(sched, "static", None) is not None  # static mode: nobody joins a running batch
-    if sched.waiting and not static and n < sched.batch_cap and n < budget:
-        return False  # the scheduler would try to admit from the queue
-    return not (n < budget and sched.may_admit_past_cap())  # codesign: a waiting request may join a group
+def decode_left(sched: Scheduler) -> int:
+    """The token budget that a step of the running rows, each decoding one token, leaves for admission."""
+    return sched.step_budget(_all_decode) - len(sched.running)
+
+
+def window_opens(sched: Scheduler) -> bool:
+    """A window may start (given every running row is steady): rows run, the budget reaches them all, and
+    admit() would not weigh the queue."""
+    left = decode_left(sched)
+    return bool(sched.running) and left >= 0 and not admission_tried(sched, left)
 
 
 class FastForward:
@@ -82,7 +77,7 @@ class FastForward:
         rows.reset(sched.running)
         self._stale = True
         while True:
-            done = self._window() if not rows.others and admission_idle(sched) else 0
+            done = self._window() if not rows.others and window_opens(sched) else 0
             if done is None:
                 return self._exit(SCHEDULE)
             if not done:
@@ -138,9 +133,10 @@ class FastForward:
         None where an allocation failed (schedule() takes the step and preempts)."""
         sim, rows = self.sim, self.rows
         sched, kv, runner, heap = sim.scheduler, sim.kv, sim.runner, sim._heap
-        take = admits_nobody(sched)
+        take = admission_shut(sched, decode_left(sched))  # arrivals cannot change its steps: it takes them in
         deadline = sim._deadline(arrivals=not take)
         j0, n = rows.j, len(sched.running)
+        late = self._late(sim.now)
         self._decode_rows({})
         groups = self._groups
         cost, decode = runner.cost, runner.decode
@@ -151,15 +147,11 @@ class FastForward:
         for j in range(j0, rows.first_fin() + 1):
             if t >= deadline:  # step j may start only while nothing else is due
                 break
-            took = False
             while take and heap and heap[0][0] <= t:
                 sim.now = t
                 sim.arrive_next()
-                took = True
-            if took and sched.may_admit_past_cap():
-                break  # an arrival joins a running group past the cap: the scheduler decides step j
             for st in rows.due(j):
-                if not kv.allocate(st.seq, rows.materialize(st, j, t) + 1):
+                if not holds(kv, st.seq, rows.materialize(st, j, t) + 1):
                     failed = True  # the scheduler redoes step j itself (and preempts)
                     break
             if failed:
@@ -173,7 +165,10 @@ class FastForward:
         now = start  # sim.now moved to the arrivals taken in on the way
         for dt in times:
             now += dt
-            sim.rec.itl.add(dt, n)
+            for last in late:  # first step only
+                sim.rec.itl.add(now - last)
+            sim.rec.itl.add(dt, n - len(late))
+            late = []
         runner.busy_s += sum(times)
         if sched.tpot_gate.target_s is not None:  # every window step decodes (the gate's input only when it has one)
             for dt in times:
@@ -187,6 +182,13 @@ class FastForward:
             rows.j = last + 1
             rows.fresh = []
         return None if failed else done
+
+    def _late(self, now: float) -> list[float]:
+        """The last token times of the steady rows that did not sample when the step before `now` ended (the
+        token budget left them out of it): their next gap is longer than a step."""
+        steady = self.rows.steady
+        return [st.seq.last_token_time for st in self.rows.fresh
+                if steady.get(st.seq) is st and st.seq.last_token_time != now]
 
     def _finish(self, ending: list[Steady], j: int, began: float, now: float) -> None:
         """update_from_output for steady rows that sample their last token in step j (begun at `began`)."""
@@ -209,91 +211,89 @@ class FastForward:
         sched, kv, runner = sim.scheduler, sim.kv, sim.runner
         j, now, running = rows.j, sim.now, sched.running
         budget = sched.step_budget(lambda: bool(rows.steady) or any(map(decodes, rows.others)))
-        # the rows that are not steady: what the budget gives each, in running order (as _schedule_running)
-        placed: list[tuple[int, object, int, int]] = []  # (rank, row, start, tokens)
-        before = spent = 0  # such rows before this one; tokens they took
-        for seq in rows.others:
-            pos = running.index(seq)
-            avail = budget - (pos - before) - spent
-            if avail <= 0:  # the budget ends before this row: steady rows after it would not run
-                if len(running) - pos - 1 > len(rows.others) - before - 1:
-                    return self._exit(SCHEDULE)
+        # the scheduler's split of the budget over the running rows, a steady row wanting its one token
+        at = [running.index(seq) for seq in rows.others]
+        wants = [1] * len(running)
+        for pos, seq in zip(at, rows.others, strict=True):
+            wants[pos] = seq.num_uncomputed_tokens
+        grants = split_budget(budget, wants)
+        mine = ScheduledBatch()  # the rows that are not steady, placed as schedule() places them
+        for pos, seq in zip(at, rows.others, strict=True):
+            if pos >= len(grants):
                 break
-            start = seq.num_computed_tokens
-            n = min(len(seq.token_ids) - start, avail)
-            placed.append((rows.rank[seq], seq, start, n))
-            before += 1
-            spent += n
-        left = budget - len(rows.steady) - spent
-        if left < 0:  # steady rows past the budget's end
-            return self._exit(SCHEDULE)
+            place(mine, seq, grants[pos])
+        placed = [*mine.decodes, *mine.prefills]
+        if len(running) - len(grants) > len(at) - len(placed):
+            return self._exit(SCHEDULE)  # steady rows past the budget's end: only schedule() leaves rows out
+        left = budget - sum(grants)
         # allocations, in running order: steady rows whose step changes their blocks, and the others
-        calls = [(st.rank, st, 0, 0) for st in rows.due(j)] + placed
-        calls.sort(key=lambda c: c[0])
-        for _, row, start, n in calls:
+        rank = rows.rank
+        calls: list[tuple[int, Steady | ScheduledSeq]] = [(st.rank, st) for st in rows.due(j)]
+        calls += [(rank[it.seq], it) for it in placed]
+        calls.sort(key=itemgetter(0))
+        for _, row in calls:
             if isinstance(row, Steady):
-                ok = kv.allocate(row.seq, rows.materialize(row, j, now) + 1)
+                ok = holds(kv, row.seq, rows.materialize(row, j, now) + 1)
             else:
-                ok = not allocation_due(kv, row, start + n) or kv.allocate(row, start + n)
+                ok = holds(kv, row.seq, row.start + row.num_tokens)
             if not ok:
-                return self._exit(SCHEDULE)
+                return self._exit(SCHEDULE)  # schedule() preempts
         num_running = len(running)
         admitted = ScheduledBatch()
-        if left > 0 and sched.waiting and num_running < sched.row_ceiling and sched.policy.groups_prefixes:
+        if sched.policy.groups_prefixes and admission_tried(sched, left):
             rows.materialize_all(j, now)  # grouped admission reads every running row
         sched.admit(admitted, left, now)
         if not num_running and not admitted:
             return IDLE
-        singles = {row: start for _, row, start, n in placed if n == 1}
-        self._decode_rows(singles)
+        self._decode_rows({it.seq: it.start for it in mine.decodes})
         contexts = self._contexts(j)
         groups = self._groups
         if admitted.decodes:
             contexts += [it.start + 1 for it in admitted.decodes]
             groups = runner.plan_rows(self._order + [it.seq for it in admitted.decodes], contexts)
             self._stale = True
-        prefills = [ScheduledSeq(row, start, n) for _, row, start, n in placed if n != 1] + admitted.prefills
+        prefills = mine.prefills + admitted.prefills
         cost = runner.charge(contexts, [(it.start, it.num_tokens, it.samples) for it in prefills], groups)
         sim.now = now2 = now + (cost.seconds + sim.charge_moves())
         sched.observe_step(now2 - now, bool(contexts))
         sim.num_steps += 1
-        self._apply(j, now, now2, placed, admitted, prefills)
+        self._apply(j, now, now2, mine.decodes, admitted, prefills)
         return CONTINUE
 
-    def _apply(self, j: int, now: float, now2: float, placed: list, admitted: ScheduledBatch,
+    def _apply(self, j: int, now: float, now2: float, singles: list[ScheduledSeq], admitted: ScheduledBatch,
                prefills: list[ScheduledSeq]) -> None:
         """The step's bookkeeping, in batch order: update_from_output for the rows that need it, the simulator's
-        records (inter-token gaps counted as it counts them from a whole step), then each row filed anew."""
+        records (inter-token gaps counted as it counts them from a whole step), then each row filed anew.
+        `singles`: the decode rows that are not steady."""
         sim, rows = self.sim, self.rows
-        token, steady = sim.runner.token, rows.steady
+        token, steady, rank = sim.runner.token, rows.steady, rows.rank
         ending = rows.finishing(j)
         decodes = [(st.rank, ScheduledSeq(st.seq, rows.materialize(st, j, now), 1)) for st in ending]
-        decodes += [(rank, ScheduledSeq(row, start, 1)) for rank, row, start, n in placed if n == 1]
-        decodes.sort(key=lambda d: d[0])
+        decodes += [(rank[it.seq], it) for it in singles]
+        decodes.sort(key=itemgetter(0))
         batch = ScheduledBatch([it for _, it in decodes] + admitted.decodes, prefills)
         tokens: dict[str, int] = {}
         for it in (*batch.decodes, *batch.prefills):
-            if it.start + it.num_tokens == len(it.seq.token_ids):
+            if it.samples:
                 tokens[it.seq.request_id] = token(it.seq.request_id, it.start + it.num_tokens)
         # gaps in batch order: every steady row samples (last token at `now`, except rows filed at this step)
         gap = now2 - now
-        fresh = [st for st in rows.fresh if steady.get(st.seq) is st]
         entries: list[tuple[int, float, int]] = []
-        if all(st.seq.last_token_time == now for st in fresh):
+        if not self._late(now):
             if rows.ranks:
                 entries.append((rows.ranks[0], gap, len(rows.ranks)))
         else:
             entries += [(st.rank, now2 - st.seq.last_token_time if st.j0 == j else gap, 1)
                         for st in (steady[s] for s in rows.order)]
-        entries += [(rank, now2 - row.last_token_time, 1) for rank, row, start, n in placed
-                    if n == 1 and start + 1 == len(row.token_ids) and row.first_token_time is not None]
-        entries.sort(key=lambda e: e[0])
+        entries += [(rank[it.seq], now2 - it.seq.last_token_time, 1) for it in singles
+                    if it.samples and it.seq.first_token_time is not None]
+        entries.sort(key=itemgetter(0))
         gaps: dict[float, int] = {}
         for _, g, count in entries:
             gaps[g] = gaps.get(g, 0) + count
         for it in (*admitted.decodes, *prefills):
             seq = it.seq
-            if it.start + it.num_tokens == len(seq.token_ids) and seq.first_token_time is not None:
+            if it.samples and seq.first_token_time is not None:
                 g = now2 - seq.last_token_time
                 gaps[g] = gaps.get(g, 0) + 1
         sampled = sim.scheduler.update_from_output(batch, StepResult(tokens), now2)

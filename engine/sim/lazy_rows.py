@@ -6,7 +6,9 @@ computed, at the start of step j it has c0 + j - j0 computed, one token more (th
 sampled last when step j-1 ended. Its Sequence is brought up to date (`materialize`) only where something
 reads it: an allocation that changes anything (a block to add or to index: `due`), its last step (`fin`),
 grouped admission (which reads every running row), and the end of fast-forward. Every other running row
-(prefilling, or about to sample its first token) is `other`: the step mode handles it as schedule() would."""
+(prefilling, or about to sample its first token) is `other`: the step mode handles it as schedule() would.
+The rules are the scheduler's: when a row's step needs the KV manager (scheduler/running.py) and in which
+step it samples its last token (scheduler/bookkeeping.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +16,11 @@ import heapq
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from kvloop.engine.core.sequence import Sequence
+from kvloop.engine.core.sequence import Sequence, decodes
 from kvloop.engine.kv.manager import KVCacheManager
+from kvloop.engine.scheduler.bookkeeping import tokens_to_length
+from kvloop.engine.scheduler.running import allocation_due, steps_to_block
 from kvloop.engine.sim.workload import OutputTokens
-
-
-def allocation_due(kv: KVCacheManager, seq: Sequence, total: int) -> bool:
-    """Whether kv.allocate(seq, total) would change anything: a block to add, full blocks to index, or a
-    swap-in (otherwise it returns True and does nothing)."""
-    bs, table = kv.block_size, seq.block_table
-    if (total + bs - 1) // bs > len(table):
-        return True
-    if kv.cache_policy.prefix_cache and len(seq.block_hashes) < min(seq.num_computed_tokens // bs, len(table)):
-        return True
-    return kv.is_swapped(seq)
 
 
 @dataclass(slots=True, eq=False)
@@ -78,12 +71,12 @@ class LazyRows:
 
     def settle(self, seq: Sequence, j: int) -> None:
         """Files a running row, up to date at the start of step j: steady (lazily advanced from j), or other."""
-        if not self.is_steady(seq):
+        left = self.steady_for(seq)
+        if left is None:
             self.others.append(seq)
             return
         kv, c0 = self.kv, seq.num_computed_tokens
-        st = Steady(seq, c0, j, j + seq.params.max_tokens - seq.num_output_tokens - 1, self.rank[seq],
-                    self.token.base(seq.request_id))
+        st = Steady(seq, c0, j, j + left - 1, self.rank[seq], self.token.base(seq.request_id))
         self.steady[seq] = st
         at = bisect_left(self.ranks, st.rank)
         self.order.insert(at, seq)
@@ -92,15 +85,19 @@ class LazyRows:
         self.fresh.append(st)
         self.changed = True
         # first allocation: now if it has blocks to index or add, else where its next token starts a block
-        due = j if allocation_due(kv, seq, c0 + 1) else j + (-c0) % kv.block_size
+        due = j if allocation_due(kv, seq, c0 + 1) else j + steps_to_block(c0, kv.block_size)
         if due <= st.fin:
             self._due.setdefault(due, []).append(st)
         self._fin.setdefault(st.fin, []).append(st)
         heapq.heappush(self._fins, (st.fin, st.rank))
 
-    def is_steady(self, seq: Sequence) -> bool:
-        return (len(seq.token_ids) - seq.num_computed_tokens == 1 and seq.first_token_time is not None
-                and not seq.params.stop_token_ids and not self.kv.is_swapped(seq))
+    def steady_for(self, seq: Sequence) -> int | None:
+        """The tokens a running row samples, one a step, until its length ends it, where it is steady: a
+        decode row whose first token is out (its bookkeeping only appends tokens), which no sampled token can
+        stop (the simulator's outputs ignore EOS), and which is not swapped out; None for any other row."""
+        if not decodes(seq) or seq.first_token_time is None or self.kv.is_swapped(seq):
+            return None
+        return tokens_to_length(seq)
 
     def drop(self, seq: Sequence) -> None:
         """A row that left the running rows (finished)."""
@@ -120,7 +117,7 @@ class LazyRows:
         rows = [st for st in self._due.pop(j, ()) if self._live(st)]
         bs = self.kv.block_size
         for st in rows:  # the next step whose token starts a block
-            nxt = j + 1 + (-st.computed(j + 1)) % bs
+            nxt = j + 1 + steps_to_block(st.computed(j + 1), bs)
             if nxt <= st.fin:
                 self._due.setdefault(nxt, []).append(st)
         rows.sort(key=lambda st: st.rank)
