@@ -192,9 +192,8 @@ class AsyncEngine:
         full blocks are released into the prefix cache (and reach the disk flush). Returns how many."""
         rids = list(self._members)
         for rid in rids:
-            self._inbox.append(AbortRequest(rid))
+            self._post(AbortRequest(rid))
             self._fail(rid, ShuttingDown(reason))
-        self._wake.set()
         return len(rids)
 
     def new_group(self) -> RequestGroup:
@@ -205,8 +204,7 @@ class AsyncEngine:
     def call_in_engine(self, fn: Callable) -> concurrent.futures.Future:
         """Runs fn(engine_core) on the engine thread between steps (integrity checks, live knobs)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.append(CallInEngine(fn, future))
-        self._wake.set()
+        self._post(CallInEngine(fn, future))
         return future
 
     def check_capacity(self, count: int) -> None:
@@ -216,18 +214,21 @@ class AsyncEngine:
             raise Overloaded(f"the server has {len(self._members)} requests in flight (limit {self.max_pending})")
 
     # ---- event-loop side --------------------------------------------------------------------------
+    def _post(self, message: InboxMessage) -> None:
+        """Hands one message to the engine (here: its thread's inbox; the process backend sends it)."""
+        self._inbox.append(message)
+        self._wake.set()
+
     def _submit(self, group: RequestGroup, rid: str, ids: list[int], params: SamplingParams, user: str | None):
         arrival = time.monotonic()
         self._members[rid] = _Member(group, len(ids), arrival)
-        self._inbox.append(AddRequest(rid, ids, params, user, arrival))
-        self._wake.set()
+        self._post(AddRequest(rid, ids, params, user, arrival))
 
     def _abort(self, rid: str) -> None:
         member = self._members.pop(rid, None)
         if member is None:
             return
-        self._inbox.append(AbortRequest(rid))
-        self._wake.set()
+        self._post(AbortRequest(rid))
         if self.metrics:
             now = time.monotonic()
             queue_s = None if member.first_scheduled is None else member.first_scheduled - member.arrival

@@ -12,8 +12,14 @@ from kvloop.engine.server.limits import ConnectionLimits
 
 # below the kubelet's default terminationGracePeriodSeconds (30 s), leaving room for uvicorn's own exit
 DEFAULT_SHUTDOWN_GRACE_S = 20.0
+ENGINE_BACKENDS = ("process", "thread")
+DEFAULT_ENGINE_BACKEND = "process"
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine-backend", choices=ENGINE_BACKENDS, default=DEFAULT_ENGINE_BACKEND,
+                   help="process: the engine core (scheduler, KV manager, model steps, control block) in "
+                        "its own process, the API process doing HTTP, tokenization and streaming; thread: the "
+                        "engine in a thread of the API process, sharing its interpreter (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", action="append", default=None,
@@ -68,21 +74,37 @@ def metrics_model_name(file_model_name: str, served_names: list[str] | None) -> 
 
 def build_server(engine, args: argparse.Namespace, engine_thread=None):
     """The app and its AsyncEngine for an EngineCore (built on engine_thread, if given) and parsed serve
-    arguments."""
-    from kvloop.engine.server.app import build_app
+    arguments: the thread backend."""
     from kvloop.engine.server.async_engine import AsyncEngine
+
+    async_engine = AsyncEngine(engine, None, max_pending=args.max_pending, engine_thread=engine_thread)
+    return _assemble(async_engine, engine.model_name, cache_config(engine), args), async_engine
+
+
+def build_process_server(engine_config, args: argparse.Namespace, build=None, tokenizer=None):
+    """The app and its ProcessAsyncEngine: the engine core process started (build(engine_config) makes its
+    EngineCore there; it must pickle) and built; it warms up once the app starts it."""
+    from kvloop.engine.server.core_client import ProcessAsyncEngine
+    from kvloop.engine.server.core_process import build_engine_core
+
+    async_engine = ProcessAsyncEngine(engine_config, tokenizer, build or build_engine_core,
+                                      max_pending=args.max_pending, log_level=getattr(args, "log_level", "info"))
+    info = async_engine.launch()
+    async_engine.tokenizer  # noqa: B018 - loaded now, not on the first request
+    return _assemble(async_engine, info.model_name, info.cache_config, args), async_engine
+
+
+def _assemble(async_engine, model_name: str, cache: dict, args: argparse.Namespace):
+    from kvloop.engine.server.app import build_app
     from kvloop.engine.server.metrics import EngineMetrics
     from kvloop.engine.server.serving import ServerSettings
 
-    async_engine = None
-    metrics = EngineMetrics(metrics_model_name(engine.model_name, args.served_model_name),
-                            lambda: async_engine.snapshot(), cache_config(engine))
-    async_engine = AsyncEngine(engine, metrics, max_pending=args.max_pending, engine_thread=engine_thread)
+    metrics = EngineMetrics(metrics_model_name(model_name, args.served_model_name), async_engine.snapshot, cache)
+    async_engine.metrics = metrics
     settings = ServerSettings(request_timeout_s=args.request_timeout,
                               served_names=tuple(args.served_model_name or ["default"]))
-    app = build_app(async_engine, metrics, settings, api_key=args.api_key, cors_origins=args.allowed_origins,
-                    max_body_bytes=args.max_body_bytes)
-    return app, async_engine
+    return build_app(async_engine, metrics, settings, api_key=args.api_key, cors_origins=args.allowed_origins,
+                     max_body_bytes=args.max_body_bytes)
 
 
 def uvicorn_config(app, args: argparse.Namespace, **overrides):
@@ -113,9 +135,12 @@ def serve(args: argparse.Namespace, engine_config) -> int:
     from kvloop.engine.server.shutdown import DrainingServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine_thread = EngineThread()  # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
-    engine = engine_thread.call(EngineCore, engine_config)
-    app, async_engine = build_server(engine, args, engine_thread)
+    if getattr(args, "engine_backend", DEFAULT_ENGINE_BACKEND) == "process":
+        app, async_engine = build_process_server(engine_config, args)
+    else:
+        engine_thread = EngineThread()  # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
+        engine = engine_thread.call(EngineCore, engine_config)
+        app, async_engine = build_server(engine, args, engine_thread)
     raise_fd_limit(args.max_connections + 256)  # room for the model's files, the disk tier, the pipes
     server = DrainingServer(uvicorn_config(app, args), async_engine, args.shutdown_grace)
     server.run()

@@ -8,6 +8,7 @@ takes a moment to stop routing) instead of a refused connection. A second signal
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import time
@@ -22,6 +23,12 @@ POLL_S = 0.05
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def persist_disk_tier(deadline: float, core) -> dict:
+    """In the engine (a partial of it pickles to the core process): time.monotonic() is one clock across
+    processes on Linux, so the deadline holds there too."""
+    return core.kv.persist(deadline)
+
+
 async def graceful_shutdown(engine: AsyncEngine, grace_s: float) -> dict:
     """Drains `engine` within grace_s seconds; returns what happened (for the log and tests)."""
     start = time.monotonic()
@@ -34,7 +41,7 @@ async def graceful_shutdown(engine: AsyncEngine, grace_s: float) -> dict:
     flush: dict = {}
     if not engine.dead:
         # on the engine thread, after the aborts above (the inbox is ordered), so their blocks are cached
-        future = engine.call_in_engine(lambda core: core.kv.persist(deadline))
+        future = engine.call_in_engine(functools.partial(persist_disk_tier, deadline))
         try:
             flush = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline - time.monotonic()) + 1.0)
         except TimeoutError:

@@ -1,10 +1,13 @@
 """One live server for the whole session: the embedded model in fp32 on one torch thread, a small KV pool,
-uvicorn on 127.0.0.1 with a free port, run in a background thread."""
+uvicorn on 127.0.0.1 with a free port, run in a background thread. Its engine backend is kvloop serve's
+default (the engine core in its own process), or KVLOOP_TEST_ENGINE_BACKEND (process or thread).
+Functions run in the engine (LiveServer.in_engine) must pickle: module-level ones, or partials of them."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -21,7 +24,12 @@ from kvloop.engine.engine_core import EngineCore
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 from kvloop.engine.server.async_engine import AsyncEngine
-from kvloop.engine.server.launch import build_server, uvicorn_config
+from kvloop.engine.server.launch import (
+    DEFAULT_ENGINE_BACKEND,
+    build_process_server,
+    build_server,
+    uvicorn_config,
+)
 from kvloop.engine.server.limits import ConnectionLimits
 
 torch.set_num_threads(1)
@@ -29,12 +37,30 @@ torch.set_num_threads(1)
 MAX_MODEL_LEN = 1024
 KV_TOKENS = 4096
 MAX_PENDING = 24
+ENGINE_BACKEND = os.environ.get("KVLOOP_TEST_ENGINE_BACKEND", DEFAULT_ENGINE_BACKEND)
+
+
+def engine_config() -> EngineConfig:
+    return EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS,
+                        kv=KVConfig(host_cache_tokens=KV_TOKENS),
+                        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256,
+                                                  max_model_len=MAX_MODEL_LEN))
+
+
+def idle_state(e: EngineCore) -> tuple[EngineSnapshot, bool]:
+    return e.snapshot(), e.has_unfinished()
+
+
+def leak_check(e: EngineCore) -> tuple[int, int, int]:
+    e.scheduler.check_integrity()
+    held = sum(1 for rc in e.kv.pool.ref_counts if rc > 0) if hasattr(e.kv, "pool") else 0
+    return held, len(e.scheduler.running), len(e.scheduler.waiting)
 
 
 @dataclass
 class LiveServer:
     url: str
-    engine: EngineCore
+    engine: EngineCore  # in-process, the serving engine's config and model: read its facts, not its state
     async_engine: AsyncEngine
     app: object
     protocol: type | None = None  # the guarded HTTP protocol class: tests may shorten its limits
@@ -43,7 +69,7 @@ class LiveServer:
         """Until nothing is in flight and the engine holds no request; returns the last snapshot."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            snap, unfinished = self.in_engine(lambda e: (e.snapshot(), e.has_unfinished()))
+            snap, unfinished = self.in_engine(idle_state)
             if self.async_engine.num_in_flight == 0 and not unfinished:
                 return snap
             time.sleep(0.05)
@@ -56,13 +82,7 @@ class LiveServer:
         """Integrity holds and no block is referenced: every block is free or (once the prefix cache lands)
         cached."""
         self.wait_idle()
-
-        def check(e: EngineCore) -> tuple[int, int, int]:
-            e.scheduler.check_integrity()
-            held = sum(1 for rc in e.kv.pool.ref_counts if rc > 0) if hasattr(e.kv, "pool") else 0
-            return held, len(e.scheduler.running), len(e.scheduler.waiting)
-
-        assert self.in_engine(check) == (0, 0, 0)
+        assert self.in_engine(leak_check) == (0, 0, 0)
 
 
 def _free_port() -> int:
@@ -105,17 +125,17 @@ def serve_in_thread(app, args: argparse.Namespace, lifespan: str = "off") -> Ite
 @pytest.fixture(scope="session")
 def core_engine(checkpoint, fp32_model, tokenizer) -> EngineCore:
     ckpt, model = checkpoint, fp32_model
-    cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=KV_TOKENS, kv=KVConfig(host_cache_tokens=KV_TOKENS),
-                       scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256,
-                                                 max_model_len=MAX_MODEL_LEN))
-    return EngineCore(cfg, model=model, tokenizer=tokenizer,
+    return EngineCore(engine_config(), model=model, tokenizer=tokenizer,
                       fingerprint=ckpt.fingerprint, model_name=ckpt.name)
 
 
 @pytest.fixture(scope="session")
-def server(core_engine) -> LiveServer:
+def server(core_engine, tokenizer) -> LiveServer:
     args = _serve_args()
-    app, async_engine = build_server(core_engine, args)
+    if ENGINE_BACKEND == "process":  # the core loads the same embedded model, in fp32, in its own process
+        app, async_engine = build_process_server(engine_config(), args, tokenizer=tokenizer)
+    else:
+        app, async_engine = build_server(core_engine, args)
     async_engine.exit_on_death = False  # a dead engine here must fail tests, not end pytest's process
     with serve_in_thread(app, args, lifespan="on") as (url, config):
         deadline = time.monotonic() + 120

@@ -4,6 +4,7 @@ parameter either honoured or refused by name. The official openai client against
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 
 import httpx
@@ -77,12 +78,35 @@ class FailsForSeed:
         raise RuntimeError("injected fault")
 
 
+# run in the engine (the core process, where there is one): module-level, so that they pickle
+def add_processor(proc, e) -> None:
+    e.runner.sampler.processors.append(proc)
+
+
+def remove_injected(e) -> None:
+    e.runner.sampler.processors[:] = [p for p in e.runner.sampler.processors if p.name != FailsForSeed.name]
+
+
+def break_forward_once(e) -> None:
+    model = e.model
+
+    def forward_once_broken(*args, **kwargs):
+        del model.forward  # the next step runs the real forward again
+        raise RuntimeError("device fault")
+
+    model.forward = forward_once_broken
+
+
+def step_failures(e) -> int:
+    return e.step_failures
+
+
 @pytest.fixture
 def injected_fault(server):
     proc = FailsForSeed(4242)
-    server.in_engine(lambda e: e.runner.sampler.processors.append(proc))
+    server.in_engine(functools.partial(add_processor, proc))
     yield proc
-    server.in_engine(lambda e: e.runner.sampler.processors.remove(proc))
+    server.in_engine(remove_injected)
 
 
 def test_a_request_failing_in_the_step_fails_alone(oai, http, server, injected_fault):
@@ -136,20 +160,14 @@ def test_raw_stream_ends_with_error_event_and_done(http, server, injected_fault)
 
 def test_a_failing_model_step_is_a_503_and_the_engine_goes_on(oai, http, server):
     reference = greedy_text(oai)
-    model = server.engine.model
-
-    def forward_once_broken(*args, **kwargs):
-        del model.forward  # the next step runs the real forward again
-        raise RuntimeError("device fault")
-
-    server.in_engine(lambda e: setattr(model, "forward", forward_once_broken))
+    server.in_engine(break_forward_once)
     with pytest.raises(openai.InternalServerError) as err:
         greedy_text(oai)
     assert err.value.status_code == 503 and err.value.body["code"] == "engine_error"
     assert "device fault" in err.value.body["message"]
     assert err.value.response.headers["retry-after"] == "1"
     assert "kvloop:step_failures_total" in http.get("/metrics").text
-    assert server.in_engine(lambda e: e.step_failures) >= 1
+    assert server.in_engine(step_failures) >= 1
     assert_still_serving(http, oai, server, reference)
 
 

@@ -1,7 +1,8 @@
 """A restart that comes back warm: real `kvloop serve --config` processes with the disk tier on, a real
 SIGTERM, exit code 0 within the grace period, block files on disk, and a restarted server that serves the
 same prompt from the disk tier with the same greedy fp32 output. Also TERM during a streaming request:
-/ready and new requests answer 503 at once, the stream ends cleanly, the process exits in time."""
+/ready and new requests answer 503 at once, the stream ends cleanly, the process exits in time. Both engine
+backends: with the core in its own process, the flush runs there before it stops."""
 
 from __future__ import annotations
 
@@ -37,14 +38,15 @@ def _settings(tmp_path: Path, disk: Path) -> Path:
 
 
 @contextmanager
-def serving(settings: Path, grace: float, log: Path):
+def serving(settings: Path, grace: float, log: Path, backend: str):
     """A `kvloop serve` process on 127.0.0.1, ready; yields (process, base url). Killed if still alive."""
     port = _free_port()
     kvloop = Path(sys.executable).with_name("kvloop")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(log, "ab") as out:
         proc = subprocess.Popen([str(kvloop), "serve", "--config", str(settings), "--host", "127.0.0.1",
-                                 "--port", str(port), "--shutdown-grace", str(grace), "--log-level", "info"],
+                                 "--port", str(port), "--shutdown-grace", str(grace), "--log-level", "info",
+                                 "--engine-backend", backend],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -80,12 +82,16 @@ def _term_and_wait(proc: subprocess.Popen, within: float) -> float:
     return time.monotonic() - start
 
 
-def test_term_flushes_the_cache_and_a_restart_serves_it_from_disk(tmp_path):
+BACKENDS = pytest.mark.parametrize("backend", ["process", "thread"])
+
+
+@BACKENDS
+def test_term_flushes_the_cache_and_a_restart_serves_it_from_disk(tmp_path, backend):
     disk = tmp_path / "kv"
     settings = _settings(tmp_path, disk)
     log = tmp_path / "serve.log"
     grace = 10.0
-    with serving(settings, grace, log) as (proc, url):
+    with serving(settings, grace, log, backend) as (proc, url):
         cold = _complete(_client(url))
         assert cold.usage.prompt_tokens_details.cached_tokens == 0
         assert _term_and_wait(proc, grace + 10) < grace  # nothing in flight: the flush alone
@@ -95,7 +101,7 @@ def test_term_flushes_the_cache_and_a_restart_serves_it_from_disk(tmp_path):
     assert len(list(disk.glob("*.kvb"))) >= full_blocks
     assert not list(disk.glob("*.tmp"))
 
-    with serving(settings, grace, log) as (proc, url):
+    with serving(settings, grace, log, backend) as (proc, url):
         warm = _complete(_client(url))
         stats = httpx.get(url + "/metrics").text
         _term_and_wait(proc, grace + 10)
@@ -106,11 +112,12 @@ def test_term_flushes_the_cache_and_a_restart_serves_it_from_disk(tmp_path):
     assert disk_hits and float(disk_hits[0].split()[-1]) == full_blocks * BLOCK  # the hit came from disk
 
 
-def test_term_during_a_stream_stops_admitting_and_ends_the_stream_within_the_grace(tmp_path):
+@BACKENDS
+def test_term_during_a_stream_stops_admitting_and_ends_the_stream_within_the_grace(tmp_path, backend):
     settings = _settings(tmp_path, tmp_path / "kv")
     log = tmp_path / "serve.log"
     grace = 3.0
-    with serving(settings, grace, log) as (proc, url):
+    with serving(settings, grace, log, backend) as (proc, url):
         client = _client(url)
         stream = client.completions.create(model="default", prompt="Count: one two three", max_tokens=900,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
