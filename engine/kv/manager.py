@@ -362,6 +362,17 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.policy.hit_all(blocks)  # a hit reads only the order's per-slot history, which leaving keeps
 
     # ---- allocation -----------------------------------------------------------------------------
+    def allocation_due(self, seq: Sequence, total_tokens: int) -> bool:
+        """Whether allocate(seq, total_tokens) would change anything: a block to add, full blocks to index
+        (_commit), or a swap-in. Otherwise it does nothing and succeeds (the simulator skips such calls)."""
+        bs, table = self.block_size, seq.block_table
+        if (total_tokens + bs - 1) // bs > len(table):
+            return True
+        full = min(seq.num_computed_tokens // bs, len(table))
+        if self.cache_policy.prefix_cache and len(seq.block_hashes) < full:
+            return True
+        return self.is_swapped(seq)
+
     def allocate(self, seq: Sequence, total_tokens: int) -> bool:
         """Grows seq's block table to hold total_tokens; all or nothing."""
         if self.is_swapped(seq) and not self.swap_in(seq):

@@ -36,27 +36,15 @@ def split_budget(budget: int, wants: list[int]) -> list[int]:
     return grants
 
 
-def allocation_due(kv: KVCacheManager, seq: Sequence, total: int) -> bool:
-    """Whether kv.allocate(seq, total) would change anything: a block to add, full blocks to index (the prefix
-    cache commits what a row computed), or a swap-in. Otherwise allocate does nothing and succeeds."""
-    bs, table = kv.block_size, seq.block_table
-    if (total + bs - 1) // bs > len(table):
-        return True
-    full = min(seq.num_computed_tokens // bs, len(table))
-    if kv.cache_policy.prefix_cache and len(seq.block_hashes) < full:
-        return True
-    return kv.is_swapped(seq)
-
-
 def steps_to_block(computed: int, block_size: int) -> int:
     """Decode steps before a row with `computed` tokens computed reaches the step whose token starts a
-    new block: the next step in which `allocation_due` holds for it (and the block just filled is indexed)."""
+    new block: the next step in which `kv.allocation_due` holds for it (and the block just filled is indexed)."""
     return -computed % block_size
 
 
 def holds(kv: KVCacheManager, seq: Sequence, total: int) -> bool:
     """Whether seq's blocks hold `total` tokens (allocate, all or nothing, only where it changes anything)."""
-    return not allocation_due(kv, seq, total) or kv.allocate(seq, total)
+    return not kv.allocation_due(seq, total) or kv.allocate(seq, total)
 
 
 def grow(sched: Scheduler, seq: Sequence, n: int) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from kvloop.engine.core.sequence import Sequence, decodes
 from kvloop.engine.kv.manager import KVCacheManager
 from kvloop.engine.scheduler.bookkeeping import tokens_to_length
-from kvloop.engine.scheduler.running import allocation_due, steps_to_block
+from kvloop.engine.scheduler.running import steps_to_block
 from kvloop.engine.sim.workload import OutputTokens
 
 
@@ -85,7 +85,7 @@ class LazyRows:
         self.fresh.append(st)
         self.changed = True
         # first allocation: now if it has blocks to index or add, else where its next token starts a block
-        due = j if allocation_due(kv, seq, c0 + 1) else j + steps_to_block(c0, kv.block_size)
+        due = j if kv.allocation_due(seq, c0 + 1) else j + steps_to_block(c0, kv.block_size)
         if due <= st.fin:
             self._due.setdefault(due, []).append(st)
         self._fin.setdefault(st.fin, []).append(st)

@@ -11,7 +11,7 @@ from sched_helpers import kv_config, make, next_token, req, step, toks
 from kvloop.engine.core.batch import ScheduledBatch, StepResult
 from kvloop.engine.scheduler import scheduler as scheduler_module
 from kvloop.engine.scheduler.admission_entry import admission_shut, admission_tried
-from kvloop.engine.scheduler.running import allocation_due, place, split_budget, steps_to_block
+from kvloop.engine.scheduler.running import place, split_budget, steps_to_block
 
 
 def row_by_row(budget: int, wants: list[int]) -> list[int]:
@@ -103,7 +103,7 @@ def test_allocation_due_says_when_allocate_changes_anything(mode, host_tokens):
             break
         for seq in [*s.running, *s.waiting]:
             for total in {seq.num_computed_tokens + 1, seq.num_tokens}:
-                due, before = allocation_due(kv, seq, total), kv_state(kv, seq)
+                due, before = kv.allocation_due(seq, total), kv_state(kv, seq)
                 if due and seq in s.waiting:
                     continue  # blocks or a swap-in for a waiting request are the scheduler's to decide
                 ok = kv.allocate(seq, total)
@@ -126,7 +126,7 @@ def test_a_decode_row_is_due_where_its_token_starts_a_block():
     due_steps = 0
     while not seq.is_finished:
         c = seq.num_computed_tokens
-        due = allocation_due(s.kv, seq, c + 1)
+        due = s.kv.allocation_due(seq, c + 1)
         assert due == (steps_to_block(c, s.kv.block_size) == 0), c
         due_steps += due
         step(s)
