@@ -8,9 +8,9 @@ entry `structured_overhead` is the 100%/0% throughput ratio (goal >= 0.9). Every
 max_tokens (ignore_eos), so each share produces the same number of tokens: a constrained request whose
 JSON is complete goes on with end-of-sequence tokens, still masked.
 
-The server runs in a child process (as in production), the clients here; both backends are measured:
-`thread` (the engine in a thread of the API process, what the server ships) and `process` (the engine in
-its own process behind a pipe, bench/engine_process.py). The machine's quietness (other processes' CPU)
+The server runs in a child process (as in production), the clients here; both backends of
+`kvloop serve --engine-backend` are measured: `process` (the engine core in its own process, the default)
+and `thread` (the engine in a thread of the API process). The machine's quietness (other processes' CPU)
 is sampled before and after, since this machine is shared.
 
     .venv/bin/python bench/api.py                     # 64 clients, 64 tokens each, both backends
@@ -36,6 +36,7 @@ import httpx
 import psutil
 
 from kvloop.engine.bench.ready import wait_ready
+from kvloop.engine.server.launch import DEFAULT_ENGINE_BACKEND
 
 HERE = Path(__file__).resolve().parent
 STRUCTURED_SHARES = (0.0, 0.5, 1.0)
@@ -202,30 +203,17 @@ def child_server(args) -> None:
     import uvicorn
 
     from kvloop.engine.cli import engine_config_from_args
-    from kvloop.engine.server.launch import build_server
+    from kvloop.engine.server.launch import build_process_server, build_server
 
     sargs = argparse.Namespace(max_pending=4096, request_timeout=None, served_model_name=None, api_key=None,
-                               allowed_origins=None, max_body_bytes=1 << 20)
+                               allowed_origins=None, max_body_bytes=1 << 20, log_level="warning")
     config = engine_config_from_args(args)
     if args.child_server == "thread":
         from kvloop.engine.engine_core import EngineCore
 
         app, _ = build_server(EngineCore(config), sargs)
-    else:
-        sys.path.insert(0, str(HERE))
-        from engine_process import ProcessAsyncEngine
-
-        from kvloop.engine.model.checkpoint import load_checkpoint
-        from kvloop.engine.model.locate import resolve_model_path
-        from kvloop.engine.server.app import build_app
-        from kvloop.engine.server.metrics import EngineMetrics
-        from kvloop.engine.tokenizer.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_source(load_checkpoint(resolve_model_path(config.model), progress=False).tokenizer_source)
-        engine = None
-        metrics = EngineMetrics("process", lambda: engine.snapshot())
-        engine = ProcessAsyncEngine(config, tok, metrics, max_pending=4096)
-        app = build_app(engine, metrics)
+    else:  # kvloop serve's process backend: the engine core in its own process
+        app, _ = build_process_server(config, sargs)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 
 
@@ -344,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ttft_s": round(med_ttft[n], 4), "ttft_added_ms": round((med_ttft[n] - med_ttft["offline"]) * 1e3, 1),
                     "during_long_prefill": probes[n]}
                 for n in names}
-    shipped = "thread"
+    shipped = DEFAULT_ENGINE_BACKEND
     result = {"goals": [{"name": "structured_overhead", "value": structured["ratio_100_vs_0"], "op": ">=",
                          "bound": 0.9, "what": "throughput with 100% of requests JSON-schema constrained / 0%"}],
               "http_vs_offline": backends.get(shipped, next(iter(backends.values())))["ratio"],
