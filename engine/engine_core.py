@@ -125,6 +125,9 @@ class EngineCore:
         self.model = model
         self.model_config: ModelConfig = model.cfg
         self.tokenizer = tokenizer
+        # False: outputs carry token ids only, and requests come without stop strings (the server's engine core
+        # process, whose API process detokenizes: engine/server/front_output.py)
+        self.detokenize = True
         self.fingerprint = fingerprint
         self.kv_dtype = resolve_kv_dtype(config.kv_dtype, config.dtype, self.dtype)
         apply_pool_sizes(config, model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.kv_dtype).element_size()))
@@ -174,7 +177,7 @@ class EngineCore:
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         self.scheduler.add(seq)
-        detok = self.tokenizer.detokenizer() if self.tokenizer else _NullDetokenizer()
+        detok = self.tokenizer.detokenizer() if self.tokenizer and self.detokenize else _NullDetokenizer()
         self._states[request_id] = OutputState(seq, detok)
         self._seqs[request_id] = seq
         return seq

@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 
+from kvloop.engine.output_processor import RequestOutput
 from kvloop.engine.server.async_engine import (
     DEATH_GRACE_S,
     EXIT_ENGINE_DEAD,
+    AbortRequest,
     AsyncEngine,
     CallInEngine,
     EngineDead,
+    RequestFailed,
 )
 from kvloop.engine.server.core_process import build_engine_core, core_main
 from kvloop.engine.server.core_wire import (
@@ -39,6 +42,7 @@ from kvloop.engine.server.core_wire import (
     Stop,
     decode,
 )
+from kvloop.engine.server.front_output import FrontOutput, params_for_core
 
 log = logging.getLogger("kvloop.server")
 START_TIMEOUT_S = 900.0  # building the core may compile the model step (over a minute on a large model)
@@ -61,6 +65,7 @@ class ProcessAsyncEngine(AsyncEngine):
         self._calls: dict[int, concurrent.futures.Future] = {}
         self._call_ids = itertools.count()
         self._sender: threading.Thread | None = None
+        self._front: dict[str, FrontOutput] = {}  # event-loop thread only: each request's detokenization
 
     # ---- facts the API needs ------------------------------------------------------------------------
     @property
@@ -131,6 +136,40 @@ class ProcessAsyncEngine(AsyncEngine):
             log.warning("the engine core did not stop within %g s: killing it", timeout)
             self.process.kill()
             self.process.join(5)
+
+    # ---- requests (event loop): detokenized here ------------------------------------------------------
+    def _submit(self, group, rid: str, ids: list[int], params, user: str | None) -> None:
+        self._front[rid] = FrontOutput(rid, params, self.tokenizer)
+        super()._submit(group, rid, ids, params_for_core(params), user)
+
+    def _abort(self, rid: str) -> None:
+        self._front.pop(rid, None)
+        super()._abort(rid)
+
+    def _fail(self, rid: str, exc: BaseException) -> None:
+        self._front.pop(rid, None)
+        super()._fail(rid, exc)
+
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        texts = []
+        for out in outputs:
+            rid = out.request_id
+            front = self._front.get(rid)
+            if front is None:
+                continue  # aborted or failed meanwhile
+            try:
+                result, stopped_here = front.apply(out)
+            except Exception as exc:  # noqa: BLE001 - this request's text, not the engine: it fails alone
+                log.exception("request %s failed in output processing", rid)
+                self._post(AbortRequest(rid))
+                self._fail(rid, RequestFailed(f"output processing failed: {type(exc).__name__}: {exc}", "output"))
+                continue
+            if result.finished:
+                del self._front[rid]
+                if stopped_here:  # a stop string: the core has not finished it
+                    self._post(AbortRequest(rid))
+            texts.append(result)
+        super()._dispatch(texts, now)
 
     # ---- to the core --------------------------------------------------------------------------------
     def _post(self, message) -> None:

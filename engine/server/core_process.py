@@ -58,6 +58,7 @@ def core_main(conn: Connection, build: Callable, config, warmup: bool, log_level
                         format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
         engine = build(config)
+        engine.detokenize = False  # the API process detokenizes (front_output.py)
         # lazy import: the launcher's process must not need the engine's modules to spawn this one
         from kvloop.engine.server.launch import cache_config
 
