@@ -18,8 +18,9 @@ DEFAULT_ENGINE_BACKEND = "process"
 def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-backend", choices=ENGINE_BACKENDS, default=DEFAULT_ENGINE_BACKEND,
                    help="process: the engine core (scheduler, KV manager, model steps, control block) in "
-                        "its own process, the API process doing HTTP, tokenization and streaming; thread: the "
-                        "engine in a thread of the API process, sharing its interpreter (default: %(default)s)")
+                        "its own process, the API process doing HTTP, tokenization, detokenization and "
+                        "streaming; thread: the engine in a thread of the API process, sharing its interpreter "
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", action="append", default=None,
