@@ -20,7 +20,8 @@ def add_control_parser(sub) -> None:
     st = csub.add_parser("set", help="write targets (as the sidecar would)")
     st.add_argument("--control", default=DEFAULT_PATH, help="control block file")
     for k in KNOBS:
-        st.add_argument("--" + k.name.replace("_", "-"), type=k.kind, default=None, help=f"{k.doc} ({k.unit})")
+        st.add_argument("--" + k.name.replace("_", "-"), type=k.kind, default=None,
+                        help=f"{k.doc} ({k.unit})")
     st.set_defaults(func=cmd_set)
 
 

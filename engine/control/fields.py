@@ -37,7 +37,7 @@ class Field:
         return _RANGES.get(self.code)
 
     def pack(self, value: Any) -> float | int:
-        """The value as the struct takes it: a float (None: NaN), or an integer clamped to the field's type."""
+        """The value as the struct takes it: a float (None: NaN), or an integer clamped to its type."""
         if self.code == "d":
             return math.nan if value is None else float(value)
         v = int(value or 0)
@@ -78,7 +78,7 @@ SNAPSHOT: tuple[Field, ...] = (
     _snap("step_token_budget_max", "I", "the engine's configured budget: the knob's ceiling"),
     _snap("kv_blocks_total", "I", "blocks of the device pool"),
     _snap("kv_blocks_free", "I", "blocks no request holds (free plus cached)"),
-    _snap("kv_blocks_pending", "I", "blocks the running rows' prompts still need (the rest of their prefill)"),
+    _snap("kv_blocks_pending", "I", "blocks the running rows' prompts still need (their prefill's rest)"),
     _snap("block_size", "I", "tokens per block"),
     _snap("max_model_len", "I", "longest request (prompt + output) in tokens"),
     Field(PAD, "I", "zero (aligns the doubles)", lambda s: 0),
@@ -90,7 +90,8 @@ SNAPSHOT: tuple[Field, ...] = (
     *(_tier("prefix_hits", t) for t in ("device", "host", "disk")),
     _snap("preemptions", "Q", "preemptions (cumulative)", attrgetter("num_preemptions")),
     _snap("rejections", "Q", "requests refused at add (cumulative)", attrgetter("num_rejections")),
-    _snap("oom_events", "Q", "static mode's reservations that did not fit (cumulative)", attrgetter("num_oom_events")),
+    _snap("oom_events", "Q", "static mode's reservations that did not fit (cumulative)",
+          attrgetter("num_oom_events")),
     _snap("requests_finished", "Q", "requests finished, any reason (cumulative)"),
     _snap("tokens_generated", "Q", "output tokens of the finished requests (cumulative)"),
     Field("ttft_p50_s", "d", "time to first token, P50 over a recent window (NaN until a request started)"),
@@ -113,7 +114,8 @@ TARGETS_HEAD: tuple[Field, ...] = (
 )
 TARGET_KNOBS: tuple[Field, ...] = tuple(_knob_field(k) for k in KNOBS)
 _TARGET_BYTES = sum({"Q": 8, "q": 8, "I": 4, "d": 8}[f.code] for f in TARGETS_HEAD + TARGET_KNOBS)
-TARGETS: tuple[Field, ...] = TARGETS_HEAD + TARGET_KNOBS + ((Field(PAD, "I", "zero"),) if _TARGET_BYTES % 8 else ())
+_TARGET_PAD = (Field(PAD, "I", "zero"),) if _TARGET_BYTES % 8 else ()  # whole 8-byte words
+TARGETS: tuple[Field, ...] = TARGETS_HEAD + TARGET_KNOBS + _TARGET_PAD
 
 
 def describe(fields: tuple[Field, ...]) -> str:

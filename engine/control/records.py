@@ -44,8 +44,8 @@ ControlRecord = make_dataclass(
 def control_record(snap: EngineSnapshot, ttft: tuple[float, float] = UNKNOWN, tpot: tuple[float, float] = UNKNOWN,
                    *, start_id: int = 0, step: int = 0, time_ns: int = 0) -> ControlRecord:
     """The record of an engine snapshot, with the (P50, P99) of TTFT and TPOT the engine's hook keeps."""
-    given = {"start_id": start_id, "step": step, "time_ns": time_ns, "ttft_p50_s": ttft[0], "ttft_p99_s": ttft[1],
-             "tpot_p50_s": tpot[0], "tpot_p99_s": tpot[1]}
+    given = {"start_id": start_id, "step": step, "time_ns": time_ns, "ttft_p50_s": ttft[0],
+             "ttft_p99_s": ttft[1], "tpot_p50_s": tpot[0], "tpot_p99_s": tpot[1]}
     return ControlRecord(**{f.name: given[f.name] if f.read is None else f.read(snap) for f in _PAYLOAD})
 
 
@@ -82,8 +82,8 @@ Targets = make_dataclass(
     frozen=True,
     namespace={"__module__": __name__, "same_values": _same_values, "values": _values,
                "knob_values": _knob_values,
-               "__doc__": "One value per knob (engine/core/knobs.py: batch cap, retention watermark, step token "
-                          "budget); None means 'no opinion, keep the engine's own value'."},
+               "__doc__": "One value per knob (engine/core/knobs.py: batch cap, retention watermark, step "
+                          "token budget); None means 'no opinion, keep the engine's own value'."},
 )
 
 

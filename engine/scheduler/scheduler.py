@@ -76,7 +76,8 @@ class Scheduler:
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
         # the live knobs, starting at the configured values; the KV manager reads the watermark from the same
-        self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens, kv.block_size)
+        self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens,
+                           kv.block_size)
         kv.knobs = self.knobs
 
     # ---- knobs and counters ---------------------------------------------------------------------
