@@ -41,7 +41,8 @@ from kvloop.engine.server.launch import DEFAULT_ENGINE_BACKEND
 HERE = Path(__file__).resolve().parent
 STRUCTURED_SHARES = (0.0, 0.5, 1.0)
 STRUCTURED_FORMAT = {"type": "json_schema", "json_schema": {"name": "note", "schema": {
-    "type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
                                      "priority": {"type": "integer"}},
     "required": ["title", "tags", "priority"], "additionalProperties": False}}}
 
@@ -132,7 +133,8 @@ async def _stream_one(client: httpx.AsyncClient, ids: list[int], max_tokens: int
 
 
 async def _throughput(url: str, args, clients: int | None = None, constrained_share: float = 0.0) -> float:
-    """Output tokens/s of `clients` concurrent streams, the first constrained_share of them with a JSON schema."""
+    """Output tokens/s of `clients` concurrent streams, the first constrained_share of
+    them with a JSON schema."""
     clients = clients or args.clients
     constrained = round(clients * constrained_share)
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
@@ -150,14 +152,16 @@ def structured_rounds(url: str, args) -> dict:
     for r in range(args.repeats):
         for share in STRUCTURED_SHARES:
             runs[share].append(asyncio.run(_throughput(url, args, args.structured_clients, share)))
-        print(f"structured round {r}: " + ", ".join(f"{int(s * 100)}% {v[-1]:.1f} tok/s" for s, v in runs.items()),
+        print(f"structured round {r}: "
+              + ", ".join(f"{int(s * 100)}% {v[-1]:.1f} tok/s" for s, v in runs.items()),
               flush=True)
     med = {share: statistics.median(v) for share, v in runs.items()}
     paired = [full / none for full, none in zip(runs[1.0], runs[0.0], strict=True)]
     return {"clients": args.structured_clients,
             "tok_s": {f"{int(s * 100)}%": round(m, 1) for s, m in med.items()},
             "tok_s_runs": {f"{int(s * 100)}%": [round(x, 1) for x in v] for s, v in runs.items()},
-            "ratio_100_vs_0": round(statistics.median(paired), 3), "ratio_runs": [round(x, 3) for x in paired],
+            "ratio_100_vs_0": round(statistics.median(paired), 3),
+            "ratio_runs": [round(x, 3) for x in paired],
             "schema": STRUCTURED_FORMAT}
 
 
@@ -222,21 +226,21 @@ def write(result: dict, out: Path) -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     b = result["backends"]
     lines = ["# API layer: HTTP streaming vs offline", "",
-             f"{result['workload']['clients']} concurrent streaming clients, {result['workload']['prompt_tokens']} "
-             f"prompt tokens and {result['workload']['max_tokens']} output tokens each (greedy, ignore_eos), "
-             f"dtype {result['offline']['dtype']}, {result['machine']['cpus']} CPUs. Medians of "
-             f"{result['workload']['repeats']} runs.", "",
-             "| path | output tok/s (runs) | ratio to offline: median of paired rounds (rounds) | TTFT at low load (s) | TTFT added (ms) "
-             "| /health during a long prefill: p50 / max (ms) |",
+             f"{result['workload']['clients']} concurrent streaming clients, "
+             f"{result['workload']['prompt_tokens']} prompt tokens and {result['workload']['max_tokens']} "
+             f"output tokens each (greedy, ignore_eos), dtype {result['offline']['dtype']}, "
+             f"{result['machine']['cpus']} CPUs. Medians of {result['workload']['repeats']} runs.", "",
+             "| path | output tok/s (runs) | ratio to offline: median of paired rounds (rounds) | TTFT at "
+             "low load (s) | TTFT added (ms) | /health during a long prefill: p50 / max (ms) |",
              "|---|---|---|---|---|---|",
-             f"| offline in-process | {result['offline']['tok_s']} ({result['offline']['tok_s_runs']}) | 1.00 | "
-             f"{result['offline']['ttft_s']} | - | - |"]
+             f"| offline in-process | {result['offline']['tok_s']} ({result['offline']['tok_s_runs']}) | "
+             f"1.00 | {result['offline']['ttft_s']} | - | - |"]
     for name, r in b.items():
         pr = r["during_long_prefill"]
         lines.append(f"| HTTP, engine {name} | {r['tok_s']} ({r['tok_s_runs']}) | {r['ratio']:.2f} "
                      f"({r['ratio_runs']}; of medians {r['ratio_of_medians']:.2f}) "
-                     f"| {r['ttft_s']} | {r['ttft_added_ms']:.1f} | {pr['health_p50_ms']} / {pr['health_max_ms']} "
-                     f"(prefill {pr['prefill_s']} s) |")
+                     f"| {r['ttft_s']} | {r['ttft_added_ms']:.1f} | {pr['health_p50_ms']} / "
+                     f"{pr['health_max_ms']} (prefill {pr['prefill_s']} s) |")
     st = result["structured"]
     lines += ["", f"## Structured outputs ({st['clients']} concurrent streams, each to max_tokens)", "",
               "| constrained share | output tok/s (runs) |", "|---|---|"]
@@ -244,8 +248,9 @@ def write(result: dict, out: Path) -> None:
     lines += ["", f"`structured_overhead` (100% / 0%, median of paired rounds {st['ratio_runs']}) = "
               f"**{st['ratio_100_vs_0']:.2f}** (goal >= 0.9)."]
     q = result["quietness"]
-    lines += ["", f"`http_vs_offline` = **{result['http_vs_offline']:.2f}** (backend `{result['shipped_backend']}`, "
-              f"goal >= 0.9).", "",
+    lines += ["",
+              f"`http_vs_offline` = **{result['http_vs_offline']:.2f}** (backend "
+              f"`{result['shipped_backend']}`, goal >= 0.9).", "",
               f"Machine quietness (other processes' CPU as a share of the machine): before {q['before']}, "
               f"after {q['after']}.", "", result.get("note", "")]
     lines += hostile_section(out.parent / "fuzz_api.json")
@@ -256,15 +261,17 @@ def hostile_section(fuzz_json: Path) -> list[str]:
     """Issue 20's figures: the hostile requests that used to stop the engine, and the fuzzer's last long run
     (bench/fuzz_api.py, `make fuzz`), read from its own results file."""
     lines = ["", "## Hostile requests and fuzzing", "",
-             "Regression tests (tests/server/test_hostile_params.py, live server, openai client): the three requests "
-             "that stopped the engine thread before issue 20 (a seed beyond 64 bits, temperature 1e-40, top_p 1e-300) "
-             "are now a 400 naming the parameter (seed, temperature) or served (top_p); a request that fails inside "
-             "the step fails alone; 28 known-but-unsupported or out-of-range parameters are refused by name."]
+             "Regression tests (tests/server/test_hostile_params.py, live server, openai client): the three "
+             "requests that stopped the engine thread before issue 20 (a seed beyond 64 bits, temperature "
+             "1e-40, top_p 1e-300) are now a 400 naming the parameter (seed, temperature) or served (top_p); "
+             "a request that fails inside the step fails alone; 28 known-but-unsupported or out-of-range "
+             "parameters are refused by name."]
     if fuzz_json.exists():
         f = json.loads(fuzz_json.read_text())
-        lines += ["", f"Fuzzing (`bench/fuzz_api.py`, {f['duration_s']:.0f} s): **{f['cases']} cases** over both "
-                  f"endpoints, statuses {f['statuses']}, **{f['server_errors']} 5xx**, **{f['engine_stops']} engine "
-                  f"stops**, greedy answer after the run unchanged: {f['greedy_unchanged']}."]
+        lines += ["",
+                  f"Fuzzing (`bench/fuzz_api.py`, {f['duration_s']:.0f} s): **{f['cases']} cases** over both "
+                  f"endpoints, statuses {f['statuses']}, **{f['server_errors']} 5xx**, **{f['engine_stops']} "
+                  f"engine stops**, greedy answer after the run unchanged: {f['greedy_unchanged']}."]
     return lines
 
 
@@ -279,12 +286,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ttft-samples", type=int, default=10)
     p.add_argument("--backends", default="thread,process")
-    p.add_argument("--structured-clients", type=int, default=32, help="streams in the structured-output rounds")
-    p.add_argument("--probe-prompt-tokens", type=int, default=2000, help="long prompt for the responsiveness probe")
+    p.add_argument("--structured-clients", type=int, default=32,
+                   help="streams in the structured-output rounds")
+    p.add_argument("--probe-prompt-tokens", type=int, default=2000,
+                   help="long prompt for the responsiveness probe")
     p.add_argument("--port", type=int, default=8631)
     p.add_argument("--out", type=Path, default=HERE / "results" / "api.json")
     p.add_argument("--child-server", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--render-only", action="store_true", help="re-render api.md from api.json (and fuzz_api.json)")
+    p.add_argument("--render-only", action="store_true",
+                   help="re-render api.md from api.json (and fuzz_api.json)")
     args = p.parse_args(argv)
     if args.render_only:
         write(json.loads(args.out.read_text()), args.out)
@@ -329,20 +339,26 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio": round(statistics.median(paired[n]), 3),
                     "ratio_of_medians": round(med[n] / med["offline"], 3),
                     "ratio_runs": [round(x, 3) for x in paired[n]],
-                    "ttft_s": round(med_ttft[n], 4), "ttft_added_ms": round((med_ttft[n] - med_ttft["offline"]) * 1e3, 1),
+                    "ttft_s": round(med_ttft[n], 4),
+                    "ttft_added_ms": round((med_ttft[n] - med_ttft["offline"]) * 1e3, 1),
                     "during_long_prefill": probes[n]}
                 for n in names}
     shipped = DEFAULT_ENGINE_BACKEND
     result = {"goals": [{"name": "structured_overhead", "value": structured["ratio_100_vs_0"], "op": ">=",
-                         "bound": 0.9, "what": "throughput with 100% of requests JSON-schema constrained / 0%"}],
+                         "bound": 0.9,
+                         "what": "throughput with 100% of requests JSON-schema constrained / 0%"}],
               "http_vs_offline": backends.get(shipped, next(iter(backends.values())))["ratio"],
               "structured": structured,
               "shipped_backend": shipped,
-              "offline": {"tok_s": round(med["offline"], 1), "tok_s_runs": [round(x, 1) for x in tput["offline"]],
-                          "ttft_s": round(med_ttft["offline"], 4), "dtype": str(off.engine.dtype).removeprefix("torch.")},
+              "offline": {"tok_s": round(med["offline"], 1),
+                          "tok_s_runs": [round(x, 1) for x in tput["offline"]],
+                          "ttft_s": round(med_ttft["offline"], 4),
+                          "dtype": str(off.engine.dtype).removeprefix("torch.")},
               "backends": backends,
-              "workload": {"clients": args.clients, "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-                           "repeats": args.repeats, "ttft_samples": args.ttft_samples, "engine_args": args.engine_argv},
+              "workload": {"clients": args.clients, "prompt_tokens": args.prompt_tokens,
+                           "max_tokens": args.max_tokens,
+                           "repeats": args.repeats, "ttft_samples": args.ttft_samples,
+                           "engine_args": args.engine_argv},
               "quietness": {"before": before, "after": after},
               "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
               "goal_met": backends.get(shipped, {}).get("ratio", 0) >= 0.9}
@@ -353,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _engine_only(argv: list[str]) -> list[str]:
     """The engine flags of our own command line, passed on to the server child."""
-    keep, skip = [], {"--clients", "--prompt-tokens", "--max-tokens", "--repeats", "--ttft-samples", "--backends", "--probe-prompt-tokens", "--structured-clients",
+    keep, skip = [], {"--clients", "--prompt-tokens", "--max-tokens", "--repeats", "--ttft-samples",
+                      "--backends", "--probe-prompt-tokens", "--structured-clients",
                       "--port", "--out"}
     it = iter(argv)
     for a in it:

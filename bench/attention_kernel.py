@@ -45,7 +45,8 @@ def run_case(batch: int, ctx: int, kv_dtype: str, reps: int, layer_budget: int, 
     caches = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
               for _ in range(n_layers)]
     meta = AttentionMetadata(slot_mapping=torch.zeros(batch, dtype=torch.long), num_decode=batch,
-                             decode_block_tables=torch.tensor(tables), decode_context_lens=torch.full((batch,), ctx),
+                             decode_block_tables=torch.tensor(tables),
+                             decode_context_lens=torch.full((batch,), ctx),
                              max_decode_context=ctx)
     q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen)
     scale = HEAD_DIM ** -0.5
@@ -53,7 +54,8 @@ def run_case(batch: int, ctx: int, kv_dtype: str, reps: int, layer_budget: int, 
     paths = {"torch": torch_decode.decode_attention}
     if kernel is not None:
         paths["kernel"] = kernel()
-    row: dict = {"batch": batch, "context": ctx, "kv_dtype": kv_dtype, "layers_cycled": n_layers, "kv_bytes": kv_bytes}
+    row: dict = {"batch": batch, "context": ctx, "kv_dtype": kv_dtype, "layers_cycled": n_layers,
+                 "kv_bytes": kv_bytes}
     outs = {}
     for name, fn in paths.items():
         for k, v in caches:  # warm-up: work lists built, pages touched
@@ -101,14 +103,16 @@ def main() -> None:
                                   else ((8, 16, 32), 2000, args.reps, LAYER_BYTES_TARGET))
     read_gbps, rows, noise = machine.measure_against_bandwidth(args.quick, lambda: [
         run_case(b, ctx, kv, reps, budget, kernel) for kv in ("float32", "bfloat16") for b in batches])
-    facts = {"kernel": build.simd() if kernel is not None else None, "kernel_unavailable": build.unavailable_reason()}
+    facts = {"kernel": build.simd() if kernel is not None else None,
+             "kernel_unavailable": build.unavailable_reason()}
     result = machine.kernel_result("attention_kernel", args, read_gbps, noise, facts, rows=rows)
     result["goals"] = goals(rows, read_gbps)
     path = machine.write_kernel_result(RESULTS, result, by_machine=args.by_machine)
     print(f"machine read bandwidth {read_gbps:.1f} GB/s ({args.threads} threads); kernel: {result['kernel']}")
     for r in rows:
         print(f"batch {r['batch']:>2} ctx {r['context']} {r['kv_dtype']:>8}: torch {r['torch_ms']:8.3f} ms "
-              f"({r['torch_gbps']:5.1f} GB/s)" + (f"  kernel {r['kernel_ms']:7.3f} ms ({r['kernel_gbps']:5.1f} GB/s)"
+              f"({r['torch_gbps']:5.1f} GB/s)"
+              + (f"  kernel {r['kernel_ms']:7.3f} ms ({r['kernel_gbps']:5.1f} GB/s)"
                                                    f"  x{r['speedup']}" if kernel is not None else ""))
     machine.print_goals(result["goals"], path)
 

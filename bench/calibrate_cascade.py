@@ -22,10 +22,11 @@ token_row_us, group_us, merge_us) are then refitted on whole decodes with and wi
 points), and the margin fitted on the same decodes. It then checks the model's decision
 (worth) against the measured faster path, the kernel's whole decode with and without the group
 (cpu.paged_decode.CpuDecode, merges included), on held-out (members, shared tokens) points, each row with
-its own 112 tokens after the shared ones. Where the kernel is built with its blocked bf16 routine (AVX512-BF16), the
-cpu backend prices bf16 K/V under its own cost name, "cpu/avx512bf16": only bf16 is measured, into
-cascade_calibration_cpu_avx512bf16.json, for the _CPU_BF16_BLOCKED entry (fp32 K/V run the other routine there).
-Where the CPU also has AMX tiles, a group's stacked rows take the tile routine, under the cost name "cpu/amx":
+its own 112 tokens after the shared ones. Where the kernel is built with its blocked bf16 routine
+(AVX512-BF16), the cpu backend prices bf16 K/V under its own cost name, "cpu/avx512bf16": only bf16 is
+measured, into cascade_calibration_cpu_avx512bf16.json, for the _CPU_BF16_BLOCKED entry (fp32 K/V run the
+other routine there). Where the CPU also has AMX tiles, a group's stacked rows take the tile routine, under
+the cost name "cpu/amx":
 bf16 only, with bf16 queries (the tile routine's, and the engine's model's there), into
 cascade_calibration_cpu_amx.json, for the _CPU_BF16_AMX entry.
 
@@ -90,9 +91,11 @@ def copy_crossover(dtype: torch.dtype, tokens_grid: list[int], reps: int, batch:
     starts = [1 + b * blocks for b in range(batch)]
     for s in sorted(tokens_grid):
         nb = -(-s // BLOCK)
-        short = torch_decode.bucket_short_rows([(b, list(range(st, st + nb)), s) for b, st in enumerate(starts)],
+        short = torch_decode.bucket_short_rows([(b, list(range(st, st + nb)),
+                                                 s) for b, st in enumerate(starts)],
                                                "cpu")[0]
-        copied = best_us(lambda short=short: torch_decode.gathered_attention(q, k, v, short, HD ** -0.5, False), reps)
+        copied = best_us(lambda short=short: torch_decode.gathered_attention(q, k, v, short, HD ** -0.5,
+                                                                             False), reps)
         in_place = best_us(lambda nb=nb, s=s: [torch_decode.span_attention(
             q[b:b + 1], k, v, [(st, nb, s)], HD ** -0.5, False) for b, st in enumerate(starts)], reps)
         if copied < in_place:
@@ -166,7 +169,8 @@ def calibration_goals(result: dict) -> list[dict]:
 
 # --- the CPU kernel (--backend cpu) ---
 
-OWN_TOKENS = 112  # each row's own tokens after the shared ones in the held-out check (as bench/decode_shared.py)
+# each row's own tokens after the shared ones in the held-out check (as bench/decode_shared.py)
+OWN_TOKENS = 112
 TIE = 0.05  # plain and cascade within 5% of each other: either choice is right
 HELD_OUT = [(m, s) for m in (2, 3, 4, 6, 12, 16, 24) for s in (48, 192, 400, 800, 1888)]
 HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
@@ -174,26 +178,29 @@ HELD_OUT_QUICK = [(2, 1888), (4, 1888), (16, 1888), (3, 400), (8, 96), (16, 48)]
 MARGIN = [(m, s) for m in (2, 5, 8, 16) for s in (96, 272, 608, 1248)]
 MARGIN_QUICK = [(2, 272), (8, 96)]
 CPU_NAMES = {"bfloat16": "_CPU_BF16", "float32": "_CPU_FP32"}  # the cpu entries' names in cascade/cost.py
-BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}  # the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
+# the blocked bf16 routine's ("cpu/avx512bf16"): bf16 K/V only
+BLOCKED_NAMES = {"bfloat16": "_CPU_BF16_BLOCKED"}
 AMX_NAMES = {"bfloat16": "_CPU_BF16_AMX"}  # ... with the AMX tile routine for stacked rows ("cpu/amx")
 
 
 def entry_names(cost_name: str) -> dict[str, str]:
-    """KV dtype -> the cascade/cost.py entry a cpu calibration under this cost name measures: with the blocked bf16
-    routine built, bf16 K/V take it (its own entry); other dtypes run the routine measured on CPUs without it."""
+    """KV dtype -> the cascade/cost.py entry a cpu calibration under this cost name measures: with the blocked
+    bf16 routine built, bf16 K/V take it (its own entry); other dtypes run the routine
+    measured on CPUs without it."""
     return {"cpu": CPU_NAMES, f"cpu/{AMX_TILES}": AMX_NAMES}.get(cost_name, BLOCKED_NAMES)
 
 
 def query_dtype(cost_name: str, kv_dtype: torch.dtype) -> torch.dtype:
-    """The queries' dtype in the measurements: fp32 (the CPU model's), except under "cpu/amx", where the engine's
-    model computes in bf16 (--dtype auto on a CPU with native bf16) and the tile routine takes only bf16 queries
-    over bf16 K/V: fp32 queries there would time the other routines."""
+    """The queries' dtype in the measurements: fp32 (the CPU model's), except under "cpu/amx", where the
+    engine's model computes in bf16 (--dtype auto on a CPU with native bf16) and the tile routine takes only
+    bf16 queries over bf16 K/V: fp32 queries there would time the other routines."""
     return kv_dtype if cost_name == f"cpu/{AMX_TILES}" else torch.float32
 
 
 def cpu_cost_name() -> str:
-    """The cost name the cpu backend prices the measured shape's decodes under on this CPU (CpuBackend.cost_name,
-    bf16 queries: on a CPU with AMX tiles, the tile routine's name; query_dtype then keeps the queries bf16)."""
+    """The cost name the cpu backend prices the measured shape's decodes under on this CPU
+    (CpuBackend.cost_name, bf16 queries: on a CPU with AMX tiles, the tile routine's name; query_dtype then
+    keeps the queries bf16)."""
     from kvloop.engine.kernels.backend import get_backend
     from kvloop.engine.kernels.cpu import build
 
@@ -254,8 +261,10 @@ def measure_cpu_merge(rows_grid: list[int], reps: int) -> list[tuple[int, float]
     sizes = [m for m in rows_grid if m > 1]
     calls = []
     for m in sizes:
-        segments = pack_segments([(list(range(m)), ids, 4 * BLOCK)] + [([r], ids, 4 * BLOCK) for r in range(m)])
-        calls += [partial(decode, q[:m], k, v, segments, HD ** -0.5), partial(attend, q[:m], k, v, segments, HD ** -0.5)]
+        segments = pack_segments([(list(range(m)), ids, 4 * BLOCK)] + [([r], ids,
+                                                                        4 * BLOCK) for r in range(m)])
+        calls += [partial(decode, q[:m], k, v, segments, HD ** -0.5),
+                  partial(attend, q[:m], k, v, segments, HD ** -0.5)]
     times = best_of_each(calls, reps)
     return [(m, times[2 * i] - times[2 * i + 1]) for i, m in enumerate(sizes)]
 
@@ -266,8 +275,8 @@ def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, fl
     the model) and the worst relative error of fixed cost + model over every sample, stacked and plain.
     The kernel widens each tile of K/V once for all the rows it stacks, then pays per row: the stacked slopes
     of 2 and more rows, per token, are a line in the rows (token_stack_us + token_row_us * M); one row alone
-    is bound by reading (token_us, from the plain calls), and the line never prices it higher: its intercept is
-    capped at token_us - token_row_us (a noisy line would otherwise overprice every plain row)."""
+    is bound by reading (token_us, from the plain calls), and the line never prices it higher: its intercept
+    is capped at token_us - token_row_us (a noisy line would otherwise overprice every plain row)."""
     st, pl = lines_per_rows(stacked), lines_per_rows(plain)
     rows = sorted(st)
     _, row_us = line([float(m) for m in rows], [st[m][0] for m in rows])
@@ -277,7 +286,8 @@ def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, fl
     token_stack_us, token_row_us = line([float(m) for m in stacks], [st[m][1] for m in stacks])
     token_stack_us = min(token_stack_us, token_us - token_row_us)
     group_us, merge_us = line([float(m) for m, _ in merges], [us for _, us in merges])
-    cost = AttentionCost(call_us=round(max(per_segment_us - row_us, 0.0), 3), row_us=round(max(row_us, 0.0), 4),
+    cost = AttentionCost(call_us=round(max(per_segment_us - row_us, 0.0), 3),
+                         row_us=round(max(row_us, 0.0), 4),
                          token_us=round(max(token_us, 0.0), 5), token_row_us=round(max(token_row_us, 0.0), 6),
                          merge_us=round(max(merge_us, 0.0), 3), group_us=round(max(group_us, 0.0), 3),
                          token_stack_us=round(max(token_stack_us, 0.0), 5))
@@ -289,9 +299,9 @@ def fit_cpu(stacked: list[tuple], plain: list[tuple], merges: list[tuple[int, fl
 
 def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int,
                     q_dtype: torch.dtype = torch.float32) -> list[tuple[int, int, float, float]]:
-    """Per (members, shared tokens): (members, shared, plain_us, cascade_us), the kernel's whole decode of those
-    rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one group;
-    queries in q_dtype."""
+    """Per (members, shared tokens): (members, shared, plain_us, cascade_us), the kernel's whole decode of
+    those rows (each with OWN_TOKENS of its own after the shared ones) plain and with the shared prefix as one
+    group; queries in q_dtype."""
     from kvloop.engine.cascade.plan import build_plan
     from kvloop.engine.kernels.attention_meta import AttentionMetadata
     from kvloop.engine.kernels.cpu.paged_decode import CpuDecode
@@ -317,12 +327,13 @@ def measure_decodes(dtype: torch.dtype, points: list[tuple[int, int]], reps: int
 
 
 def nonnegative_least_squares(columns: list[list[float]], target: list[float]) -> list[float]:
-    """min |A x - y| with x >= 0, A given by its columns: a column whose free solution goes negative is held at
-    0 and the rest solved again (at most one pass per column; enough for the four terms fitted here)."""
+    """min |A x - y| with x >= 0, A given by its columns: a column whose free solution goes negative is held
+    at 0 and the rest solved again (at most one pass per column; enough for the four terms fitted here)."""
     free = list(range(len(columns)))
     while free:
         a = torch.tensor([[columns[j][i] for j in free] for i in range(len(target))], dtype=torch.float64)
-        x = torch.linalg.lstsq(a, torch.tensor(target, dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
+        x = torch.linalg.lstsq(a, torch.tensor(target,
+                                               dtype=torch.float64).unsqueeze(1)).solution.squeeze(1).tolist()
         if min(x) >= 0:
             out = [0.0] * len(columns)
             for j, v in zip(free, x, strict=True):
@@ -332,20 +343,23 @@ def nonnegative_least_squares(columns: list[list[float]], target: list[float]) -
     return [0.0] * len(columns)
 
 
-def fit_on_decodes(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> tuple[AttentionCost, float]:
-    """The cascade-only terms refitted on whole decodes, and the worst |modelled - measured gain| / plain time.
-    Single-segment calls priced a stacked row's token at about twice what whole decodes show on 2 threads (a
-    likely cause, not measured apart: a segment alone is few work items, 3 KV heads, for the threads, while in a
-    whole decode they share the threads with the rows' own parts), so the terms that only cascade uses (token_stack_us, token_row_us, group_us, merge_us)
-    come from whole decodes, and the plain terms (call_us, row_us, token_us) stay the segments' fit. Each
-    decode gives, per layer, m * s * token_us - gain - call_us - row_us * m = s * token_stack_us
+def fit_on_decodes(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> tuple[AttentionCost,
+                                                                                               float]:
+    """The cascade-only terms refitted on whole decodes, and the worst |modelled - measured gain| / plain
+    time. Single-segment calls priced a stacked row's token at about twice what whole decodes show on 2
+    threads (a likely cause, not measured apart: a segment alone is few work items, 3 KV heads, for the
+    threads, while in a whole decode they share the threads with the rows' own parts), so the terms that only
+    cascade uses (token_stack_us, token_row_us, group_us, merge_us) come from whole decodes, and the plain
+    terms (call_us, row_us, token_us) stay the segments' fit. Each decode gives, per layer, m * s * token_us -
+    gain - call_us - row_us * m = s * token_stack_us
     + s * m * token_row_us + group_us + m * merge_us, weighted by 1 / plain time (relative errors). Where the
     fit puts a group's stacked cost per token below token_us, reading bounds it (the model's max): its tokens
     cost s * token_us instead, and the fit is solved again until that split no longer changes."""
     read_bound = [False] * len(decodes)  # the first fit prices every group's tokens as stacked
     fitted = _fit_cascade_terms(cost, decodes, read_bound)
     for _ in range(len(decodes)):
-        now = [m > 1 and fitted.token_stack_us + fitted.token_row_us * m < cost.token_us for m, _, _, _ in decodes]
+        now = [m > 1 and fitted.token_stack_us + fitted.token_row_us * m < cost.token_us
+               for m, _, _, _ in decodes]
         if now == read_bound:
             break
         read_bound = now
@@ -363,7 +377,8 @@ def _fit_cascade_terms(cost: AttentionCost, decodes: list[tuple[int, int, float,
     target = []
     for (m, s, plain_us, cascade_us), bound in zip(decodes, read_bound, strict=True):
         w = 1.0 / plain_us
-        for column, value in zip(columns, (0 if bound else s, 0 if bound else s * m, 1.0, float(m)), strict=True):
+        for column, value in zip(columns, (0 if bound else s, 0 if bound else s * m, 1.0, float(m)),
+                                 strict=True):
             column.append(value * w)
         y = m * s * cost.token_us - (plain_us - cascade_us) - cost.call_us - cost.row_us * m
         target.append((y - (s * cost.token_us if bound else 0.0)) * w)
@@ -375,7 +390,8 @@ def _fit_cascade_terms(cost: AttentionCost, decodes: list[tuple[int, int, float,
 
 def fit_margin(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) -> float:
     """The smallest min_gain (in steps of 0.01) under which the model cascades at none of these decodes where
-    cascade measured slower: each such point's modelled gain over its rows' plain reading cost, the largest."""
+    cascade measured slower: each such point's modelled gain over its rows' plain
+    reading cost, the largest."""
     needed = [cost.group_gain_us(m, s) / (m * s * cost.token_cost_us(1))
               for m, s, plain_us, cascade_us in decodes if cascade_us > plain_us]
     return math.ceil(max([0.0, *needed]) * 100) / 100
@@ -389,7 +405,8 @@ def held_out(cost: AttentionCost, decodes: list[tuple[int, int, float, float]]) 
         model_cascades = cost.worth(members, shared)
         out.append({"members": members, "shared_tokens": shared, "plain_us": round(plain_us, 1),
                     "cascade_us": round(cascade_us, 1), "measured_gain_us": round(gain, 1),
-                    "model_gain_us": round(cost.group_gain_us(members, shared), 1), "model_cascades": model_cascades,
+                    "model_gain_us": round(cost.group_gain_us(members, shared), 1),
+                    "model_cascades": model_cascades,
                     "agrees": model_cascades == (gain > 0), "tie": abs(gain) <= TIE * plain_us})
     return out
 
@@ -428,43 +445,47 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
         wrong = [c for c in checks if not c["agrees"] and not c["tie"]]  # either way
         missed = [c for c in wrong if not c["model_cascades"]]
         result["dtypes"][name] = {
-            "cost": cost.__dict__, "query_dtype": str(q_dtype).removeprefix("torch."), "call_fixed_us": fixed_us,
+            "cost": cost.__dict__, "query_dtype": str(q_dtype).removeprefix("torch."),
+            "call_fixed_us": fixed_us,
             "fit_worst_relative_error": round(worst, 3),
             "segment_fit_cost": segments.__dict__, "decode_fit_worst_gain_error": round(decode_worst, 3),
-            "fit_decodes": [{"members": m, "shared_tokens": sh, "plain_us": round(p, 1), "cascade_us": round(c, 1)}
+            "fit_decodes": [{"members": m, "shared_tokens": sh, "plain_us": round(p, 1),
+                             "cascade_us": round(c, 1)}
                             for m, sh, p, c in decodes],
-            "break_even_tokens": evens, "held_out_agreement": round(sum(c["agrees"] for c in checks) / len(checks), 3),
-            "held_out_wrong_beyond_tie": len(wrong), "held_out_cascaded_slower_beyond_tie": len(wrong) - len(missed),
+            "break_even_tokens": evens,
+            "held_out_agreement": round(sum(c["agrees"] for c in checks) / len(checks), 3),
+            "held_out_wrong_beyond_tie": len(wrong),
+            "held_out_cascaded_slower_beyond_tie": len(wrong) - len(missed),
             "held_out": checks,
             "samples_us": {"stacked": stacked, "plain": plain, "merge": merges}}
         paste.append(paste_line(names[name], cost))
         even = {m: "never" if n is None else f"{n:,}" for m, n in evens.items()}
         summary.append(f"{name}: segments fit within {worst:.0%}, cascade terms on whole decodes within "
-                       f"{decode_worst:.0%} of a step, margin {cost.min_gain:.2f}, break-even shared tokens {even[2]} for 2 sharers, "
-                       f"{even[4]} for 4, {even[16]} for 16")
-        print(f"{name}: segment fit worst relative error {worst:.1%} (call fixed cost {fixed_us} us), cascade terms "
-              f"refitted on {len(decodes)} whole decodes (worst gain error {decode_worst:.1%} of a plain step), margin "
-              f"{cost.min_gain:.2f}; held-out: the slower path picked at {len(wrong)} points, {len(missed)} of them plain "
-              f"(beyond {TIE:.0%}); break-even shared "
+                       f"{decode_worst:.0%} of a step, margin {cost.min_gain:.2f}, break-even shared tokens "
+                       f"{even[2]} for 2 sharers, {even[4]} for 4, {even[16]} for 16")
+        print(f"{name}: segment fit worst relative error {worst:.1%} (call fixed cost {fixed_us} us), "
+              f"cascade terms refitted on {len(decodes)} whole decodes (worst gain error {decode_worst:.1%} "
+              f"of a plain step), margin {cost.min_gain:.2f}; held-out: the slower path picked at "
+              f"{len(wrong)} points, {len(missed)} of them plain (beyond {TIE:.0%}); break-even shared "
               f"tokens by group size: {evens}")
         for c in checks:
-            print(f"  {c['members']:3d} rows x {c['shared_tokens']:5d} shared: plain {c['plain_us']:8.1f} us, cascade "
-                  f"{c['cascade_us']:8.1f} us; model {'cascades' if c['model_cascades'] else 'plain'}"
-                  f"{'' if c['agrees'] else ' (tie)' if c['tie'] else ' WRONG'}")
+            print(f"  {c['members']:3d} rows x {c['shared_tokens']:5d} shared: plain {c['plain_us']:8.1f} "
+                  f"us, cascade {c['cascade_us']:8.1f} us; model "
+                  f"{'cascades' if c['model_cascades'] else 'plain'}{'' if c['agrees'] else ' (tie)' if c['tie'] else ' WRONG'}")
     return ["# " + "; ".join(summary), *paste]
 
 
 def cpu_goals(result: dict) -> list[dict]:
-    """Each fit's worst sample within 50% (as for the torch path; the segments' fit and the whole decodes' fit of
-    the cascade terms), and no held-out point where the model's choice is the path measured slower by more than
-    TIE."""
+    """Each fit's worst sample within 50% (as for the torch path; the segments' fit and the whole decodes' fit
+    of the cascade terms), and no held-out point where the model's choice is the path measured slower by more
+    than TIE."""
     out = []
     for name, d in result["dtypes"].items():
         out += [goal(f"cpu {name}: fit worst relative error", d["fit_worst_relative_error"], "<=", 0.5),
                 goal(f"cpu {name}: whole-decode fit of the cascade terms, worst gain error / plain step",
                      d["decode_fit_worst_gain_error"], "<=", 0.5),
-                goal(f"cpu {name}: held-out points where the model picks the path measured slower by more than "
-                     f"{TIE:.0%}", d["held_out_wrong_beyond_tie"], "<=", 0,
+                goal(f"cpu {name}: held-out points where the model picks the path measured slower by more "
+                     f"than {TIE:.0%}", d["held_out_wrong_beyond_tie"], "<=", 0,
                      agreement=d["held_out_agreement"])]
     return out
 
@@ -490,7 +511,8 @@ def main() -> None:
                    help="the decode path to measure: the torch path or the C++ CPU kernel")
     p.add_argument("--quick", action="store_true", help="a tiny grid (smoke run)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="default: bench/results/cascade_calibration[_cpu[_avx512bf16|_amx]].json "
+    p.add_argument("--out", default=None,
+                   help="default: bench/results/cascade_calibration[_cpu[_avx512bf16|_amx]].json "
                                                "(the cpu backend's cost name on this CPU)")
     args = p.parse_args()
     cost_name = cpu_cost_name() if args.backend == "cpu" else "torch"
@@ -500,8 +522,10 @@ def main() -> None:
     rows_grid = [1, 2, 4, 8, 16, 32]
     tokens_grid = [64, 256, 1024, 2048]
     if args.quick:  # the kernel's stacks need two sizes of 2 rows and more; its contexts, a long one
-        rows_grid, tokens_grid = ([1, 4, 16], [64, 512]) if args.backend == "torch" else ([1, 2, 4, 16], [64, 2048])
-    reps = 20 if not args.quick else 3 if args.backend == "torch" else 10  # the kernel's grid is quick to time
+        rows_grid, tokens_grid = ([1, 4, 16], [64, 512]) if args.backend == "torch" else ([1, 2, 4, 16],
+                                                                                          [64, 2048])
+    # the kernel's grid is quick to time
+    reps = 20 if not args.quick else 3 if args.backend == "torch" else 10
     result = {"threads": args.threads, "cpu": platform.processor() or platform.machine(), "dtypes": {}}
     if args.backend == "torch":
         calibrate_torch(result, rows_grid, tokens_grid, reps)

@@ -1,9 +1,12 @@
-"""Does the simulator's CPU calibration price this machine's steps? A check to run before comparing the simulator
-with real runs (the VM type's speed differs between instances: a fit from a faster one priced W5 CPU steps 17% low).
+"""Does the simulator's CPU calibration price this machine's steps? A check to run before comparing the
+simulator with real runs (the VM type's speed differs between instances: a fit from a faster one
+priced W5 CPU steps 17% low).
 
-Runs the real engine on a slice of W5 CPU (one system, W5's rates by default), records every step's shape and time
-(sim_fidelity.StepTimer: the scheduler, runner and bookkeeping the simulator's step time stands for) and prices the
-same steps with the CPU profile's cost model under the calibration: real against predicted seconds per step kind
+Runs the real engine on a slice of W5 CPU (one system, W5's rates by default), records
+every step's shape and time
+(sim_fidelity.StepTimer: the scheduler, runner and bookkeeping the simulator's step time stands for) and
+prices the same steps with the CPU profile's cost model under the calibration: real against
+predicted seconds per step kind
 (decode only; with a prefill chunk after a cached prefix; with a cold prefill chunk) and in all. Writes
 <out>/calibration_check.{json,md,png}; quiet machine (the other processes' CPU use is recorded).
 
@@ -31,8 +34,8 @@ BOUND = 0.1  # the whole slice's predicted / real seconds - 1 (abs): the fidelit
 
 
 def step_kind(items) -> str:
-    """A step by its prefill chunks, (start, num_tokens, samples) per scheduled row: none, one that starts after
-    tokens already computed or cached, or only chunks from the start."""
+    """A step by its prefill chunks, (start, num_tokens, samples) per scheduled row: none, one that starts
+    after tokens already computed or cached, or only chunks from the start."""
     chunks = [start for start, n, _ in items if n > 1]
     if not chunks:
         return KINDS[0]
@@ -48,7 +51,8 @@ def compare(rows: list[dict], cost) -> dict:
         k["steps"] += 1
         k["real_s"] += r["seconds"]
         k["predicted_s"] += cost.step_for(items, [tuple(g) for g in r.get("groups", ())]).seconds
-    total = {"steps": sum(k["steps"] for k in kinds.values()), "real_s": sum(k["real_s"] for k in kinds.values()),
+    total = {"steps": sum(k["steps"] for k in kinds.values()),
+             "real_s": sum(k["real_s"] for k in kinds.values()),
              "predicted_s": sum(k["predicted_s"] for k in kinds.values())}
     for k in (*kinds.values(), total):
         k["ratio"] = k["predicted_s"] / k["real_s"] if k["real_s"] else None
@@ -60,26 +64,30 @@ def goals(table: dict, noise: dict | None) -> list[dict]:
     out = [goal("predicted / real step seconds - 1 (abs), all steps",
                 abs(t["ratio"] - 1) if t["ratio"] is not None else None, "<=", BOUND)]
     if noise is not None:
-        out.append(goal("other processes' cores during the run (mean)", noise.get("other_cores_mean"), "<=", 0.3))
+        out.append(goal("other processes' cores during the run (mean)", noise.get("other_cores_mean"), "<=",
+                        0.3))
     return out
 
 
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Calibration check: the CPU profile's step prices against real W5 CPU steps", "",
-             f"{m['system']} on {m['seconds']:g} s of W5 CPU arrivals (rates {json.dumps(m['rates'])}, seed {m['seed']}), "
-             f"calibration `{m['calibration']}`; machine: {m.get('machine', {}).get('model')}, "
+             f"{m['system']} on {m['seconds']:g} s of W5 CPU arrivals (rates {json.dumps(m['rates'])}, seed "
+             f"{m['seed']}), calibration `{m['calibration']}`; machine: {m.get('machine', {}).get('model')}, "
              f"{m.get('machine', {}).get('cores')} cores, torch threads {m['threads']}.", "",
              "| step kind | steps | real s | predicted s | predicted / real |", "|---|---|---|---|---|"]
     for name, k in [*report["table"]["kinds"].items(), ("all", report["table"]["total"])]:
-        lines.append(f"| {name} | {k['steps']} | {fmt(k['real_s'], 1)} | {fmt(k['predicted_s'], 1)} | {fmt(k['ratio'])} |")
+        lines.append(f"| {name} | {k['steps']} | {fmt(k['real_s'], 1)} | {fmt(k['predicted_s'], 1)} | "
+                     f"{fmt(k['ratio'])} |")
     for label, speed in (("this run", (report.get("noise") or {}).get("speed")),
                          ("the calibration's runs", m.get("calibration_speed"))):
         if speed:  # the machine's own speed (engine/bench/speed_probe.py): the fit holds where they agree
             lines += ["", f"Speed probe during {label} (thread CPU ms, median and spread): " + ", ".join(
-                f"{k} {fmt(speed[k]['median_ms'])} ({fmt(speed[k]['spread'])})" for k in ("compute", "memory"))]
+                f"{k} {fmt(speed[k]['median_ms'])} ({fmt(speed[k]['spread'])})" for k in ("compute",
+                                                                                          "memory"))]
     lines += ["", "## Goals", ""] + [f"- {json.dumps(g, default=str)}" for g in report["goals"]]
-    lines += ["", f"![calibration_check]({report['plot']})" if report.get("plot") else "", "", "## Command", "",
+    lines += ["", f"![calibration_check]({report['plot']})" if report.get("plot") else "", "", "## Command",
+              "",
               f"    {m['command']}", ""]
     return "\n".join(lines)
 
@@ -108,8 +116,10 @@ def plot(report: dict, path: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--system", default="codesign", help="a W5 system name (bench/w5.py's)")
-    ap.add_argument("--seconds", type=float, default=240.0, help="seconds of W5 CPU arrivals (2 phases by default)")
-    ap.add_argument("--phase-rates", default="0.482,0.231", help="'chat,rag' requests/s (default: w5_cpu.json's)")
+    ap.add_argument("--seconds", type=float, default=240.0,
+                    help="seconds of W5 CPU arrivals (2 phases by default)")
+    ap.add_argument("--phase-rates", default="0.482,0.231",
+                    help="'chat,rag' requests/s (default: w5_cpu.json's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calibration", default=None, help="calibration JSON (default: the profile's)")
@@ -140,9 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     noise = {k: v for k, v in res.noise.as_dict().items() if k != "series"} if res.noise else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"meta": {"system": args.system, "seconds": args.seconds, "rates": {"chat": rates[0], "rag": rates[1]},
+    report = {"meta": {"system": args.system, "seconds": args.seconds,
+                       "rates": {"chat": rates[0], "rag": rates[1]},
                        "seed": args.seed, "threads": args.threads,
-                       "calibration": str(args.calibration or CALIBRATION_FILE.relative_to(RESULTS.parents[1])),
+                       "calibration": str(args.calibration
+                                          or CALIBRATION_FILE.relative_to(RESULTS.parents[1])),
                        "machine": machine_info(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                        "calibration_speed": (fitted.get("noise") or {}).get("speed"),
                        "command": ".venv/bin/python bench/calibration_check.py " + " ".join(sys.argv[1:])},

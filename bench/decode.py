@@ -24,7 +24,8 @@ per repetition; medians are reported; other processes' load is sampled during ev
 
     .venv/bin/python bench/decode.py --reps 3                  # all systems, ~20 min a repetition
     .venv/bin/python bench/decode.py --quick --systems kvloop,llama.cpp-bf16   # smoke test, ~1 min
-    .venv/bin/python bench/decode.py --reps 2 --by-machine    # -> bench/results/decode_<machine class>/decode.*
+    .venv/bin/python bench/decode.py --reps 2 --by-machine    # ->
+    bench/results/decode_<machine class>/decode.*
 
 Committed results (bench/results/README.md): decode.* (AVX2), decode_avx512bf16/, decode_amx/.
 """
@@ -51,7 +52,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 class Sizes:
     short_prompt: int = 16
     single_tokens: int = 128
-    single_streams: int = 5  # single streams per start (fresh prompts), median: one 128-token stream swung ±15% here
+    # single streams per start (fresh prompts), median: one 128-token stream swung ±15% here
+    single_streams: int = 5
     prefill: int = 2000
     concurrencies: tuple[int, ...] = (8, 16, 32)
     context: int = 2000  # prompt + output of every TPOT request
@@ -59,7 +61,8 @@ class Sizes:
     per_doc: int = 16  # TPOT requests sharing one document (as bench/peer_tpot.py)
 
 
-QUICK = Sizes(short_prompt=8, single_tokens=16, single_streams=2, prefill=256, concurrencies=(2, 4), context=256,
+QUICK = Sizes(short_prompt=8, single_tokens=16, single_streams=2, prefill=256, concurrencies=(2, 4),
+              context=256,
               tpot_tokens=8, per_doc=2)
 
 # kind: how the system runs; tpot: measured at concurrency by default; default: in the default selection
@@ -199,7 +202,8 @@ def run_server(name: str, spec: dict, sizes: Sizes, threads: int, seed: int, tpo
 
 
 def run_transformers(spec: dict, sizes: Sizes, threads: int, seed: int) -> dict:
-    cmd = [sys.executable, __file__, "--worker", "transformers", "--dtype", spec["dtype"], "--threads", str(threads),
+    cmd = [sys.executable, __file__, "--worker", "transformers", "--dtype", spec["dtype"], "--threads",
+           str(threads),
            "--sizes", json.dumps(dataclasses.asdict(sizes)), "--seed", str(seed)]
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
@@ -282,14 +286,16 @@ def kvloop_defaults() -> tuple[str, str]:
     """(dtype, weight format) that `kvloop serve` picks by default on this machine."""
     from kvloop.engine.engine_core import resolve_dtype, resolve_quantization
 
-    return str(resolve_dtype("auto", "cpu")).removeprefix("torch."), resolve_quantization("auto", "auto", "cpu")
+    return str(resolve_dtype("auto", "cpu")).removeprefix("torch."), resolve_quantization("auto", "auto",
+                                                                                          "cpu")
 
 
 def labels(names: list[str], kvloop_args: list[str]) -> dict[str, str]:
     """What each system computes with, in words (kvloop's defaults resolved for this machine)."""
     dtype, weights = kvloop_defaults()
     default = f"{dtype}, {weights} weights"
-    if dtype == "bfloat16" and weights == "bf16":  # native bf16: the kernel's bf16 pairs, or the two-graph form
+    # native bf16: the kernel's bf16 pairs, or the two-graph form
+    if dtype == "bfloat16" and weights == "bf16":
         from kvloop.engine.kernels.cpu import amx, linear_bf16w
 
         rows = linear_bf16w.dense_above_rows()
@@ -320,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"{', '.join(n for n, s in SYSTEMS.items() if s.get('tpot'))})")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition: a smoke test of the harness")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, 1 repetition: a smoke test of the harness")
     p.add_argument("--kvloop-args", default="", help="extra `kvloop serve` flags for every kvloop system")
     p.add_argument("--out-dir", type=Path, help="default: bench/results (--quick: a temporary directory)")
     p.add_argument("--by-machine", action="store_true", help="write to bench/results/decode_<machine class>/ "
@@ -333,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.reps < 1:
         p.error("--reps must be at least 1")
     if args.worker:
-        sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.sizes).items()})
-        print("RESULT " + json.dumps(transformers_worker(args.dtype, args.threads, sizes, args.seed)), flush=True)
+        sizes = Sizes(**{k: tuple(v) if isinstance(v,
+                                                   list) else v for k, v in json.loads(args.sizes).items()})
+        print("RESULT " + json.dumps(transformers_worker(args.dtype, args.threads, sizes, args.seed)),
+              flush=True)
         return 0
 
     from kvloop.engine.bench import decode_report
@@ -349,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                      else [n for n, s in SYSTEMS.items() if s.get("tpot")])
     sizes, reps = (QUICK, 1) if args.quick else (Sizes(), args.reps)
     default_dir = RESULTS / f"decode_{machine_class(machine)}" if args.by_machine else RESULTS
-    out_dir = args.out_dir or (Path(tempfile.gettempdir()) / "kvloop-decode-quick" if args.quick else default_dir)
+    out_dir = args.out_dir or (Path(tempfile.gettempdir()) / "kvloop-decode-quick" if args.quick
+                               else default_dir)
     kvloop_args = args.kvloop_args.split()
     skipped = {n: why for n in names if (why := missing(n))}
     if not args.systems and not kvloop_args and kvloop_defaults() == ("float32", "bf16"):
@@ -360,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"machine": machine, "threads": args.threads, "reps": reps, "quick": args.quick,
             "sizes": dataclasses.asdict(sizes), "kvloop_args": kvloop_args,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join([".venv/bin/python bench/decode.py", *(argv if argv is not None else sys.argv[1:])])}
+            "command": " ".join([".venv/bin/python bench/decode.py",
+                                 *(argv if argv is not None else sys.argv[1:])])}
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(reps):  # interleaved: every system once per repetition, the order rotated
         k = rep % max(len(names), 1)
@@ -368,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
             result = measure(name, sizes, args.threads, rep, name in tpot_names, kvloop_args)
             runs[name].append(result)
             print(f"rep {rep} {name}: {json.dumps(result)}", flush=True)
-        report = decode_report.build_report(runs, labels(names, kvloop_args), skipped, {**meta, "reps_done": rep + 1})
-        written = decode_report.write(report, out_dir)  # after every repetition: a stopped run keeps its numbers
+        report = decode_report.build_report(runs, labels(names, kvloop_args), skipped,
+                                            {**meta, "reps_done": rep + 1})
+        # after every repetition: a stopped run keeps its numbers
+        written = decode_report.write(report, out_dir)
     print(decode_report.markdown(report))
     print("wrote " + ", ".join(map(str, written)))
     return 0

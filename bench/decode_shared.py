@@ -12,8 +12,9 @@ interleaved with the other rows' (grown one at a time while decoding). Times are
 repetitions of one step (the model's forward and the sampled rows' logits) and of one step's attention
 (all layers); other processes' CPU use is sampled throughout, and the CPU flags are recorded.
 
-    .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--kv-dtype auto] [--peers peers.json] [--stem S]
-    .venv/bin/python bench/decode_shared.py --render-only --peers peers.json   # add peer TPOTs afterwards
+    .venv/bin/python bench/decode_shared.py [--quick] [--threads 2] [--kv-dtype auto] [--peers peers.json]
+    [--stem S] .venv/bin/python bench/decode_shared.py --render-only --peers peers.json   #
+    add peer TPOTs afterwards
 
 Committed results (bench/results/README.md): decode_shared.* (AVX2), decode_shared_avx512bf16.*,
 decode_shared_amx.*; --by-machine names a new run that way.
@@ -96,15 +97,18 @@ class Bench:
     def backends(self) -> dict[str, dict]:
         """Per path: the attention backend that ran it, its decode, and whose cost model picked its groups."""
         torch_name = self.model.attention.name
-        out = {"today": {"backend": torch_name, "decode": "bench/gathered_decode.py (copy out, pad)", "cascade": None},
+        out = {"today": {"backend": torch_name, "decode": "bench/gathered_decode.py (copy out, pad)",
+                         "cascade": None},
                "inplace": {"backend": torch_name, "decode": "torch_decode.decode_attention", "cascade": None},
-               "cascade": {"backend": torch_name, "decode": "torch_decode.decode_attention", "cascade": "torch"}}
+               "cascade": {"backend": torch_name, "decode": "torch_decode.decode_attention",
+                           "cascade": "torch"}}
         if self.kernel is not None:
             from kvloop.engine.kernels.cpu import build
 
             decode = f"cpu/paged_decode.CpuDecode ({build.simd()})"
             out["kernel"] = {"backend": self.kernel.name, "decode": decode, "cascade": None}
-            out["kernel+cascade"] = {"backend": self.kernel.name, "decode": decode, "cascade": self.kernel.name}
+            out["kernel+cascade"] = {"backend": self.kernel.name, "decode": decode,
+                                     "cascade": self.kernel.name}
         return out
 
     def run(self, batch: int, ctx: int, per_doc: int, reps: int) -> dict:
@@ -123,7 +127,8 @@ class Bench:
         kv = model.new_kv_cache(num_blocks, bs, self.kv_dtype)
         kv.normal_()  # any finite K/V: the work per step does not depend on the values
         lens = [ctx] * batch
-        # each cascade path takes the groups its own backend's measured cost model picks, as the engine's runner does
+        # each cascade path takes the groups its own backend's measured cost model picks, as
+        # the engine's runner does
         plan = build_plan(tables, lens, bs, cost_for(str(self.kv_dtype), "torch").worth)
         kernel_plan = build_plan(tables, lens, bs, cost_for(str(self.kv_dtype), "cpu").worth)
         pos = ctx - 1
@@ -161,7 +166,8 @@ class Bench:
                 for path in self.paths:
                     model.attention, cascade = impls[path]
                     for name, fn in (("step_ms", step), ("attention_ms", attention)):
-                        m = meta(cascade)  # a fresh step: the per-step work list is built inside, as in serving
+                        # a fresh step: the per-step work list is built inside, as in serving
+                        m = meta(cascade)
                         t0 = time.perf_counter()
                         fn(m)
                         if rep:
@@ -199,7 +205,8 @@ def goals(runs: list[dict], skipped: str | None = None) -> list[dict]:
                     add(f"{label}batch {b}, {g} rows sharing: {name} speedup over today",
                         _ratio(r, "today", path, key), ">=", target)
             if g == 1:
-                add(f"{label}batch {b}, nothing shared: step time / today's", _ratio(r, path, "today", "step_ms"),
+                add(f"{label}batch {b}, nothing shared: step time / today's",
+                    _ratio(r, path, "today", "step_ms"),
                     "<=", 1.05)
         for name, key in (("step", "step_ms"), ("attention", "attention_ms")):
             add(f"batch {b}, {g} rows/doc: kernel+cascade {name} time / kernel's",
@@ -218,7 +225,8 @@ def measured_paths(runs: list[dict]) -> list[str]:
 
 
 def group_sizes(groups: list[list[int]] | None) -> str:
-    """[[4, 1888], [4, 1888]] -> "2 × 4x1888"; "-" for none, "n/a" where not recorded (results before the kernel)."""
+    """[[4, 1888], [4, 1888]] -> "2 × 4x1888"; "-" for none, "n/a" where not recorded
+    (results before the kernel)."""
     if groups is None:
         return "n/a"
     counts = Counter((m, s) for m, s in groups)
@@ -226,7 +234,8 @@ def group_sizes(groups: list[list[int]] | None) -> str:
 
 
 def present_flags(flags: list[str] | dict[str, bool]) -> list[str]:
-    """The CPU flags a result records: machine.cpu_flags' list, or {flag: present} in results saved before it."""
+    """The CPU flags a result records: machine.cpu_flags' list, or {flag: present} in
+    results saved before it."""
     return [f for f, on in flags.items() if on] if isinstance(flags, dict) else list(flags)
 
 
@@ -247,22 +256,27 @@ def render_md(result: dict) -> str:
     paths = measured_paths(result["runs"])
     for title, key in (("Decode step", "step_ms"), ("Decode attention (all layers)", "attention_ms")):
         lines += ["", f"## {title}, ms (speedup over today)", "",
-                  "| batch | rows/doc | cascade groups, torch / kernel (rows x tokens) | " + " | ".join(paths) + " |",
+                  "| batch | rows/doc | cascade groups, torch / kernel (rows x tokens) | "
+                  + " | ".join(paths) + " |",
                   "|---|---|---|" + "---|" * len(paths)]
         for r in result["runs"]:
             groups = " / ".join(group_sizes(r.get(g)) for g in ("groups", "kernel_groups"))
             cells = [f"{r[p][key]}" if p == "today" else f"{r[p][key]} ({r['today'][key] / r[p][key]:.2f}x)"
                      for p in paths]
             lines.append(f"| {r['batch']} | {r['rows_per_doc']} | {groups} | " + " | ".join(cells) + " |")
-    lines += ["", "Times in ms (medians). A step is the forward pass of all rows plus their logits; attention is"
+    lines += ["",
+              "Times in ms (medians). A step is the forward pass of all rows plus their logits; attention is"
               " one step's decode attention over all layers.", ""]
     if result.get("peers"):
         lines += ["## Peers (TPOT, ms, same concurrency)", "", "| peer | " + " | ".join(
             f"batch {b}" for b in result["batches"]) + " |", "|---|" + "---|" * len(result["batches"])]
         for peer, tpots in result["peers"].items():
-            lines.append(f"| {peer} | " + " | ".join((f"{tpots[str(b)]:.1f}" if str(b) in tpots else "-") for b in result["batches"]) + " |")
+            lines.append(f"| {peer} | "
+                         + " | ".join((f"{tpots[str(b)]:.1f}" if str(b) in tpots else "-")
+                                      for b in result["batches"]) + " |")
         lines.append("")
-    lines += ["## Goals", ""] + [f"- [{'x' if g['met'] else ' '}] {g['name']}: {g['value']} ({g['op']} {g['bound']:g})"
+    lines += ["## Goals",
+              ""] + [f"- [{'x' if g['met'] else ' '}] {g['name']}: {g['value']} ({g['op']} {g['bound']:g})"
                                  + (f" ({g['note']})" if g.get("note") else "") for g in result["goals"]]
     return "\n".join(lines) + "\n"
 
@@ -278,7 +292,8 @@ def plot(result: dict, path: Path) -> None:
     labels = [f"b{r['batch']}/g{r['rows_per_doc']}" for r in runs]
     paths = measured_paths(runs)
     width = 0.8 / len(paths)
-    for ax, key, title in ((axes[0], "step_ms", "decode step"), (axes[1], "attention_ms", "decode attention")):
+    for ax, key, title in ((axes[0], "step_ms", "decode step"),
+                           (axes[1], "attention_ms", "decode attention")):
         for k, p in enumerate(paths):
             offset = (k - (len(paths) - 1) / 2) * width
             ax.bar([x + offset for x in range(len(runs))], [r[p][key] for r in runs], width, label=p)
@@ -300,17 +315,21 @@ def write(result: dict, stem: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, a smoke run (written as decode_shared_quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, a smoke run (written as decode_shared_quick)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--kv-dtype", default="auto", choices=DTYPES,
-                   help="KV storage dtype for every path (auto: the engine's choice); not auto: written as decode_shared_KV")
+                   help="KV storage dtype for every path (auto: the engine's choice); not auto: written as "
+                   "decode_shared_KV")
     p.add_argument("--peers", default=None, help="JSON {peer: {batch: tpot_ms}} to show beside ours")
     p.add_argument("--render-only", action="store_true", help="re-render the saved result (with --peers)")
-    p.add_argument("--stem", default=None, help="results file stem (default: decode_shared[_KV][_quick]), e.g. a "
+    p.add_argument("--stem", default=None,
+                   help="results file stem (default: decode_shared[_KV][_quick]), e.g. a "
                    "machine's own: decode_shared_amx")
-    p.add_argument("--by-machine", action="store_true", help="default stem decode_shared_<machine class> (amx, "
+    p.add_argument("--by-machine", action="store_true",
+                   help="default stem decode_shared_<machine class> (amx, "
                    "avx512bf16, avx2: engine/bench/machine.py machine_class)[_KV][_quick]")
     args = p.parse_args()
     base = "decode_shared"
@@ -327,7 +346,8 @@ def main() -> None:
 
         # quick: small enough for a smoke run, long enough that both cost models cascade the 8-row group (688
         # shared tokens; the torch path's bf16 entry needs 656 for 8 sharers)
-        batches, ctx, per_docs, reps = ((8,), 800, (1, 8), 1) if args.quick else ((8, 16, 32), 2000, (1, 4, 16),
+        batches, ctx, per_docs, reps = ((8,), 800, (1, 8), 1) if args.quick else ((8, 16, 32), 2000,
+                                                                                  (1, 4, 16),
                                                                                    args.reps)
         bench = Bench(args.dtype, args.kv_dtype, args.threads)
         if bench.kernel_note:

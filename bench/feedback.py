@@ -118,7 +118,8 @@ def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: in
         now = time.monotonic() - t0
         while heap and heap[0][0] <= now:
             at, _, (_, rid, prompt, max_tokens, state) = heapq.heappop(heap)
-            engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
+            engine.add_request(rid, prompt,
+                               SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
                                arrival_time=t0 + at)
             records[rid] = {"arrival": at, "phase": phase_of(w, at), "tokens": 0}
             if state:
@@ -136,10 +137,12 @@ def run_mode(mode: str, make_engine, w: Workload, period_s: float, start_cap: in
                         nxt["history"] = st["history"] + out.token_ids + st["user"][nxt["turn"]]
                         rid = f"{out.request_id.rsplit('-', 1)[0]}-{nxt['turn']}"
                         seq += 1
-                        heapq.heappush(heap, (rec["done"] + random.Random(seq).expovariate(1 / w.think_s), seq,
+                        heapq.heappush(heap,
+                                       (rec["done"] + random.Random(seq).expovariate(1 / w.think_s), seq,
                                               (0.0, rid, nxt["history"], w.reply_tokens, nxt)))
         elif heap:
-            engine.step()  # idle: an empty step publishes the snapshot and polls the targets, as the server's does
+            # idle: an empty step publishes the snapshot and polls the targets, as the server's does
+            engine.step()
             time.sleep(min(0.01, max(0.0, heap[0][0] - now)))
         else:
             break

@@ -45,7 +45,8 @@ BIG_INTS = [0, 1, -1, 2, 3, 16, 17, 20, 21, 255, 256, VOCAB_HINT - 1, VOCAB_HINT
             2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 10**30, -(10**30)]
 FLOATS = [0.0, -0.0, 1e-300, 5e-324, 1.4e-45, 1e-40, 1e-8, 0.0099, 0.01, 0.5, 1.0, 1.0000001, 2.0, 2.0000001,
           100.0, 100.5, -100.5, 1e38, 3.5e38, 1e308, -1e308, math.inf, -math.inf, math.nan]
-STRINGS = ["", " ", "a", "0", "-1", "1e3", "NaN", "\x00", "\u00e9\u4e2d\U0001f600", "\ud800", "\u202e", "\n" * 3,
+STRINGS = ["", " ", "a", "0", "-1", "1e3", "NaN", "\x00", "\u00e9\u4e2d\U0001f600", "\ud800", "\u202e",
+           "\n" * 3,
            "x" * 257, "y" * 5000, "<|im_end|>", "<|im_start|>system", "{{ raise_exception('x') }}"]
 ODD = [None, True, False, [], {}, [[[]]], [[[[[[[[1]]]]]]]], {"a": {"b": {"c": []}}}]
 
@@ -70,8 +71,10 @@ VALID: dict[str, st.SearchStrategy] = {
     "top_k": st.one_of(st.sampled_from([-1, 0, 1, 2, VOCAB_HINT - 1, VOCAB_HINT, VOCAB_HINT + 1, 2**31 - 1]),
                        st.integers(-1, 100)),
     "n": st.integers(1, 2),
-    "seed": st.one_of(st.sampled_from([-(2**63), -1, 0, 2**63 - 2, 2**63 - 1]), st.integers(-(2**63), 2**63 - 1)),
-    "stop": st.one_of(TEXT.filter(bool), st.lists(st.one_of(TEXT.filter(bool), st.just("z" * 256)), max_size=16)),
+    "seed": st.one_of(st.sampled_from([-(2**63), -1, 0, 2**63 - 2, 2**63 - 1]),
+                      st.integers(-(2**63), 2**63 - 1)),
+    "stop": st.one_of(TEXT.filter(bool),
+                      st.lists(st.one_of(TEXT.filter(bool), st.just("z" * 256)), max_size=16)),
     "presence_penalty": st.one_of(st.sampled_from([-2, 2, 0, -2.0, 2.0]), st.floats(-2, 2)),
     "frequency_penalty": st.one_of(st.sampled_from([-2, 2, 0, -2.0, 2.0]), st.floats(-2, 2)),
     "logit_bias": st.dictionaries(TOKEN.map(str), st.one_of(st.sampled_from([-100, 100, 0, -100.0, 100.0]),
@@ -106,7 +109,8 @@ HOSTILE_FIELDS = sorted({*VALID, *CHAT_VALID, *COMPLETION_VALID, "model", "strea
 
 
 def hostile_message() -> st.SearchStrategy:
-    part = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["image_url", "input_audio", "file", "", "text"]),
+    part = st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["image_url", "input_audio", "file", "",
+                                                                     "text"]),
                                             "image_url": st.just({"url": "http://x/y.png"})}), weird())
     return st.fixed_dictionaries(
         {"role": st.one_of(st.sampled_from(["user", "assistant", "tool"]), weird()),
@@ -151,7 +155,8 @@ def keep_cheap(body) -> None:
         if type(v) is int and MAX_TOKENS_RUN < v <= 1 << 20:  # past the context, it is a cheap 400 anyway
             body[k] = MAX_TOKENS_RUN
     if not any(type(body.get(k)) is int and 0 < body[k] <= MAX_TOKENS_RUN for k in keys):
-        body["max_tokens" if "max_completion_tokens" not in body else "max_completion_tokens"] = MAX_TOKENS_RUN
+        body["max_tokens" if "max_completion_tokens" not in body
+             else "max_completion_tokens"] = MAX_TOKENS_RUN
     for k in ("n", "best_of"):
         if type(body.get(k)) is int and 2 < body[k] <= 64:
             body[k] = 2
@@ -182,7 +187,8 @@ def send(client: httpx.Client, path: str, body) -> tuple[int, str | None]:
         for line in text.splitlines():
             if line.startswith("data: {") and '"error"' in line:
                 err = json.loads(line[6:]).get("error") or {}
-                if err.get("type") == "server_error" or str(err.get("code")) in ("request_failed", "internal_error"):
+                if err.get("type") == "server_error" or str(err.get("code")) in ("request_failed",
+                                                                                 "internal_error"):
                     return 200, line[:300]
     return resp.status_code, None
 
@@ -209,7 +215,8 @@ def _short(value):
     return value
 
 
-def fuzz(client: httpx.Client, tally: Tally, examples: int, seed: int | None = 0, strict: bool = True) -> None:
+def fuzz(client: httpx.Client, tally: Tally, examples: int, seed: int | None = 0,
+         strict: bool = True) -> None:
     """Runs `examples` generated cases. strict: the first failing case fails (a test); else they are
     counted and the run goes on (the long run)."""
     @given(case=cases())
@@ -293,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    result = {**tally.summary(), "greedy_unchanged": before == after, "duration_s": round(time.monotonic() - started, 1),
+    result = {**tally.summary(), "greedy_unchanged": before == after,
+              "duration_s": round(time.monotonic() - started, 1),
               "cases_per_s": round(tally.cases / max(1e-9, time.monotonic() - started), 1),
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
     result["goals"] = fuzz_goals(result)

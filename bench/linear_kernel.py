@@ -67,13 +67,17 @@ def run_shape(name: str, n: int, k: int, rows: tuple[int, ...], reps: int, cycle
         kernel_s = time_calls(lambda p, x=x: linear_bf16w.linear(x, p, n), packed[used], reps)
         int8_s = time_calls(lambda ps, x=x: linear_int8w.linear(x, ps[0], ps[1], n), int8[used], reps)
         torch_s = time_calls(lambda w, x=x: F.linear(x, w), dense[used], reps)
-        diff = (linear_bf16w.linear(x, packed[0], n) - F.linear(x, dense[0].to(torch.bfloat16).float())).abs().max()
+        diff = (linear_bf16w.linear(x, packed[0],
+                                    n) - F.linear(x, dense[0].to(torch.bfloat16).float())).abs().max()
         q, scale = quantized[0]
-        int8_diff = (linear_int8w.linear(x, int8[0][0], scale, n) - F.linear(x, q.float() * scale[:, None])).abs().max()
+        int8_diff = (linear_int8w.linear(x, int8[0][0], scale,
+                                         n) - F.linear(x, q.float() * scale[:, None])).abs().max()
         out.append({"shape": name, "n": n, "k": k, "m": m, "copies_cycled": len(dense[used]),
-                    "kernel_ms": round(kernel_s * 1e3, 4), "kernel_gbps": round(n * k * 2 / kernel_s / 1e9, 2),
+                    "kernel_ms": round(kernel_s * 1e3, 4),
+                    "kernel_gbps": round(n * k * 2 / kernel_s / 1e9, 2),
                     "int8_ms": round(int8_s * 1e3, 4), "int8_gbps": round(int8_bytes / int8_s / 1e9, 2),
-                    "torch_fp32_ms": round(torch_s * 1e3, 4), "torch_fp32_gbps": round(n * k * 4 / torch_s / 1e9, 2),
+                    "torch_fp32_ms": round(torch_s * 1e3, 4),
+                    "torch_fp32_gbps": round(n * k * 4 / torch_s / 1e9, 2),
                     "speedup": round(torch_s / kernel_s, 3), "int8_speedup": round(torch_s / int8_s, 3),
                     "max_abs_diff_vs_fp32_same_weights": float(diff),
                     "int8_max_abs_diff_vs_fp32_same_weights": float(int8_diff)})
@@ -94,8 +98,10 @@ def decode_step(rows: list[dict]) -> list[dict]:
         steps.append({"m": m, "shapes": sorted(calls), "kernel_ms": round(kernel_ms, 3),
                       "kernel_gbps": round(params * 2 / kernel_ms / 1e6, 2), "int8_ms": round(int8_ms, 3),
                       "int8_gbps": round((params + 4 * scales) / int8_ms / 1e6, 2),
-                      "torch_fp32_ms": round(torch_ms, 3), "torch_fp32_gbps": round(params * 4 / torch_ms / 1e6, 2),
-                      "speedup": round(torch_ms / kernel_ms, 3), "int8_speedup": round(torch_ms / int8_ms, 3)})
+                      "torch_fp32_ms": round(torch_ms, 3),
+                      "torch_fp32_gbps": round(params * 4 / torch_ms / 1e6, 2),
+                      "speedup": round(torch_ms / kernel_ms, 3),
+                      "int8_speedup": round(torch_ms / int8_ms, 3)})
     return steps
 
 
@@ -106,13 +112,17 @@ def goals(steps: list[dict], rows: list[dict], read_gbps: float) -> list[dict]:
     speedups = [r["speedup"] for r in rows]
     int8_speedups = [r["int8_speedup"] for r in rows]
     return [
-        goal("bf16-weight kernel: a decode step's weights at M=1, GB/s", one and one["kernel_gbps"], ">=", 20.0),
-        goal("the same as a share of the machine's read bandwidth", one and round(one["kernel_gbps"] / read_gbps, 3),
+        goal("bf16-weight kernel: a decode step's weights at M=1, GB/s", one and one["kernel_gbps"], ">=",
+             20.0),
+        goal("the same as a share of the machine's read bandwidth",
+             one and round(one["kernel_gbps"] / read_gbps, 3),
              ">=", 0.6),
-        goal("decode step's linears at M=1: fp32 F.linear time / kernel time", one and one["speedup"], ">=", 1.6),
+        goal("decode step's linears at M=1: fp32 F.linear time / kernel time", one and one["speedup"], ">=",
+             1.6),
         goal("kernel never slower than fp32 F.linear (min speedup over shapes and M)",
              min(speedups) if speedups else None, ">=", 1.0),
-        goal("int8-weight kernel: a decode step's weight bytes at M=1, as a share of the machine's read bandwidth",
+        goal("int8-weight kernel: a decode step's weight bytes at M=1, as a share of the machine's read "
+             "bandwidth",
              one and round(one["int8_gbps"] / read_gbps, 3), ">=", 0.6),
         goal("int8 kernel never slower than fp32 F.linear (min speedup over shapes and M)",
              min(int8_speedups) if int8_speedups else None, ">=", 1.0),
@@ -126,7 +136,8 @@ def main() -> None:
 
     for kernel in (linear_bf16w, linear_int8w):
         if not kernel.available():
-            raise SystemExit(f"the {kernel.KERNEL} kernel is not built: {build.unavailable_reason(kernel.KERNEL)}")
+            raise SystemExit(f"the {kernel.KERNEL} kernel is not built: "
+                             f"{build.unavailable_reason(kernel.KERNEL)}")
     rows_m, reps, cycle = ((1, 8, 256), 2, 64 << 20) if args.quick else (ROWS, args.reps, CYCLE_BYTES)
     read_gbps, rows, noise = machine.measure_against_bandwidth(args.quick, lambda: [
         r for name, (n, k, _) in SHAPES.items() for r in run_shape(name, n, k, rows_m, reps, cycle)])
@@ -138,11 +149,11 @@ def main() -> None:
     for r in rows:
         print(f"{r['shape']:>8} {r['n']:>5}x{r['k']:<5} M={r['m']:>3}: bf16w {r['kernel_ms']:8.3f} ms "
               f"({r['kernel_gbps']:5.1f} GB/s) x{r['speedup']}  int8w {r['int8_ms']:8.3f} ms "
-              f"({r['int8_gbps']:5.1f} GB/s) x{r['int8_speedup']}  fp32 F.linear {r['torch_fp32_ms']:8.3f} ms "
-              f"({r['torch_fp32_gbps']:5.1f} GB/s)")
+              f"({r['int8_gbps']:5.1f} GB/s) x{r['int8_speedup']}  fp32 F.linear {r['torch_fp32_ms']:8.3f} "
+              f"ms ({r['torch_fp32_gbps']:5.1f} GB/s)")
     for s in steps:
-        print(f"decode step M={s['m']:>3}: bf16w {s['kernel_ms']:.2f} ms ({s['kernel_gbps']} GB/s) x{s['speedup']}, "
-              f"int8w {s['int8_ms']:.2f} ms ({s['int8_gbps']} GB/s) x{s['int8_speedup']}, "
+        print(f"decode step M={s['m']:>3}: bf16w {s['kernel_ms']:.2f} ms ({s['kernel_gbps']} GB/s) "
+              f"x{s['speedup']}, int8w {s['int8_ms']:.2f} ms ({s['int8_gbps']} GB/s) x{s['int8_speedup']}, "
               f"fp32 {s['torch_fp32_ms']:.2f} ms ({s['torch_fp32_gbps']} GB/s)")
     machine.print_goals(result["goals"], path)
 

@@ -28,7 +28,8 @@ from kvloop.engine.bench.workloads import SMOKE, W1Params, build_w1
 from kvloop.engine.core.policy import policy_names
 
 RESULTS = Path(__file__).resolve().parent / "results"
-KEYS = ("throughput_tok_s", "throughput_req_s", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "oom_events", "preemptions",
+KEYS = ("throughput_tok_s", "throughput_req_s", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "oom_events",
+        "preemptions",
         "kv_use_mean_saturated", "hit_rate")
 # issue 4's goals: (name, key, against, ratio, direction)
 GOALS = (("codesign >= 4x static throughput", "throughput_tok_s", "static", 4.0, ">="),
@@ -40,7 +41,8 @@ def workload_params(a: argparse.Namespace) -> W1Params:
     if a.smoke:
         return dataclasses.replace(SMOKE, rate=a.rate, seed=a.seed)
     p = W1Params(rate=a.rate, seed=a.seed, think_mean_s=a.think,
-                 num_doc_questions=max(1, round(60 * a.count_scale)), num_sessions=max(1, round(15 * a.count_scale)))
+                 num_doc_questions=max(1, round(60 * a.count_scale)),
+                 num_sessions=max(1, round(15 * a.count_scale)))
     return p.scaled(a.scale)
 
 
@@ -82,7 +84,8 @@ def mode_summary(rows: list[RunRow]) -> dict:
                   "ttft_p99_s": r.client.get("ttft_p99_s"), "completed": r.client.get("completed"),
                   "failed": r.client.get("failed"), "oom_events": r.server.get("oom_events"),
                   "preemptions": r.server.get("preemptions"),
-                  "other_cores_mean": r.noise.get("other_cores_mean"), "other_cores_max": r.noise.get("other_cores_max"),
+                  "other_cores_mean": r.noise.get("other_cores_mean"),
+                  "other_cores_max": r.noise.get("other_cores_max"),
                   "ours_cores_mean": r.noise.get("ours_cores_mean"), "noisy": r.noise.get("noisy"),
                   "kv_use_series": r.server.get("kv_use_series", [])} for r in rows],
     }
@@ -112,20 +115,23 @@ def fmt(x, spec: str = ".2f") -> str:
 def markdown(res: dict) -> str:
     w = res["workload"]
     lines = [f"# Modes on W1 (scaled): {', '.join(res['modes'])}", "",
-             f"{w['description']}", "", f"Command: `{w['command']}`. Started {w['started']}, {w['wall_s']} s in all.",
+             f"{w['description']}", "",
+             f"Command: `{w['command']}`. Started {w['started']}, {w['wall_s']} s in all.",
              "", "| mode | tok/s | req/s | TTFT P50 (s) | TTFT P99 (s) | E2E P99 (s) | OOM | preemptions | "
              "KV use saturated | hit rate | completed / failed | other load (cores) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in res["modes"].items():
-        lines.append(f"| {name} | {fmt(m['throughput_tok_s'], '.1f')} | {fmt(m['throughput_req_s'], '.3f')} | "
-                     f"{fmt(m['ttft_p50_s'])} | {fmt(m['ttft_p99_s'])} | {fmt(m['e2e_p99_s'])} | "
+        lines.append(f"| {name} | {fmt(m['throughput_tok_s'], '.1f')} | {fmt(m['throughput_req_s'], '.3f')} "
+                     f"| {fmt(m['ttft_p50_s'])} | {fmt(m['ttft_p99_s'])} | {fmt(m['e2e_p99_s'])} | "
                      f"{fmt(m['oom_events'], '.0f')} | {fmt(m['preemptions'], '.0f')} | "
                      f"{fmt(m['kv_use_mean_saturated'])} | {fmt(m['hit_rate'])} | "
-                     f"{fmt(m['completed'], '.0f')} / {fmt(m['failed'], '.0f')} | {fmt(m['noise_other_cores_mean'])} |")
+                     f"{fmt(m['completed'], '.0f')} / {fmt(m['failed'], '.0f')} | "
+                     f"{fmt(m['noise_other_cores_mean'])} |")
     lines += ["", "## Goals (issue 4)", "", "| goal | measured | met |", "|---|---|---|"]
     for g in res["goals"]:
         v = g["value"]
-        lines.append(f"| {g['goal']} | {v if not isinstance(v, float) else f'{v:.2f}'} | {'yes' if g['met'] else 'no'} |")
+        lines.append(f"| {g['goal']} | {v if not isinstance(v, float) else f'{v:.2f}'} | "
+                     f"{'yes' if g['met'] else 'no'} |")
     lines += ["", "## Notes", ""] + [f"- {n}" for n in w["notes"]] + ["", "![modes](modes_w1.png)", ""]
     return "\n".join(lines)
 
@@ -201,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in a.modes.split(",") if m]
     load0 = os.getloadavg()
     t0 = time.time()
-    suite = run_suite(modes, lambda rate: build_w1(dataclasses.replace(p, rate=rate), name), [a.rate], a.rate, sizing,
+    suite = run_suite(modes, lambda rate: build_w1(dataclasses.replace(p, rate=rate), name), [a.rate], a.rate,
+                      sizing,
                       a.reps, SLO(), a.threads, a.redo_noisy, a.max_other_cores, a.timeout, progress=False,
                       log=lambda s: print(s, file=sys.stderr, flush=True))
     load1 = os.getloadavg()
@@ -214,19 +221,23 @@ def main(argv: list[str] | None = None) -> int:
             f"{sizing.host_cache_tokens} tokens (codesign only), static batch {sizing.static_batch} with "
             f"{sizing.fill_timeout_s} s fill timeout, {a.reps} interleaved repetition(s)")
     notes = [
-        f"Machine: {os.cpu_count()} CPUs shared with other developers' jobs; load average {load0[0]:.1f} before, "
-        f"{load1[0]:.1f} after. 'other load' is the noise guard's mean CPU (cores) used by other processes "
-        f"during each run (threshold {a.max_other_cores} cores): every number here is under that contention.",
-        "Engine dtype 'auto' (fp32 on this CPU), embedded SmolLM2-135M, synthetic token text, ignore_eos, greedy.",
-        f"static: the scheduler's own static mode; a reservation (prompt + max_tokens) that does not fit the pool "
-        f"is an OOM event and the request fails ('{static_oom}': finish_reason 'error'); a failed chat turn ends "
-        f"its session (the driver does not send later turns), so static completes fewer requests.",
+        f"Machine: {os.cpu_count()} CPUs shared with other developers' jobs; load average {load0[0]:.1f} "
+        f"before, {load1[0]:.1f} after. 'other load' is the noise guard's mean CPU (cores) used by other "
+        f"processes during each run (threshold {a.max_other_cores} cores): every number here is under that "
+        "contention.",
+        "Engine dtype 'auto' (fp32 on this CPU), embedded SmolLM2-135M, synthetic token text, ignore_eos, "
+        "greedy.",
+        "static: the scheduler's own static mode; a reservation (prompt + max_tokens) that does not fit the "
+        f"pool is an OOM event and the request fails ('{static_oom}': finish_reason 'error'); a failed chat "
+        f"turn ends its session (the driver does not send later turns), so static completes fewer requests.",
         "Throughput = output tokens of completed requests / makespan (first send to last finish).",
-        "kv_use_mean_saturated = mean referenced share of the device pool over samples taken while requests waited.",
+        "kv_use_mean_saturated = mean referenced share of the device pool over samples taken while requests "
+        "waited.",
         *a.note,
     ]
     cmd = "bench/modes_w1.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    res = {"workload": {"name": name, "description": desc, "params": probe.params, "num_requests": probe.num_requests,
+    res = {"workload": {"name": name, "description": desc, "params": probe.params,
+                        "num_requests": probe.num_requests,
                         "scale": a.scale, "count_scale": a.count_scale, "rate": a.rate, "reps": a.reps,
                         "sizing": dataclasses.asdict(sizing), "started": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                                        time.localtime(t0)),

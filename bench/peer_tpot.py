@@ -27,7 +27,8 @@ MAX_TOKENS = 48
 
 
 def measure_peer(peer: str, batches: list[int], per_doc: int, threads: int) -> dict:
-    """llama.cpp gets a server per batch (-np = batch); vLLM one server for all batches (it compiles at start)."""
+    """llama.cpp gets a server per batch (-np = batch); vLLM one server for all batches
+    (it compiles at start)."""
     names = {b: f"llama.cpp-bf16-np{b}" if peer == "llama.cpp" else "vllm-cpu-bf16" for b in batches}
     out: dict = {}
     target, started = None, None
@@ -53,7 +54,8 @@ def measure_peer(peer: str, batches: list[int], per_doc: int, threads: int) -> d
 
 def quiet_goals(detail: dict) -> list[dict]:
     """The peers' numbers only count if the machine was quiet while each ran."""
-    return [goal(f"{peer} batch {b}: other processes' cores during the run", r["noise"]["other_cores_mean"], "<=", 0.3)
+    return [goal(f"{peer} batch {b}: other processes' cores during the run", r["noise"]["other_cores_mean"],
+                 "<=", 0.3)
             for peer, runs in detail.items() for b, r in runs.items() if "noise" in r]
 
 
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     for peer in args.peers.split(","):
         detail[peer] = measure_peer(peer, batches, args.per_doc, args.threads)
         table[peer] = {b: r["tpot_ms_p50"] for b, r in detail[peer].items() if "tpot_ms_p50" in r}
-    args.out.write_text(json.dumps({**table, "goals": quiet_goals(detail), "_detail": detail, "_per_doc": args.per_doc,
+    args.out.write_text(json.dumps({**table, "goals": quiet_goals(detail), "_detail": detail,
+                                    "_per_doc": args.per_doc,
                                     "_context": CONTEXT, "_threads": args.threads}, indent=1) + "\n")
     print(args.out)
     return 0

@@ -37,14 +37,16 @@ def main(argv: list[str] | None = None) -> None:
     prompts = [int(p) for p in args.prompt_tokens.split(",")]
     out = io.StringIO()
     for quant in args.quant.split(","):
-        engine = EngineCore(EngineConfig(dtype="auto" if quant == "auto" else "float32", quantization=quant, progress=False,
+        engine = EngineCore(EngineConfig(dtype="auto" if quant == "auto" else "float32", quantization=quant,
+                                         progress=False,
                                          kv_cache_tokens=max(batches) * (max(prompts) + 64) + 1024,
                                          kv=KVConfig(mode="continuous"), threads=args.threads))
         for plen in prompts:
             for batch in batches:
                 params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
                 for i in range(batch):
-                    engine.add_request(f"{quant}{plen}-{batch}-{i}", [rng.randrange(200, 40000) for _ in range(plen)],
+                    engine.add_request(f"{quant}{plen}-{batch}-{i}",
+                                       [rng.randrange(200, 40000) for _ in range(plen)],
                                        params)
                 while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or \
                         engine.scheduler.waiting:

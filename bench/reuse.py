@@ -106,8 +106,10 @@ def run_ttft(reps: int, threads: int, dtype: str = "bfloat16") -> dict:
                     times[name].append(t)
             for name, ts in times.items():
                 out.setdefault(name, {})[f"{kind}_ttft_s"] = round(statistics.median(ts), 4)
-                details[f"{name}_{kind}"] = {"ttft_s": [round(t, 4) for t in ts], "prompt_tokens": len(prefix) + tail}
-                print(f"{name:6s} {kind}: median {statistics.median(ts):.3f}s  {[round(t, 3) for t in ts]}", flush=True)
+                details[f"{name}_{kind}"] = {"ttft_s": [round(t, 4) for t in ts],
+                                             "prompt_tokens": len(prefix) + tail}
+                print(f"{name:6s} {kind}: median {statistics.median(ts):.3f}s  {[round(t, 3) for t in ts]}",
+                      flush=True)
     for tier in TIERS:
         for kind in ("chat", "doc"):
             out[tier][f"{kind}_ratio"] = round(out["cold"][f"{kind}_ttft_s"] / out[tier][f"{kind}_ttft_s"], 2)
@@ -123,7 +125,8 @@ def simulate(mode: str, docs: int, one_off: float, requests: int, pool_blocks: i
     from kvloop.engine.kv.manager import KVCacheManager
 
     bs = 16
-    kv = KVCacheManager(pool_blocks, bs, KVConfig(mode=mode, host_cache_tokens=0, watermark=0.0), extra_key="sim")
+    kv = KVCacheManager(pool_blocks, bs, KVConfig(mode=mode, host_cache_tokens=0, watermark=0.0),
+                        extra_key="sim")
     rng = random.Random(seed)
     bodies = [toks(random.Random(1000 + d), 2000) for d in range(docs)]
     weights = [1 / (d + 1) ** 1.1 for d in range(docs)]
@@ -153,38 +156,42 @@ def run_sweep(requests: int, pool_blocks: int = 1536) -> list[dict]:
             lru = simulate("continuous+lru", docs, one_off, requests, pool_blocks)
             rows.append({"working_set_x": factor, "documents": docs, "one_off_share": one_off,
                          "gate_hit_rate": round(gate, 4), "lru_hit_rate": round(lru, 4)})
-            print(f"sweep {factor}x docs={docs} one-off={one_off:.0%}: gate {gate:.3f}  lru {lru:.3f}", flush=True)
+            print(f"sweep {factor}x docs={docs} one-off={one_off:.0%}: gate {gate:.3f}  lru {lru:.3f}",
+                  flush=True)
     return rows
 
 
 # ---- report ----------------------------------------------------------------------------------------
 def markdown(res: dict) -> str:
-    lines = ["# KV reuse benchmark", "", "Written by `bench/reuse.py`; setup and caveats in its docstring and in `meta`.", ""]
+    lines = ["# KV reuse benchmark", "",
+             "Written by `bench/reuse.py`; setup and caveats in its docstring and in `meta`.", ""]
     if "cold" in res:
         lines += ["| tier | chat 4th turn TTFT (s) | ratio | 2000-token doc question TTFT (s) | ratio |",
                   "|---|---|---|---|---|",
                   f"| cold | {res['cold']['chat_ttft_s']:.3f} | 1 | {res['cold']['doc_ttft_s']:.3f} | 1 |"]
         for tier in ("device", "host", "disk"):
             r = res[tier]
-            lines.append(f"| {tier} | {r['chat_ttft_s']:.3f} | {r['chat_ratio']:.1f}x | {r['doc_ttft_s']:.3f} | "
-                         f"{r['doc_ratio']:.1f}x |")
+            lines.append(f"| {tier} | {r['chat_ttft_s']:.3f} | {r['chat_ratio']:.1f}x | "
+                         f"{r['doc_ttft_s']:.3f} | {r['doc_ratio']:.1f}x |")
         lines.append("")
     if res.get("sweep"):
-        lines += ["Device-tier token hit rate, gate (codesign) vs plain LRU (simulation over the real KV manager):", "",
+        lines += ["Device-tier token hit rate, gate (codesign) vs plain LRU (simulation over the real KV "
+                  "manager):", "",
                   "| working set / pool | one-off share | gate | LRU |", "|---|---|---|---|"]
         for row in res["sweep"]:
-            lines.append(f"| {row['working_set_x']}x ({row['documents']} docs) | {row['one_off_share']:.0%} | "
-                         f"{row['gate_hit_rate']:.3f} | {row['lru_hit_rate']:.3f} |")
+            lines.append(f"| {row['working_set_x']}x ({row['documents']} docs) | {row['one_off_share']:.0%} "
+                         f"| {row['gate_hit_rate']:.3f} | {row['lru_hit_rate']:.3f} |")
         lines.append("")
     m = res.get("meta", {})
     if m.get("noise"):
         n = m["noise"]
-        lines.append(f"Machine noise during the TTFT runs: other processes used {n['other_cores_mean']:.2f} CPU cores "
-                     f"on average (max {n['other_cores_max']:.2f}) of "
-                     f"{n['cpu_count']} (load average {m.get('load_average_start', [0])[0]:.1f} at the start, "
-                     f"{m.get('load_average_end', [0])[0]:.1f} at the end). The machine was shared with other "
-                     f"developers and saturated, so absolute times are several times what a quiet machine gives; "
-                     f"the tiers were interleaved per rep, so the ratios are the meaningful numbers.")
+        lines.append(f"Machine noise during the TTFT runs: other processes used {n['other_cores_mean']:.2f} "
+                     f"CPU cores on average (max {n['other_cores_max']:.2f}) of "
+                     f"{n['cpu_count']} (load average {m.get('load_average_start', [0])[0]:.1f} at the "
+                     f"start, {m.get('load_average_end', [0])[0]:.1f} at the end). The machine was shared "
+                     "with other developers and saturated, so absolute times are several times what a quiet "
+                     "machine gives; the tiers were interleaved per rep, so the ratios are the meaningful "
+                     "numbers.")
     return "\n".join(lines) + "\n"
 
 
@@ -201,7 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / "reuse.json"
     res = json.loads(path.read_text()) if path.exists() else {}
     meta = res.setdefault("meta", {})
-    meta.update(model="SmolLM2-135M-Instruct (embedded)", dtype=args.dtype, threads=args.threads, reps=args.reps,
+    meta.update(model="SmolLM2-135M-Instruct (embedded)", dtype=args.dtype, threads=args.threads,
+                reps=args.reps,
                 python=sys.version.split()[0], load_average_start=os.getloadavg())
     if not args.skip_ttft:
         with NoiseGuard() as noise:
@@ -210,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         res.update(ttft_res)
         meta["noise"] = noise.report().as_dict()
     if not args.skip_sweep:
-        meta["sweep"] = {"pool_blocks": 1536, "block_size": 16, "requests": args.sweep_requests, "warmup_share": 0.2,
+        meta["sweep"] = {"pool_blocks": 1536, "block_size": 16, "requests": args.sweep_requests,
+                         "warmup_share": 0.2,
                          "simulated": True}
         res["sweep"] = run_sweep(args.sweep_requests)
     meta["load_average_end"] = os.getloadavg()

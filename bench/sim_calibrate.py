@@ -104,9 +104,10 @@ def fit(rows: list[dict], model, kv_dtype: str, backend: str = "torch") -> dict:
     a = np.stack([np.ones_like(y), f[:, 4], f[:, 5], f[:, 2], f[:, 3], f[:, 6]], 1)
     best = None
     # Efficiencies above 1: the nominal THIS_CPU figures understate a CPU with native bf16 dot products (the
-    # AVX512-BF16 AMD runs prefill GEMMs at about 450 GFLOP/s against the nominal 200); a grid that stopped at 1
-    # pinned both there and left 17% RMS error per step. Every step streams the same weights, so their term trades
-    # against the fixed step overhead: judge the fit by its error, not by bw and step_overhead_s one at a time.
+    # AVX512-BF16 AMD runs prefill GEMMs at about 450 GFLOP/s against the nominal 200); a grid that stopped at
+    # 1 pinned both there and left 17% RMS error per step. Every step streams the same weights, so their term
+    # trades against the fixed step overhead: judge the fit by its error, not by bw and
+    # step_overhead_s one at a time.
     for bw in np.geomspace(0.02, GRID_TOP, GRID_POINTS):
         for fl in np.geomspace(0.02, GRID_TOP, GRID_POINTS):
             roof = np.maximum(f[:, 0] / bw, f[:, 1] / fl) + known
@@ -118,10 +119,12 @@ def fit(rows: list[dict], model, kv_dtype: str, backend: str = "torch") -> dict:
     err, bw, fl, coef, pred = best
     rel = (pred - y) / y
     # a zero coefficient means the term costs nothing beyond the roofline: an efficiency of 1e9
-    return {"bw": float(bw), "flops": float(fl), "step_overhead_s": float(coef[0]), "seq_overhead_s": float(coef[1]),
+    return {"bw": float(bw), "flops": float(fl), "step_overhead_s": float(coef[0]),
+            "seq_overhead_s": float(coef[1]),
             "token_overhead_s": float(coef[2]), "kv_bw": float(1 / coef[3]) if coef[3] > 0 else 1e9,
             "attn_flops": float(1 / coef[4]) if coef[4] > 0 else 1e9, "chunk_overhead_s": float(coef[5]),
-            "decode_share": float(np.sum(known) / np.sum(y)),  # of the steps' time, the known decode attention
+            # of the steps' time, the known decode attention
+            "decode_share": float(np.sum(known) / np.sum(y)),
             "rms_rel_error": err,
             "max_abs_rel_error": float(np.max(np.abs(rel))), "steps": len(rows)}
 
@@ -145,7 +148,8 @@ def calibration_goals(result: dict) -> list[dict]:
     """The fit's per-step error (0.2: the bound the simulator's fidelity needs to stay within 15% on whole
     runs, measured before) and the machine's quietness during the real runs."""
     return [goal("RMS relative error per step", result["fit"]["rms_rel_error"], "<=", 0.2),
-            goal("other processes' cores during the runs (mean)", result["noise"]["other_cores_mean"], "<=", 0.3)]
+            goal("other processes' cores during the runs (mean)", result["noise"]["other_cores_mean"], "<=",
+                 0.3)]
 
 
 def dump(result: dict) -> str:
@@ -160,11 +164,13 @@ def dump(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(CALIBRATION_FILE))
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, as the benchmark)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: torch's, as the benchmark)")
     ap.add_argument("--decode-steps", type=int, default=DECODE_STEPS)
     ap.add_argument("--modes", default="static,continuous,continuous+lru,codesign",
                     help="modes whose W1 runs (seed 1) add steps to the fit; empty: synthetic shapes only")
-    ap.add_argument("--refit", action="store_true", help="fit the steps already in --out again (no engine runs)")
+    ap.add_argument("--refit", action="store_true",
+                    help="fit the steps already in --out again (no engine runs)")
     args = ap.parse_args(argv)
     if args.refit:
         result = json.loads(Path(args.out).read_text())
@@ -180,11 +186,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = EngineConfig(kv_cache_tokens=16384,  # the largest shape holds ~9k tokens; fp32 KV is 45 KiB a token
                        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512),
-                       kv=KVConfig(mode="continuous", host_cache_tokens=0), threads=args.threads, progress=False)
+                       kv=KVConfig(mode="continuous", host_cache_tokens=0), threads=args.threads,
+                       progress=False)
     engine = EngineCore(cfg)
     dtype = str(engine.dtype).removeprefix("torch.")
     kv_dtype = str(engine.kv_dtype).removeprefix("torch.")  # the profile prices decode attention with it
-    # ... on this decode path's cost entry: the C++ kernel where built, its blocked bf16 routine's where that is
+    # ... on this decode path's cost entry: the C++ kernel where built, its blocked
+    # bf16 routine's where that is
     backend = engine.runner.attention_cost_name
     # the bytes a step streams are the weights' storage, not the arithmetic's: on CPUs without native bf16
     # the default is bf16 weights with float32 arithmetic (2 bytes, where dtype says float32)
@@ -200,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     from kvloop.engine.bench.machine import machine_info
 
     # the machine as the benchmarks record it: step costs differ severalfold between CPUs (native bf16 or not)
-    result = {"machine": machine_info(), "profile": THIS_CPU.name, "dtype": dtype, "weights": weights, "kv_dtype": kv_dtype,
+    result = {"machine": machine_info(), "profile": THIS_CPU.name, "dtype": dtype, "weights": weights,
+              "kv_dtype": kv_dtype,
               "attention_backend": backend, "threads": args.threads,
-              "model": model.name, "dtype_bytes": model.dtype_bytes, "fit": fit(rows, model, kv_dtype, backend),
+              "model": model.name, "dtype_bytes": model.dtype_bytes,
+              "fit": fit(rows, model, kv_dtype, backend),
               "noise": guard.report().as_dict(),
               "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,13 +12,14 @@ so the seeds here exclude it. Real runs are saved on their own (sim_fidelity_rea
 seed), so that the simulated side can be recomputed after a new calibration without rerunning the
 engine (--sim-only). Writes sim_fidelity.json, .md and .png (pooled TTFT CDFs, real against simulated).
 
---w5 [REAL_JSON] checks W5 at CPU scale instead (sim_fidelity_w5.py): the real engine's runs in a bench/w5.py cpu
-results file (default bench/results/w5_cpu.json; read, not rerun) against the simulator on the same workload and
-sizing, per system; writes sim_fidelity_w5.json (goals: simulated output throughput within 15% of the real
-engine's, per system), .md and .png. --modes, --seeds, --rerun, --threads and --sim-only are W1's.
+--w5 [REAL_JSON] checks W5 at CPU scale instead (sim_fidelity_w5.py): the real engine's runs in a bench/w5.py
+cpu results file (default bench/results/w5_cpu.json; read, not rerun) against the simulator on the same
+workload and sizing, per system; writes sim_fidelity_w5.json (goals: simulated output throughput within 15% of
+the real engine's, per system), .md and .png. --modes, --seeds, --rerun, --threads and --sim-only are W1's.
 
-    .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3,4,5] [--sim-only] [--rerun]
-    .venv/bin/python bench/sim_fidelity.py --w5 [bench/results/w5_cpu.json] [--systems a,b] [--jobs 2]
+    .venv/bin/python bench/sim_fidelity.py --threads 1 [--modes static,...] [--seeds 0,2,3,4,5] [--sim-only]
+    [--rerun] .venv/bin/python bench/sim_fidelity.py --w5 [bench/results/w5_cpu.json]
+    [--systems a,b] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from kvloop.engine.core.policy import policy_names
 from kvloop.engine.sim.modes import Sizing
 
 RESULTS = Path(__file__).resolve().parent / "results"
-KEYS = (("throughput_tok_s", "output_throughput_tok_s"), ("ttft_p50_s", "ttft_p50_s"), ("ttft_p99_s", "ttft_p99_s"))
+KEYS = (("throughput_tok_s", "output_throughput_tok_s"), ("ttft_p50_s", "ttft_p50_s"),
+        ("ttft_p99_s", "ttft_p99_s"))
 SCALE = 0.25
 SEEDS = (0, 2, 3, 4, 5)
 GOAL = 0.15
@@ -118,8 +120,9 @@ def run_real(mode: str, seed: int, threads: int | None) -> dict:
     server = server_metrics(res.samples)
     server.pop("kv_use_series", None)
     c = client_metrics(res.records)
-    print(f"real {mode:15s} seed {seed}: {c['output_throughput_tok_s']:8.1f} tok/s TTFT p50 {c['ttft_p50_s']:.3f} "
-          f"p99 {c['ttft_p99_s']:.3f} other cores {res.noise.other_cores_mean:.2f}", flush=True)
+    print(f"real {mode:15s} seed {seed}: {c['output_throughput_tok_s']:8.1f} tok/s TTFT p50 "
+          f"{c['ttft_p50_s']:.3f} p99 {c['ttft_p99_s']:.3f} other cores {res.noise.other_cores_mean:.2f}",
+          flush=True)
     return {"client": c, "server": server, "noise": res.noise.as_dict() | {"series": []}, "info": res.info,
             "machine": machine_info(),
             "wall_s": res.wall_s, "engine_steps": busy.steps, "engine_busy_s": busy.seconds,
@@ -165,13 +168,15 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
         row = {"real": pooled(runs), "sim": pooled(sims), "seeds": have,
                "median_over_seeds": {"real": {k: statistics.median(r[src] for r in real) for k, src in KEYS},
                                      "sim": {k: statistics.median(r[src] for r in sim) for k, src in KEYS}},
-               "per_seed": {str(s): {"real": {k: r[src] for k, src in KEYS}, "sim": {k: x[src] for k, src in KEYS}}
+               "per_seed": {str(s): {"real": {k: r[src] for k, src in KEYS},
+                                     "sim": {k: x[src] for k, src in KEYS}}
                             for s, r, x in zip(have, real, sim, strict=True)},
                "busy_s": {"real": statistics.median(saved[m][str(s)].get("engine_busy_s") or 0 for s in have),
                           "sim": statistics.median(x["sim"]["runner_busy_s"] for x in sims)},
                "steps": {"real": statistics.median(saved[m][str(s)].get("engine_steps") or 0 for s in have),
                          "sim": statistics.median(x["sim"]["steps"] for x in sims)},
-               "real_noise_other_cores": max(saved[m][str(s)]["noise"].get("other_cores_mean") or 0 for s in have)}
+               "real_noise_other_cores": max(saved[m][str(s)]["noise"].get("other_cores_mean") or 0
+                                             for s in have)}
         row["ttfts"] = {"real": sorted(t for r in runs for t in r["ttfts"]),
                         "sim": sorted(t for x in sims for t in x["ttfts"])}
         row["rel_error"] = {k: rel_error(row["sim"][k], row["real"][k]) for k, _ in KEYS}
@@ -184,7 +189,8 @@ def compare(saved: dict, modes: list[str], seeds: list[int], calibration: str | 
 
 def real_goals(saved: dict) -> list[dict]:
     """The saved real runs' own goal: each ran on a quiet machine (the worst run's other processes' cores)."""
-    worst = max((run["noise"].get("other_cores_mean") or 0.0 for runs in saved.values() for run in runs.values()),
+    worst = max((run["noise"].get("other_cores_mean") or 0.0 for runs in saved.values()
+                 for run in runs.values()),
                 default=None)
     return [goal("other processes' cores during the real runs (mean, worst run)", worst, "<=", 0.3)]
 
@@ -196,8 +202,10 @@ def real_machine(saved: dict, modes: list[str]) -> dict | None:
 
 
 def w1_goals(table: dict) -> list[dict]:
-    """Per mode, |simulated / real - 1| of throughput, TTFT P50 and P99 (the table's within_goal: all three)."""
-    return [goal(f"{m}: simulated / real {k} - 1 (abs)", abs(e) if (e := row["rel_error"][k]) is not None else None,
+    """Per mode, |simulated / real - 1| of throughput, TTFT P50 and P99 (the table's
+    within_goal: all three)."""
+    return [goal(f"{m}: simulated / real {k} - 1 (abs)",
+                 abs(e) if (e := row["rel_error"][k]) is not None else None,
                  "<=", GOAL, values=[row["sim"][k], row["real"][k]])
             for m, row in table.items() for k, _ in KEYS]
 
@@ -211,11 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-only", action="store_true", help="reuse the saved real runs")
     ap.add_argument("--calibration", default=None)
     ap.add_argument("--w5", nargs="?", const=str(RESULTS / "w5_cpu.json"), default=None, metavar="REAL_JSON",
-                    help="W5 instead of W1: a bench/w5.py cpu results file (default bench/results/w5_cpu.json)")
+                    help="W5 instead of W1: a bench/w5.py cpu results file (default "
+                    "bench/results/w5_cpu.json)")
     ap.add_argument("--systems", default=None, help="--w5: comma list of the file's systems (default: all)")
     ap.add_argument("--jobs", type=int, default=1, help="--w5: systems simulated in parallel processes")
     ap.add_argument("--out", default=str(RESULTS), help="--w5: output folder")
-    ap.add_argument("--name", default=None, help="--w5: file stem (default sim_fidelity_w5; one per real file compared)")
+    ap.add_argument("--name", default=None,
+                    help="--w5: file stem (default sim_fidelity_w5; one per real file compared)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     if args.w5:

@@ -26,9 +26,9 @@ def pair(real: float | None, sim: float | None, fmt: str) -> str:
 def write_report(results: Path, report: dict) -> None:
     modes = report["modes"]
     lines = ["# Simulator fidelity on this CPU", "",
-             f"Workload: {report['workload']['name']}, seeds {', '.join(map(str, report['workload']['seeds']))}. "
-             f"Statistic: {report['statistic']}. Calibration: {report['calibration']}. Goal: within "
-             f"{report['goal_rel_error']:.0%}.", "",
+             f"Workload: {report['workload']['name']}, seeds "
+             f"{', '.join(map(str, report['workload']['seeds']))}. Statistic: {report['statistic']}. "
+             f"Calibration: {report['calibration']}. Goal: within {report['goal_rel_error']:.0%}.", "",
              "| mode | " + " | ".join(f"{label}, real / sim" for _, label, _ in LABELS)
              + " | within goal | other cores (max over runs) |",
              "|---|" + "---|" * len(LABELS) + "---|---|"]
@@ -91,7 +91,8 @@ def _machine_name(machine: dict | str | None) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return ["| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def w5_markdown(report: dict, plots: list[str]) -> str:
@@ -99,11 +100,12 @@ def w5_markdown(report: dict, plots: list[str]) -> str:
     w, cal = m["workload"], m["calibration"]
     goals = {g["system"]: g for g in report["goals"]}
     lines = [f"# {m['title']}", "",
-             f"Real runs: `{m['real_file']}` (engine: {m['real_engine']}, started {m.get('real_started')}, torch "
-             f"threads {m.get('real_threads') or 'not recorded'}), read, not rerun. Simulated on the same workload "
-             f"({w['name']}, phase rates {json.dumps(w['phase_rates'])} req/s, phases of {w['phase_s']:g} s over "
-             f"{w['duration_s']:g} s, seed {w['seed']}, {w['num_requests']} requests) with the real engine's sizing, "
-             f"profile `{report['profile']}`, calibration `{cal['path']}`"
+             f"Real runs: `{m['real_file']}` (engine: {m['real_engine']}, started {m.get('real_started')}, "
+             f"torch threads {m.get('real_threads') or 'not recorded'}), read, not rerun. Simulated on the "
+             f"same workload ({w['name']}, phase rates {json.dumps(w['phase_rates'])} req/s, phases of "
+             f"{w['phase_s']:g} s over {w['duration_s']:g} s, seed {w['seed']}, {w['num_requests']} "
+             f"requests) with the real engine's sizing, profile `{report['profile']}`, calibration "
+             f"`{cal['path']}`"
              + (f" (fitted with {cal.get('threads')} threads on {_machine_name(cal.get('machine'))}, "
                 f"{cal.get('dtype')})."
                 if cal.get("exists") else " (missing: placeholder efficiencies).")
@@ -121,7 +123,8 @@ def w5_markdown(report: dict, plots: list[str]) -> str:
     sizings: dict[str, list[str]] = {}  # systems with one sizing share a line
     for n, r in systems.items():
         sizings.setdefault(f"{r['sizing_from']}: {json.dumps(r['sizing'])}", []).append(n)
-    lines += ["", "## Sizing (before a fixed cap)", ""] + [f"- {', '.join(ns)}: {s}" for s, ns in sizings.items()]
+    lines += ["", "## Sizing (before a fixed cap)",
+              ""] + [f"- {', '.join(ns)}: {s}" for s, ns in sizings.items()]
     lines += ["", "## Goals", ""] + ["- " + json.dumps(g, default=str) for g in report["goals"]]
     lines += ["", *(f"![{Path(p).stem}]({Path(p).name})" for p in plots)]
     lines += ["", "## Notes", ""] + [f"- {n}" for n in m["notes"]]
@@ -156,7 +159,8 @@ def _plot_w5(out: Path, report: dict, stem: str) -> list[str]:
     xs, width = range(len(systems)), 0.4
     for ax, (title, value) in zip(axes[0], panels, strict=True):
         for i, side in enumerate(("real", "sim")):
-            ax.bar([x + (i - 0.5) * width for x in xs], [value(r, side) or 0 for r in systems.values()], width,
+            ax.bar([x + (i - 0.5) * width for x in xs], [value(r, side) or 0 for r in systems.values()],
+                   width,
                    label=side)
         ax.set_xticks(list(xs), list(systems), rotation=25, ha="right", fontsize=7)
         ax.set_title(title)

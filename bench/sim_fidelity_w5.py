@@ -1,8 +1,9 @@
 """The W5 part of sim_fidelity.py (issue 16: the simulator within 15% of the real engine's throughput on W5 at
-CPU scale). Reads a real-engine W5 results file (bench/w5.py cpu -> bench/results/w5_cpu.json; nothing is rerun
-on the engine), runs each of its systems through the simulator on the same workload (rebuilt from the file's
-workload_params and checked against its phase plan and counts) with the real engine's sizing (recorded in the
-run's summary, else computed as bench/w5.py's engine_sizing does), and compares whole-run output throughput
+CPU scale). Reads a real-engine W5 results file (bench/w5.py cpu -> bench/results/w5_cpu.json; nothing is
+rerun on the engine), runs each of its systems through the simulator on the same workload (rebuilt from the
+file's workload_params and checked against its phase plan and counts) with the real engine's sizing (recorded
+in the run's summary, else computed as bench/w5.py's engine_sizing does), and compares
+whole-run output throughput
 (the goal), TTFT P50/P99 and the per-phase-kind numbers. Writes sim_fidelity_w5.json (top-level `goals`:
 |simulated / real - 1| of each system's output throughput <= 0.15), .md and .png.
 
@@ -106,7 +107,8 @@ def calibration_info(path: str | None) -> dict:
     """The CPU profile's calibration file and what it was fitted on (placeholders where it is missing)."""
     p = Path(path) if path else CALIBRATION_FILE
     if not p.exists():
-        return {"path": shown(p), "exists": False, "note": "missing: the CPU profile's placeholder efficiencies"}
+        return {"path": shown(p), "exists": False,
+                "note": "missing: the CPU profile's placeholder efficiencies"}
     d = json.loads(p.read_text())
     return {"path": shown(p), "exists": True, "machine": d.get("machine"), "threads": d.get("threads"),
             "dtype": d.get("dtype"), "kv_dtype": d.get("kv_dtype"),
@@ -143,7 +145,8 @@ def compare_system(real: dict, sim: dict) -> dict:
     """One system's real and simulated numbers: whole run, per phase kind, phase by phase (throughput)."""
     row = side_by_side(real["whole"], sim["whole"], WHOLE, ERRORS["whole"])
     kinds = list(dict.fromkeys([*(real.get("by_kind") or {}), *(sim.get("by_kind") or {})]))
-    row["by_kind"] = {k: side_by_side((real.get("by_kind") or {}).get(k, {}), (sim.get("by_kind") or {}).get(k, {}),
+    row["by_kind"] = {k: side_by_side((real.get("by_kind") or {}).get(k, {}),
+                                      (sim.get("by_kind") or {}).get(k, {}),
                                       BY_KIND, ERRORS["by_kind"]) for k in kinds}
     sim_phases = sim.get("phases") or []
     row["phases"] = [{"index": p["index"], "kind": p["kind"], "real": p.get("throughput_tok_s"),
@@ -175,7 +178,8 @@ def simulate(real: dict, path: str, systems: str | None, calibration: str | None
     sizing = {n: run_sizing(real["systems"][n], wl) for n in names}
     for n in names:
         check_sizing(n, sizing[n][0], real["systems"][n].get("info"))
-    sims = run_sim(names, scale, rates, kw, PROFILE[scale], calibration, jobs, {n: s for n, (s, _) in sizing.items()})
+    sims = run_sim(names, scale, rates, kw, PROFILE[scale], calibration, jobs,
+                   {n: s for n, (s, _) in sizing.items()})
     table = {n: compare_system(real["systems"][n], sims[n]) | {"sizing": asdict(sizing[n][0]),
                                                                "sizing_from": sizing[n][1]} for n in names}
     return {"systems": table, "goals": fidelity_goals(table), "goal_rel_error": GOAL,
@@ -187,20 +191,22 @@ def report_meta(real: dict, path: str, calibration: str | None, argv: list[str])
     m, cal = real["meta"], calibration_info(calibration)
     return {"title": f"Simulator fidelity on W5 ({'GPU' if real.get('scale') == 'gpu' else 'CPU'} scale)",
             "real_file": shown(path), "real_engine": m.get("engine"), "real_title": m.get("title"),
-            "real_started": m.get("started"), "real_machine": m.get("machine"), "real_threads": m.get("threads"),
+            "real_started": m.get("started"), "real_machine": m.get("machine"),
+            "real_threads": m.get("threads"),
             "real_commands": m.get("commands") or [],
-            "workload": {"name": m.get("workload"), "phase_rates": m.get("phase_rates"), "phase_s": m.get("phase_s"),
+            "workload": {"name": m.get("workload"), "phase_rates": m.get("phase_rates"),
+                         "phase_s": m.get("phase_s"),
                          "duration_s": m.get("duration_s"), "seed": m["workload_params"].get("seed"),
                          "num_requests": m.get("num_requests")},
             "calibration": cal,
             "commands": [".venv/bin/python bench/sim_fidelity.py " + shlex.join(argv)],
             "notes": [
-                "throughput as bench/w5.py reports it: output tokens / makespan (first send to last finish); per "
-                "phase kind: output tokens finished in the kind's windows / the windows",
-                "one run per system on each side (the W1 check pools five seeds): the real engine's run-to-run "
-                "noise is part of the error",
-                "coordinator variants: the coordinator steers the real engine on the wall clock and the simulator "
-                "on its virtual clock",
+                "throughput as bench/w5.py reports it: output tokens / makespan (first send to last finish); "
+                "per phase kind: output tokens finished in the kind's windows / the windows",
+                "one run per system on each side (the W1 check pools five seeds): the real engine's "
+                "run-to-run noise is part of the error",
+                "coordinator variants: the coordinator steers the real engine on the wall clock and the "
+                "simulator on its virtual clock",
                 "the real side is read from the file, not rerun; rerun this after a new calibration",
                 *calibration_notes(cal, real)]}
 

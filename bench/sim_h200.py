@@ -55,7 +55,8 @@ def summary(res: dict) -> dict:
         "preemptions": s["preemptions"], "kv_use_mean": s["kv_use_mean"], "kv_use_max": s["kv_use_max"],
         "kv_use_mean_while_waiting": s["kv_use_mean_while_waiting"], "hit_rate_total": s["hit_rate_total"],
         "hit_rate_device": s["hit_rate_device"], "hit_rate_host": s["hit_rate_host"],
-        "virtual_s": sim["virtual_s"], "steps": sim["steps"], "wall_s": sim.get("wall_s"), "cpu_s": sim.get("cpu_s"),
+        "virtual_s": sim["virtual_s"], "steps": sim["steps"], "wall_s": sim.get("wall_s"),
+        "cpu_s": sim.get("cpu_s"),
         "static_batches": sim.get("static_batches"),
     }
 
@@ -63,10 +64,12 @@ def summary(res: dict) -> dict:
 def run(mode: str, wl, fb: Settings | None = None, sample_every: float = 1.0, kv: dict | None = None) -> dict:
     prof = get_profile("h200")
     t, cpu = time.perf_counter(), time.process_time()
-    res = Simulator(prof, BenchWorkload(wl), SimConfig(mode=mode, sizing=gpu_sizing(prof), feedback=fb, kv=kv or {},
+    res = Simulator(prof, BenchWorkload(wl),
+                    SimConfig(mode=mode, sizing=gpu_sizing(prof), feedback=fb, kv=kv or {},
                                                        sample_every_s=sample_every)).run()
     res["sim"]["wall_s"] = time.perf_counter() - t
-    res["sim"]["cpu_s"] = time.process_time() - cpu  # this process's CPU time: what a quiet machine would take
+    # this process's CPU time: what a quiet machine would take
+    res["sim"]["cpu_s"] = time.process_time() - cpu
     return res
 
 
@@ -80,7 +83,8 @@ def part_compare(args) -> dict:
             row[mode]["kv_series"] = res["server"]["kv_use_series"][::5]
             row[mode]["duration_s"] = args.duration
             print(f"rate {rate:g} {mode:15s}", {k: round(v, 3) if isinstance(v, float) else v
-                                                 for k, v in row[mode].items() if k != "kv_series"}, flush=True)
+                                                 for k, v in row[mode].items() if k != "kv_series"},
+                                                 flush=True)
         out["rates"][f"{rate:g}"] = row
     return out
 
@@ -116,7 +120,8 @@ def part_gate(args) -> dict:
             row[name] = summary(run(mode, gpu_w1(rate, args.duration, args.seed), kv=kv))
             row[name]["kv_overrides"] = kv
             print(f"rate {rate:g} {name:17s}", {k: round(row[name][k], 3) for k in (
-                "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "hit_rate_device", "hit_rate_host")}, flush=True)
+                "throughput_tok_s", "ttft_p50_s", "ttft_p99_s", "hit_rate_device", "hit_rate_host")},
+                flush=True)
         out["rates"][f"{rate:g}"] = row
     return out
 
@@ -137,7 +142,8 @@ def part_speed(args) -> dict:
                      cpu_s_per_sim_hour=s["cpu_s"] / s["virtual_s"] * 3600)
             out["runs"][f"{rate:g}/{mode}"] = s
             print(f"{args.sim_seconds:g} s of arrivals at {rate:g} req/s, {mode}:", {k: s[k] for k in (
-                "cpu_s", "workload_cpu_s", "wall_s", "virtual_s", "steps", "throughput_tok_s", "failed")}, flush=True)
+                "cpu_s", "workload_cpu_s", "wall_s", "virtual_s", "steps", "throughput_tok_s", "failed")},
+                flush=True)
             del wl
     return out
 
@@ -165,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         write_report(RESULTS)
         return 0
     t = time.perf_counter()
-    data = {"compare": part_compare, "sweep": part_sweep, "gate": part_gate, "speed": part_speed}[args.part](args)
+    data = {"compare": part_compare, "sweep": part_sweep, "gate": part_gate,
+            "speed": part_speed}[args.part](args)
     data["part_wall_s"] = time.perf_counter() - t
     if args.part == "compare":
         from sim_h200_report import compare_goals
@@ -180,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
 
         data["goals"] = speed_goals(data)
     data["args"] = {k: v for k, v in vars(args).items()}
-    (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    (RESULTS / f"sim_h200_{args.part}{args.tag}.json").write_text(json.dumps(data, indent=1,
+                                                                             default=str) + "\n")
     return 0
 
 

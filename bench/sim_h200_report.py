@@ -23,7 +23,8 @@ def _load(results: Path, part: str) -> dict | None:
             if isinstance(out.get(key), dict) and isinstance(more.get(key), dict):
                 out[key].update(more[key])
     if part == "sweep" and isinstance(out.get("runs"), dict):  # none first, then by period
-        out["runs"] = dict(sorted(out["runs"].items(), key=lambda kv: -1 if kv[0] == "none" else float(kv[0])))
+        out["runs"] = dict(sorted(out["runs"].items(),
+                                  key=lambda kv: -1 if kv[0] == "none" else float(kv[0])))
     return out
 
 
@@ -43,7 +44,8 @@ def physics(profile_name: str = "h200") -> dict:
     prof = get_profile(profile_name)
     m, cm = prof.model, prof.cost_model()
     sizing = gpu_sizing(prof)
-    # a full static batch of W1 requests reserves prompt + max tokens each: ~2,050+150 (QA) or up to ~1,070+200 (chat)
+    # a full static batch of W1 requests reserves prompt + max tokens each: ~2,050+150 (QA)
+    # or up to ~1,070+200 (chat)
     mean_reserve = 0.5 * (2050 + 150) + 0.5 * (100 + 4 * 70 + 3 * 200 / 2 + 200)
     return {
         "kv_pool_tokens": prof.kv_pool_tokens, "weights_gb": m.weight_bytes_per_step / 1e9,
@@ -68,63 +70,75 @@ def write_report(results: Path) -> dict:
              "(engine/sim; H200 4.8 TB/s, 989 TFLOP/s, 141 GB; 80% of bandwidth, 60% of peak, 1 ms per step "
              "assumed, not measured). Pool "
              f"{phys['kv_pool_tokens']:,} tokens of KV (90% of memory minus weights and 2 GB), 256 running "
-             "sequences at most, 2,048-token chunked-prefill budget, 128 GiB host tier (codesign). `static` is "
-             "the scheduler's static mode: batches of up to 256 formed when 256 wait or the oldest has "
+             "sequences at most, 2,048-token chunked-prefill budget, 128 GiB host tier (codesign). `static` "
+             "is the scheduler's static mode: batches of up to 256 formed when 256 wait or the oldest has "
              "waited 0.5 s, no joining mid-batch, prompt + max_tokens reserved up front, a reservation "
              "that does not fit is an out-of-memory event (the request fails).", ""]
     if compare:
         lines += ["## Modes (W1-gpu: Poisson arrivals for the stated seconds, then the drain)", "",
-                  "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | failed | OOM/h | preempt | KV use mean / max | hit rate | × static |",
+                  "| rate req/s (arrivals s) | mode | out tok/s | req/s | TTFT P50 ms | TTFT P99 ms | failed "
+                  "| OOM/h | preempt | KV use mean / max | hit rate | × static |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for rate, row in compare["rates"].items():
             base = row.get("static", {}).get("throughput_tok_s")
             for mode, s in row.items():
                 ratio = f"{s['throughput_tok_s'] / base:.2f}" if base else "–"
-                lines.append(f"| {rate} ({s.get('duration_s', compare.get('duration_s', 0)):g}) | {mode} | {s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
-                             f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['failed']} | {s['oom_per_hour']:.1f} | "
-                             f"{s['preemptions']:.0f} | {_pct(s['kv_use_mean'])} / {_pct(s['kv_use_max'])} | "
-                             f"{_pct(s['hit_rate_total'])} | {ratio} |")
+                lines.append(f"| {rate} ({s.get('duration_s', compare.get('duration_s', 0)):g}) | {mode} | "
+                             f"{s['throughput_tok_s']:.0f} | {s['throughput_req_s']:.1f} | "
+                             f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['failed']} | "
+                             f"{s['oom_per_hour']:.1f} | {s['preemptions']:.0f} | {_pct(s['kv_use_mean'])} / "
+                             f"{_pct(s['kv_use_max'])} | {_pct(s['hit_rate_total'])} | {ratio} |")
         lines += ["", "## Against the article", "", ARTICLE_TEXT.format(**phys, **compare_facts(compare)), ""]
     if sweep:
-        lines += [f"## Coordinator period (codesign; load {' / '.join(f'{r:g}' for r in sweep['rates'])} req/s, "
-                  f"switching every {sweep['phase_s']:g} s)", "",
-                  "| period s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 s | preempt | cap changes | final cap |",
+        lines += [f"## Coordinator period (codesign; load {' / '.join(f'{r:g}' for r in sweep['rates'])} "
+                  f"req/s, switching every {sweep['phase_s']:g} s)", "",
+                  "| period s | out tok/s | TTFT P50 ms | TTFT P99 ms | E2E P99 s | preempt | cap changes | "
+                  "final cap |",
                   "|---|---|---|---|---|---|---|---|"]
         for p, s in sweep["runs"].items():
             caps = [c for c in s.get("changes", []) if c["knob"] == "batch_cap"]
             final = caps[-1]["new"] if caps else ("256 (fixed)" if p == "none" else "32")
-            lines.append(f"| {p} | {s['throughput_tok_s']:.0f} | {_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | "
-                         f"{s['e2e_p99_s']:.1f} | {s['preemptions']:.0f} | {len(caps)} | {final} |")
+            lines.append(f"| {p} | {s['throughput_tok_s']:.0f} | {_ms(s['ttft_p50_s'])} | "
+                         f"{_ms(s['ttft_p99_s'])} | {s['e2e_p99_s']:.1f} | {s['preemptions']:.0f} | "
+                         f"{len(caps)} | {final} |")
         lines += ["", SWEEP_TEXT.format(**sweep_facts(sweep)), ""]
     if gate:
         lines += ["## Why codesign trails plain LRU past saturation: the device admission gate", "",
                   "| rate req/s (arrivals s) | variant | out tok/s | TTFT P50 ms | TTFT P99 ms | failed | "
-                  "prompt tokens from device / host cache | KV use mean |", "|---|---|---|---|---|---|---|---|"]
+                  "prompt tokens from device / host cache | KV use mean |",
+                  "|---|---|---|---|---|---|---|---|"]
         for rate, row in gate["rates"].items():
             for name, s in row.items():
                 lines.append(f"| {rate} ({gate['duration_s']:g}) | {name} | {s['throughput_tok_s']:.0f} | "
                              f"{_ms(s['ttft_p50_s'])} | {_ms(s['ttft_p99_s'])} | {s['failed']} | "
-                             f"{_pct(s['hit_rate_device'])} / {_pct(s['hit_rate_host'])} | {_pct(s['kv_use_mean'])} |")
+                             f"{_pct(s['hit_rate_device'])} / {_pct(s['hit_rate_host'])} | "
+                             f"{_pct(s['kv_use_mean'])} |")
         lines += ["", GATE_TEXT.format(**gate_facts(gate), block_us=phys["host_block_us"]), ""]
     if speed:
-        lines += ["## Speed", "", "One simulated hour of W1-gpu per mode (CPU time of this process; building the "
-                  "workload's requests is counted apart; a run of fewer seconds of arrivals is scaled to an hour "
-                  "by its virtual seconds, drain included):", "",
-                  "| rate req/s | mode | arrivals s | CPU s per simulated hour | building the workload, CPU s | steps | "
-                  "virtual s | out tok/s | failed |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["## Speed", "",
+                  "One simulated hour of W1-gpu per mode (CPU time of this process; building the "
+                  "workload's requests is counted apart; a run of fewer seconds of arrivals is scaled to an "
+                  "hour by its virtual seconds, drain included):", "",
+                  "| rate req/s | mode | arrivals s | CPU s per simulated hour | building the workload, CPU "
+                  "s | steps | virtual s | out tok/s | failed |", "|---|---|---|---|---|---|---|---|---|"]
         speed["runs"] = dict(sorted(speed["runs"].items(), key=lambda kv: kv[1]["rate"]))  # parts ran apart
         for s in speed["runs"].values():
             lines.append(f"| {s['rate']:g} | {s['mode']} | {s.get('sim_seconds', 3600):g} | "
                          f"{s['cpu_s_per_sim_hour']:.0f} | {s['workload_cpu_s']:.0f} | "
-                         f"{s['steps']:,} | {s['virtual_s']:.0f} | {s['throughput_tok_s']:.0f} | {s['failed']} |")
+                         f"{s['steps']:,} | {s['virtual_s']:.0f} | {s['throughput_tok_s']:.0f} | "
+                         f"{s['failed']} |")
         runs = list(speed["runs"].values())
         ok = [f"{r['mode']} at {r['rate']:g}" for r in runs if r["cpu_s_per_sim_hour"] <= 120]
         over = [f"{r['mode']} at {r['rate']:g}" for r in runs if r["cpu_s_per_sim_hour"] > 120]
-        lines += ["", f"Within the 2-minute goal: {', '.join(ok) or 'none'}. Over it: {', '.join(over) or 'none'}.",
+        lines += ["",
+                  f"Within the 2-minute goal: {', '.join(ok) or 'none'}. Over it: "
+                  f"{', '.join(over) or 'none'}.",
                   "", SPEED_TEXT, ""]
     report["goals"] = ((compare_goals(compare) if compare else []) + (sweep_goals(sweep) if sweep else [])
                        + (speed_goals(speed, (80.0,)) if speed else []))
-    lines += ["## Goals", ""] + [f"- [{'x' if g['met'] else ' '}] {g['name']}: {g['value']:.3g} ({g['op']} {g['bound']:g})"
+    lines += ["## Goals",
+              ""] + [f"- [{'x' if g['met'] else ' '}] {g['name']}: {g['value']:.3g} ({g['op']} "
+                     f"{g['bound']:g})"
                                  for g in report["goals"]] + [""]
     (results / "sim_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (results / "sim_h200.md").write_text("\n".join(lines) + "\n")
@@ -149,14 +163,17 @@ def compare_facts(compare: dict) -> dict:
             "static_failed_hi": st_hi["failed"], "static_p99_lo": st_lo["ttft_p99_s"],
             "cd_p99_hi": compare["rates"][hi]["codesign"]["ttft_p99_s"],
             "lru_p99_hi": compare["rates"][hi]["continuous+lru"]["ttft_p99_s"],
-            "cd_vs_lru": ("codesign admits past the batch cap while the cascade-priced decode step stays within the "
-                          "cap's plain cost (rows joining a shared document add only their suffix), so its queue stays "
-                          "short" if compare["rates"][hi]["codesign"]["ttft_p99_s"]
+            "cd_vs_lru": ("codesign admits past the batch cap while the cascade-priced decode step stays "
+                          "within the cap's plain cost (rows joining a shared document add only their "
+                          "suffix), so its queue stays short"
+                          if compare["rates"][hi]["codesign"]["ttft_p99_s"]
                           <= compare["rates"][hi]["continuous+lru"]["ttft_p99_s"] else
-                          "its device admission gate sends chat histories to the host tier although the pool has room "
-                          "(see the gate section)"),
-            "verdict": ("so about 2.8× is physically possible at H200 scale, but only deep in static's overload"
-                        if best >= 2.8 else f"so the largest ratio reached here is {best:.2f}×, below the article's "
+                          "its device admission gate sends chat histories to the host tier although the pool "
+                          "has room (see the gate section)"),
+            "verdict": ("so about 2.8× is physically possible at H200 scale, but only deep in static's "
+                        "overload"
+                        if best >= 2.8
+                        else f"so the largest ratio reached here is {best:.2f}×, below the article's "
                         "2.8×, and it needs static deep in overload")}
 
 
@@ -171,10 +188,12 @@ def compare_goals(compare: dict) -> list[dict]:
         top = rate == rates[-1]
         out.append(goal(f"{rate} req/s: codesign / continuous+lru throughput", cd["throughput_tok_s"]
                         / lru["throughput_tok_s"], ">=", 1.0 if top else 0.99))
-        out.append(goal(f"{rate} req/s: codesign / continuous+lru P99 TTFT", cd["ttft_p99_s"] / lru["ttft_p99_s"],
+        out.append(goal(f"{rate} req/s: codesign / continuous+lru P99 TTFT",
+                        cd["ttft_p99_s"] / lru["ttft_p99_s"],
                         "<=", 1.0))
         if top:
-            out.append(goal(f"{rate} req/s: codesign failed minus continuous+lru failed", cd["failed"] - lru["failed"],
+            out.append(goal(f"{rate} req/s: codesign failed minus continuous+lru failed",
+                            cd["failed"] - lru["failed"],
                             "<=", 0))
     return out
 
@@ -194,7 +213,8 @@ def sweep_goals(sweep: dict) -> list[dict]:
 def speed_goals(speed: dict, rates: tuple[float, ...] | None = None) -> list[dict]:
     """Issue 16's speed goal per run (of these rates; None: all): one simulated hour of W1-gpu in <= 120 CPU
     seconds (a run of fewer seconds of arrivals is scaled to an hour by its virtual seconds)."""
-    return [goal(f"{s['rate']:g} req/s, {s['mode']}: CPU s per simulated hour", s["cpu_s_per_sim_hour"], "<=", 120.0)
+    return [goal(f"{s['rate']:g} req/s, {s['mode']}: CPU s per simulated hour", s["cpu_s_per_sim_hour"], "<=",
+                 120.0)
             for s in speed["runs"].values() if rates is None or s["rate"] in rates]
 
 
@@ -205,7 +225,8 @@ def gate_facts(gate: dict) -> dict:
     hi = max(gate["rates"], key=float)
     row = gate["rates"][hi]
     cd, g1, lru = row["codesign"], row["codesign, gate 1"], row["continuous+lru"]
-    return {"hi": hi, "gate": KVConfig().admit_min_requests, "cd_host": cd["hit_rate_host"], "cd_tok": cd["throughput_tok_s"], "cd_p99": cd["ttft_p99_s"],
+    return {"hi": hi, "gate": KVConfig().admit_min_requests, "cd_host": cd["hit_rate_host"],
+            "cd_tok": cd["throughput_tok_s"], "cd_p99": cd["ttft_p99_s"],
             "g1_tok": g1["throughput_tok_s"], "g1_p99": g1["ttft_p99_s"], "lru_tok": lru["throughput_tok_s"],
             "lru_p99": lru["ttft_p99_s"], "kv_use": cd["kv_use_mean"]}
 
@@ -266,7 +287,8 @@ period matters where cuts and raises alternate, which W1 on an H200 does not pro
 
 
 def sweep_facts(sweep: dict) -> dict:
-    """SWEEP_TEXT's data: where the coordinator's cap started, and whether any period differed from the fixed cap."""
+    """SWEEP_TEXT's data: where the coordinator's cap started, and whether any period
+    differed from the fixed cap."""
     runs = {p: s for p, s in sweep["runs"].items() if p != "none"}
     starts = {(c["t"], c["new"]) for s in runs.values() for c in s.get("changes", [])
               if c["knob"] == "batch_cap" and c["reason"] == "memory_derived_start"}
@@ -276,13 +298,13 @@ def sweep_facts(sweep: dict) -> dict:
     pre = sum(s["preemptions"] for s in runs.values())
     keys = ("throughput_tok_s", "ttft_p99_s")
     if base and all(all(s[k] == base[k] for k in keys) for s in runs.values()):
-        outcome = (f"The pool is never under pressure (KV use at most {kv_max:.0%}, {pre:.0f} preemptions), so that "
-                   "cap never binds and every period serves exactly what the fixed cap serves (same throughput, same "
-                   "P99 TTFT): here the period does not matter, and the article's claim that 30 s is best has "
-                   "nothing to stand on.")
+        outcome = (f"The pool is never under pressure (KV use at most {kv_max:.0%}, {pre:.0f} preemptions), "
+                   "so that cap never binds and every period serves exactly what the fixed cap serves (same "
+                   "throughput, same P99 TTFT): here the period does not matter, and the article's claim "
+                   "that 30 s is best has nothing to stand on.")
     else:
-        outcome = (f"KV use reaches {kv_max:.0%} and the runs see {pre:.0f} preemptions; the table shows what each "
-                   "period costs against the fixed cap.")
+        outcome = (f"KV use reaches {kv_max:.0%} and the runs see {pre:.0f} preemptions; the table shows "
+                   "what each period costs against the fixed cap.")
     return {"start": start, "outcome": outcome}
 
 
@@ -341,7 +363,8 @@ def _plots(results: Path, compare: dict | None, sweep: dict | None) -> None:
         fig, ax = plt.subplots(1, 2, figsize=(10, 4))
         modes = list(compare["rates"][rates[0]])
         for mode in modes:
-            ax[0].plot([float(r) for r in rates], [compare["rates"][r][mode]["throughput_tok_s"] for r in rates],
+            ax[0].plot([float(r) for r in rates],
+                       [compare["rates"][r][mode]["throughput_tok_s"] for r in rates],
                        "o-", label=mode)
             ax[1].plot([float(r) for r in rates], [compare["rates"][r][mode]["ttft_p99_s"] for r in rates],
                        "o-", label=mode)

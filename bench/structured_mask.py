@@ -34,7 +34,8 @@ from api import other_cpu  # noqa: E402  (the same quietness sample as the API b
 SCHEMAS: dict[str, tuple[dict, list]] = {
     "flat": ({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
               "required": ["name", "age"], "additionalProperties": False},
-             [{"name": "Ada Lovelace", "age": 36}, {"name": "Alan", "age": 41}, {"name": "Grace Hopper", "age": 85}]),
+             [{"name": "Ada Lovelace", "age": 36}, {"name": "Alan", "age": 41},
+              {"name": "Grace Hopper", "age": 85}]),
     "nested": ({"type": "object", "properties": {
         "id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
         "status": {"enum": ["open", "closed", "pending"]},
@@ -42,7 +43,8 @@ SCHEMAS: dict[str, tuple[dict, list]] = {
                   "required": ["email", "score"], "additionalProperties": False}},
         "required": ["id", "tags", "status", "owner"], "additionalProperties": False},
         [{"id": 7, "tags": ["a", "bb"], "status": "open", "owner": {"email": "x@y.z", "score": 1.5}},
-         {"id": 12345, "tags": [], "status": "pending", "owner": {"email": "someone@example.com", "score": -3}}]),
+         {"id": 12345, "tags": [], "status": "pending",
+          "owner": {"email": "someone@example.com", "score": -3}}]),
     "any_json": ({"type": "object"},  # what json_object asks for: any JSON object
                  [{"a": [1, 2, {"b": None}], "c": "text"}, {"key": True, "n": 3.25}]),
 }
@@ -50,7 +52,8 @@ SCHEMAS: dict[str, tuple[dict, list]] = {
 
 def gpt2_byte_decoder() -> dict[str, int]:
     """Byte-level BPE writes every byte as one printable character; this maps the characters back."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -70,7 +73,8 @@ class XGrammar:
         import xgrammar as xgr
 
         self.xgr = xgr
-        vocab = [t for t, _ in sorted(tok.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])]
+        vocab = [t for t, _ in sorted(tok.backend.get_vocab(with_added_tokens=True).items(),
+                                      key=lambda kv: kv[1])]
         info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.BYTE_LEVEL, vocab_size=tok.vocab_size,
                                  stop_token_ids=sorted(tok.eos_token_ids))
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
@@ -126,7 +130,8 @@ class LLGuidance:
 
     def fill(self, matchers: list, bitmask) -> None:
         if self.executor is not None:
-            self.executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(),
+            self.executor.unsafe_compute_mask_ptr([(m, i) for i, m in enumerate(matchers)],
+                                                  bitmask.data_ptr(),
                                                   bitmask.shape[1] * 4, bitmask.shape[0])
             return
         for row, m in enumerate(matchers):
@@ -174,7 +179,8 @@ class OutlinesCore:
             g.advance(t, return_tokens=False)
 
 
-LIBRARIES: dict[str, Callable] = {"xgrammar": XGrammar, "llguidance": LLGuidance, "outlines-core": OutlinesCore}
+LIBRARIES: dict[str, Callable] = {"xgrammar": XGrammar, "llguidance": LLGuidance,
+                                  "outlines-core": OutlinesCore}
 
 
 def measure(lib, tok, batch: int, steps: int, compile_repeats: int) -> dict:
@@ -212,11 +218,14 @@ def measure(lib, tok, batch: int, steps: int, compile_repeats: int) -> dict:
             lib.accept(matchers, [r[step] for r in rows])
         total = [f + a for f, a in zip(fill_s, apply_s, strict=True)]
         out["schemas"][name] = {
-            "compile_ms": round(statistics.median(times) * 1e3, 2), "compile_ms_runs": [round(t * 1e3, 2) for t in times],
+            "compile_ms": round(statistics.median(times) * 1e3, 2),
+            "compile_ms_runs": [round(t * 1e3, 2) for t in times],
             "steps": n_steps, "fill_ms": round(statistics.median(fill_s) * 1e3, 3),
-            "apply_ms": round(statistics.median(apply_s) * 1e3, 3), "step_ms": round(statistics.median(total) * 1e3, 3),
+            "apply_ms": round(statistics.median(apply_s) * 1e3, 3),
+            "step_ms": round(statistics.median(total) * 1e3, 3),
             "step_ms_max": round(max(total) * 1e3, 3)}
-    out["step_ms_median_over_schemas"] = round(statistics.median(s["step_ms"] for s in out["schemas"].values()), 3)
+    out["step_ms_median_over_schemas"] = round(statistics.median(s["step_ms"]
+                                                                 for s in out["schemas"].values()), 3)
     return out
 
 
@@ -225,23 +234,26 @@ def write(result: dict, out: Path) -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     w = result["workload"]
     lines = ["# Structured outputs: grammar mask cost per step", "",
-             f"Batch {w['batch']}, vocab {w['vocab']} (the embedded model's tokenizer), up to {w['steps']} steps per "
-             f"schema, {w['threads']} mask thread(s), {result['machine']['cpus']} CPUs ({result['machine']['cpu']}). "
-             "A step = fill every row's token bitmask + apply the masks to a [batch, vocab] fp32 logits tensor; "
-             "medians over steps. Apply: xgrammar's own CPU kernel for xgrammar, the engine's torch "
+             f"Batch {w['batch']}, vocab {w['vocab']} (the embedded model's tokenizer), up to {w['steps']} "
+             f"steps per schema, {w['threads']} mask thread(s), {result['machine']['cpus']} CPUs "
+             f"({result['machine']['cpu']}). "
+             "A step = fill every row's token bitmask + apply the masks to a [batch, vocab] fp32 logits "
+             "tensor; medians over steps. Apply: xgrammar's own CPU kernel for xgrammar, the engine's torch "
              "version (engine/structured/bitmask.py) for the others.", "",
-             "| library | version | schema | compile (ms) | fill (ms) | apply (ms) | step (ms) | step max (ms) |",
+             "| library | version | schema | compile (ms) | fill (ms) | apply (ms) | step (ms) | step max "
+             "(ms) |",
              "|---|---|---|---|---|---|---|---|"]
     for lib, r in result["libraries"].items():
         if "error" in r:
             lines.append(f"| {lib} | {r.get('version', '-')} | - | not measured: {r['error']} | | | | |")
             continue
         for s, v in r["schemas"].items():
-            lines.append(f"| {lib} | {r['version']} | {s} | {v['compile_ms']} | {v['fill_ms']} | {v['apply_ms']} "
-                         f"| {v['step_ms']} | {v['step_ms_max']} |")
+            lines.append(f"| {lib} | {r['version']} | {s} | {v['compile_ms']} | {v['fill_ms']} | "
+                         f"{v['apply_ms']} | {v['step_ms']} | {v['step_ms_max']} |")
     q = result["quietness"]
-    lines += ["", f"Fastest per step (median over schemas): **{result['fastest']}**. Pick ({result['pick_rule']}): "
-              f"**{result['pick']}**.", "",
+    lines += ["",
+              f"Fastest per step (median over schemas): **{result['fastest']}**. Pick "
+              f"({result['pick_rule']}): **{result['pick']}**.", "",
               f"CPU: {result['machine']['model']}; flags: {' '.join(result['machine']['flags'])}.", "",
               f"Machine quietness (other processes' CPU as a share of the machine): before {q['before']}, "
               f"after {q['after']}."]
@@ -249,8 +261,8 @@ def write(result: dict, out: Path) -> None:
 
 
 def pick_goals(result: dict) -> list[dict]:
-    """The pick rule as goals: the library the engine uses compiles every schema within the request-path bound,
-    and its step cost stays within 25% of the fastest library's (the price of that bound, stated)."""
+    """The pick rule as goals: the library the engine uses compiles every schema within the request-path
+    bound, and its step cost stays within 25% of the fastest library's (the price of that bound, stated)."""
     pick, fastest = result["pick"], result["fastest"]
     if pick is None:
         return [goal("a library compiles every schema within the bound", None, "<=", MAX_COMPILE_MS)]
@@ -290,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"error": "not installed"}
             continue
         try:
-            results[name] = {"version": ver, **measure(LIBRARIES[name](tok, args.threads), tok, args.batch, args.steps,
+            results[name] = {"version": ver,
+                             **measure(LIBRARIES[name](tok, args.threads), tok, args.batch, args.steps,
                                                       args.compile_repeats)}
         except Exception as e:  # a library that cannot handle a schema is a result, not a crash
             results[name] = {"version": ver, "error": f"{type(e).__name__}: {e}"}
@@ -303,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
               if max(s["compile_ms"] for s in results[k]["schemas"].values()) <= MAX_COMPILE_MS}
     result = {"fastest": min(measured, key=measured.get) if measured else None,
               "pick": min(usable, key=usable.get) if usable else None,
-              "pick_rule": f"lowest median step cost among libraries compiling every schema in <= {MAX_COMPILE_MS} ms",
+              "pick_rule": "lowest median step cost among libraries compiling every schema in <= "
+              f"{MAX_COMPILE_MS} ms",
               "libraries": results,
               "workload": {"batch": args.batch, "steps": args.steps, "vocab": tok.vocab_size,
                            "threads": args.threads, "compile_repeats": args.compile_repeats,

@@ -12,9 +12,9 @@ merges capacity and W2 where their files exist; bench/results/README.md lists wh
 `run`: W1 at its full lengths (2,000-token documents, 150-token answers, 200-token replies) with a quarter
 of its requests (15 document questions and 4 four-turn chats: 31 requests), Poisson at 1 request/s, which
 saturates every system here, one repetition (a full-length run takes 3-6 minutes per system here), 2
-threads per system (torch threads; llama-server -t 2). `capacity`: the SLOs (TTFT P99 <= 2 s, TPOT P99 <= 100 ms) are
-out of reach at full length on this CPU (one cold 2,000-token prefill takes ~4 s), so the rate sweep uses
-W1 with every length x 0.125 (250-token documents) and the same request counts. `w2`: W2's full lengths,
+threads per system (torch threads; llama-server -t 2). `capacity`: the SLOs (TTFT P99 <= 2 s, TPOT P99 <= 100
+ms) are out of reach at full length on this CPU (one cold 2,000-token prefill takes ~4 s), so the rate sweep
+uses W1 with every length x 0.125 (250-token documents) and the same request counts. `w2`: W2's full lengths,
 the same counts and rate, codesign against llama.cpp."""
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def full_run() -> int:
     gib = vllm_kv_gib()
     tokens = pool_tokens_of(gib)
     return kvloop(RUNS["full"] + ["--kv-cache-tokens", str(tokens),
-                                  "--note", f"kvloop's device pool: the {gib:g} GiB of bf16 KV that vLLM-CPU gets "
+                                  "--note",
+                                  f"kvloop's device pool: the {gib:g} GiB of bf16 KV that vLLM-CPU gets "
                                             f"(VLLM_CPU_KVCACHE_SPACE), {tokens} tokens"])
 
 
@@ -128,16 +129,19 @@ def merge_capacity(rep: dict, cap: dict) -> None:
         d["capacity_relaxed_req_s"] = capacity_at(c["sweep"], ttft, RELAXED_TPOT_S)
         d["capacity_ttft_only_req_s"] = capacity_at(c["sweep"], ttft)
         d["capacity_relaxed_note"] = (f"largest swept rate with TTFT P99 <= {ttft} s and TPOT P99 <= "
-                                      f"{RELAXED_TPOT_S * 1000:.0f} ms (relaxed), or TTFT P99 alone; same runs")
+                                      f"{RELAXED_TPOT_S * 1000:.0f} ms (relaxed), or TTFT P99 alone; same "
+                                      "runs")
 
 
 def w2_goals(w2: dict) -> list[dict]:
     out = []
     for name, r in w2["ratios"].items():
         if name.startswith("llama.cpp"):
-            out.append(goal(f"codesign throughput / {name} on W2", report.ratio_of(r, "throughput"), ">=", W2_GOAL))
+            out.append(goal(f"codesign throughput / {name} on W2", report.ratio_of(r, "throughput"), ">=",
+                            W2_GOAL))
     for name, why in w2.get("missing", {}).items():
-        out.append(goal(f"codesign throughput / {name} on W2", None, ">=", W2_GOAL, status="not run", why=why))
+        out.append(goal(f"codesign throughput / {name} on W2", None, ">=", W2_GOAL, status="not run",
+                        why=why))
     return out
 
 
@@ -172,20 +176,22 @@ def annotate() -> int:
         rep["meta"]["commands"].append(w2["meta"]["commands"][0])
     notes = [__doc__.split("\n\n")[2].replace("\n", " ")] + goal_notes(rep["goals"])
     if cap:
-        notes.append("Capacity (W1 x 0.125 lengths, rates " + ", ".join(f"{r:g}" for r in cap["meta"]["rates"])
-                     + f" req/s), as: the issue's SLOs / TPOT P99 relaxed to {RELAXED_TPOT_S * 1000:.0f} ms / "
-                     "TTFT P99 <= 2 s alone: " + "; ".join(
+        notes.append("Capacity (W1 x 0.125 lengths, rates "
+                     + ", ".join(f"{r:g}" for r in cap["meta"]["rates"])
+                     + f" req/s), as: the issue's SLOs / TPOT P99 relaxed to {RELAXED_TPOT_S * 1000:.0f} ms "
+                     "/ TTFT P99 <= 2 s alone: " + "; ".join(
                          f"{n} {_rate(d.get('capacity_req_s'))} / {_rate(d.get('capacity_relaxed_req_s'))} / "
                          f"{_rate(d.get('capacity_ttft_only_req_s'))}"
                          for n, d in rep["systems"].items() if n in cap["systems"]) + ".")
     noise = [d.get("noise_other_cores_mean") or 0 for d in rep["systems"].values()]
     noisy = sum(d.get("noisy_runs", 0) for d in rep["systems"].values())
     runs = sum(len(d["runs"]) for d in rep["systems"].values())
-    notes.append(f"Machine noise: other processes used {min(noise):.2f}-{max(noise):.2f} cores during the runs "
-                 f"(median per system); {noisy} of {runs} runs flagged noisy (> 0.3 cores).")
+    notes.append(f"Machine noise: other processes used {min(noise):.2f}-{max(noise):.2f} cores during the "
+                 f"runs (median per system); {noisy} of {runs} runs flagged noisy (> 0.3 cores).")
     for name, what in (("decode_long_context_profile.txt", "Per-op profile of decode steps at short and at "
                         "W1-document context (bench/profile_decode.py)"),
-                       ("w1_profile.txt", "cProfile of a codesign run of this workload (`w1_peers.py profile`)")):
+                       ("w1_profile.txt",
+                        "cProfile of a codesign run of this workload (`w1_peers.py profile`)")):
         if (OUT / name).exists():
             notes.append(f"{what}: bench/results/{name}.")
     rep["meta"]["commands"] = [c.replace(str(OUT), "bench/results") for c in rep["meta"]["commands"]]

@@ -47,15 +47,16 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 
 def resolve_quantization(name: str, dtype_name: str, device: str, linear_params: int = 0) -> str:
-    """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where dtype
-    auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a decode
-    step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs (AVX512-BF16),
-    the kernel serves every step on a CPU without AMX. With AMX tiles (the kernel multiplies in them up to 64
-    rows, oneDNN's GEMM wins past that), or built without bf16 pairs, the kernel serves decode-sized steps and
-    dense bf16 weights through oneDNN the larger ones (the compiled step's second graph): two bf16 copies of
-    the `linear_params` linear weights, kept only while they take at most DENSE_COPY_MEMORY_SHARE of the host's
-    available memory (a larger model keeps one copy, and oneDNN for every step). Dense weights in the model
-    dtype elsewhere. Where each path wins, measured: docs/engine_history.md (weight formats)."""
+    """The weight format. auto, under dtype auto on a CPU with the bf16-weight kernel built: "bf16". Where
+    dtype auto chose float32 (no native bf16) that is bf16 weights with float32 arithmetic: half the bytes a
+    decode step streams. Where it chose bf16 (native bf16) and the kernel was built with bf16 pairs
+    (AVX512-BF16), the kernel serves every step on a CPU without AMX. With AMX tiles (the kernel multiplies in
+    them up to 64 rows, oneDNN's GEMM wins past that), or built without bf16 pairs, the kernel serves
+    decode-sized steps and dense bf16 weights through oneDNN the larger ones (the compiled step's second
+    graph): two bf16 copies of the `linear_params` linear weights, kept only while they take at most
+    DENSE_COPY_MEMORY_SHARE of the host's available memory (a larger model keeps one copy, and oneDNN for
+    every step). Dense weights in the model dtype elsewhere. Where each path wins, measured:
+    docs/engine_history.md (weight formats)."""
     if name != "auto":
         return name
     if dtype_name == "auto" and device == "cpu" and linear_bf16w.available():
@@ -67,12 +68,13 @@ def resolve_quantization(name: str, dtype_name: str, device: str, linear_params:
             both = 2 * 2 * linear_params  # packed + dense, bf16
             available = host_memory.available_bytes()
             if available is not None and both > DENSE_COPY_MEMORY_SHARE * available:
-                log.info("dense bf16 weights through oneDNN for every step: the bf16-weight kernel's second copy "
-                         "of the weights (%.1f GiB for both) would take over %.0f%% of the available %.1f GiB",
+                log.info("dense bf16 weights through oneDNN for every step: the bf16-weight kernel's second "
+                         "copy of the weights (%.1f GiB for both) would take over %.0f%% of the available "
+                         "%.1f GiB",
                          both / 2**30, 100 * DENSE_COPY_MEMORY_SHARE, available / 2**30)
                 return "none"
-            log.info("bf16 weights: steps of up to %d rows through the bf16-weight kernel, larger ones through "
-                     "oneDNN's bf16 GEMM%s (--quantization none keeps oneDNN for every step)",
+            log.info("bf16 weights: steps of up to %d rows through the bf16-weight kernel, larger ones "
+                     "through oneDNN's bf16 GEMM%s (--quantization none keeps oneDNN for every step)",
                      linear_bf16w.dense_above_rows(), " (both in AMX tiles)" if linear_bf16w.tiles() else
                      " in AMX tiles" if amx.available() else "")
         else:
@@ -107,14 +109,18 @@ class EngineCore:
         self.dtype = resolve_dtype(config.dtype, config.device)
         started = time.perf_counter()  # the start-up's parts are logged at INFO: where a slow start goes
         if model is None:
-            checkpoint = checkpoint or load_checkpoint(resolve_model_path(config.model), progress=config.progress)
-            log.info("start-up: checkpoint %s opened in %.1f s", checkpoint.path.name, time.perf_counter() - started)
-            # A GGUF's weights are dequantized and packed at every load: cache the result (model/weight_cache.py)
+            checkpoint = checkpoint or load_checkpoint(resolve_model_path(config.model),
+                                                       progress=config.progress)
+            log.info("start-up: checkpoint %s opened in %.1f s", checkpoint.path.name,
+                     time.perf_counter() - started)
+            # A GGUF's weights are dequantized and packed at every load: cache the result
+            # (model/weight_cache.py)
             model = build_model(checkpoint.config, checkpoint.weights, self.dtype, config.device,
                                 config.attention_backend,
                                 resolve_quantization(config.quantization, config.dtype, config.device,
                                                      checkpoint.config.linear_params),
-                                cache_fingerprint=checkpoint.fingerprint if checkpoint.path.suffix == ".gguf" else None)
+                                cache_fingerprint=checkpoint.fingerprint if checkpoint.path.suffix == ".gguf"
+                                else None)
             tokenizer = tokenizer or Tokenizer.from_source(checkpoint.tokenizer_source)
             fingerprint = checkpoint.fingerprint
             log.info("start-up: model and tokenizer ready at %.1f s", time.perf_counter() - started)
@@ -125,12 +131,13 @@ class EngineCore:
         self.model = model
         self.model_config: ModelConfig = model.cfg
         self.tokenizer = tokenizer
-        # False: outputs carry token ids only, and requests come without stop strings (the server's engine core
-        # process, whose API process detokenizes: engine/server/front_output.py)
+        # False: outputs carry token ids only, and requests come without stop strings (the server's engine
+        # core process, whose API process detokenizes: engine/server/front_output.py)
         self.detokenize = True
         self.fingerprint = fingerprint
         self.kv_dtype = resolve_kv_dtype(config.kv_dtype, config.dtype, self.dtype)
-        apply_pool_sizes(config, model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.kv_dtype).element_size()))
+        apply_pool_sizes(config,
+                         model.cfg.kv_bytes_per_token(torch.tensor([], dtype=self.kv_dtype).element_size()))
         sched_cfg = config.scheduler
         sched_cfg.max_model_len = min(sched_cfg.max_model_len, model.cfg.max_position)
         # The dtypes are part of the block key too: a bf16 and an fp32 engine never share cached K/V.
@@ -154,7 +161,8 @@ class EngineCore:
         self._seqs: dict[str, Sequence] = {}
         self.eos_token_ids = tokenizer.eos_token_ids if tokenizer else set()
         self.num_steps = 0
-        self.request_failures: Counter[str] = Counter()  # stage -> requests failed alone (sampling, output...)
+        # stage -> requests failed alone (sampling, output...)
+        self.request_failures: Counter[str] = Counter()
         self.step_failures = 0  # steps whose model forward raised (every request of the step failed)
         self.control = None  # the feedback loop's hook (engine.control), when a control file is configured
         if config.control_file:
@@ -222,7 +230,8 @@ class EngineCore:
 
     def snapshot(self) -> EngineSnapshot:
         """Engine state for metrics, the control block and the benchmark harness."""
-        return build_snapshot(self.scheduler, self.kv, num_steps=self.num_steps, step_failures=self.step_failures,
+        return build_snapshot(self.scheduler, self.kv, num_steps=self.num_steps,
+                              step_failures=self.step_failures,
                               request_failures=self.request_failures)
 
     # ---- the step -------------------------------------------------------------------------------

@@ -33,9 +33,12 @@ class LLM:
         """A model of the given shape with random weights (benchmarks and kernel checks; no tokenizer)."""
         from kvloop.engine.model.random_weights import random_weights
 
-        model = LlamaModel(config, random_weights(config, seed), dtype, device, kwargs.pop("attention_backend", "auto"))
-        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in SchedulerConfig.__dataclass_fields__})
-        engine_cfg = EngineConfig(dtype=str(dtype).removeprefix("torch."), device=device, block_size=block_size,
+        model = LlamaModel(config, random_weights(config, seed), dtype, device,
+                           kwargs.pop("attention_backend", "auto"))
+        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs)
+                                   if k in SchedulerConfig.__dataclass_fields__})
+        engine_cfg = EngineConfig(dtype=str(dtype).removeprefix("torch."), device=device,
+                                  block_size=block_size,
                                   kv_cache_tokens=num_blocks * block_size, scheduler=sched, **kwargs)
         return cls(engine=EngineCore(engine_cfg, model=model))
 
@@ -46,7 +49,8 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return list(prompt)
 
-    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | None = None) -> list[RequestOutput]:
+    def generate(self, prompts: Prompt | list[Prompt],
+                 params: SamplingParams | None = None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()

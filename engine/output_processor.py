@@ -77,6 +77,8 @@ class OutputState:
         self.sent_tokens = len(tokens)
         lps = seq.logprobs[self.sent_logprobs :]
         self.sent_logprobs = len(seq.logprobs)
-        return RequestOutput(seq.request_id, self.text[:visible], delta, list(tokens), list(new), finished, reason,
+        return RequestOutput(seq.request_id, self.text[:visible], delta, list(tokens), list(new), finished,
+                             reason,
                              seq.num_prompt_tokens, seq.num_cached_tokens, lps, None, seq.num_output_tokens,
-                             seq.arrival_time, seq.first_scheduled_time, seq.first_token_time, seq.finished_time)
+                             seq.arrival_time, seq.first_scheduled_time, seq.first_token_time,
+                             seq.finished_time)

@@ -7,8 +7,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Engines under --dtype auto (kvloop serve and bench runs in tests) would compile SmolLM2's step at start-up, minutes
-# with a cold cache: they run eagerly; tests/engine/test_compiled_step.py compiles a tiny model instead.
+# Engines under --dtype auto (kvloop serve and bench runs in tests) would compile SmolLM2's step at start-up,
+# minutes with a cold cache: they run eagerly; tests/engine/test_compiled_step.py
+# compiles a tiny model instead.
 os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
 import pytest  # noqa: E402  (after the environment above, which must be set before torch/triton load)
@@ -43,7 +44,8 @@ def fp32_model(checkpoint):
 
 @pytest.fixture(scope="session")
 def hf_model():
-    """transformers' own loading of the same GGUF, in fp32: the reference for logits (model and engine tests)."""
+    """transformers' own loading of the same GGUF, in fp32: the reference for logits
+    (model and engine tests)."""
     transformers = pytest.importorskip("transformers")
     import torch
 

@@ -43,7 +43,8 @@ def extend_ref(q: torch.Tensor, kv: PagedKV, seqs: list[tuple[int, int]], scale:
     starts = [0]
     for _, n_new in seqs:
         starts.append(starts[-1] + n_new)
-    return reference.paged_extend(q, kv.k_cache, kv.v_cache, kv.block_tables, starts, [p + n for p, n in seqs], scale)
+    return reference.paged_extend(q, kv.k_cache, kv.v_cache, kv.block_tables, starts,
+                                  [p + n for p, n in seqs], scale)
 
 
 def share_pages(kv: PagedKV, segments: list, block_size: int) -> None:

@@ -32,7 +32,8 @@ def run(device: torch.device, batches: list[int], share: int, shared_len: int, t
         tiny: bool, budget_s: float) -> dict[str, Any]:
     config_kw = TINY if tiny else LLAMA3_8B
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    result: dict[str, Any] = {"model": "tiny" if tiny else "llama-3-8b-shaped (random weights)", "dtype": str(dtype),
+    result: dict[str, Any] = {"model": "tiny" if tiny else "llama-3-8b-shaped (random weights)",
+                              "dtype": str(dtype),
                               "rows_per_share": share, "shared_len": shared_len, "tail_len": tail_len,
                               "gen_tokens": gen, "batches": {}}
     t_start = time.perf_counter()
@@ -43,7 +44,8 @@ def run(device: torch.device, batches: list[int], share: int, shared_len: int, t
                      + max(batches) * per_row) + 64, max_batch=max(batches))
         auto_planner = llm.engine.runner.planner
     except Exception as e:  # noqa: BLE001 - engine API missing or broken: report, keep the other results
-        result.update(status="skipped", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+        result.update(status="skipped", reason=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc()[-3000:])
         return result
     rng = random.Random(1)
     vocab = config_kw["vocab_size"]
@@ -53,7 +55,8 @@ def run(device: torch.device, batches: list[int], share: int, shared_len: int, t
 
     for batch in batches:
         if time.perf_counter() - t_start > budget_s:
-            result["batches"][str(batch)] = {"status": "skipped", "reason": f"over the {budget_s:.0f} s budget"}
+            result["batches"][str(batch)] = {"status": "skipped",
+                                             "reason": f"over the {budget_s:.0f} s budget"}
             continue
         row: dict[str, Any] = {}
         try:
@@ -75,7 +78,8 @@ def run(device: torch.device, batches: list[int], share: int, shared_len: int, t
             row["speedup_always"] = row["off"]["decode_step_ms"] / row["always"]["decode_step_ms"]
             row["speedup_auto"] = row["off"]["decode_step_ms"] / row["auto"]["decode_step_ms"]
         except Exception as e:  # noqa: BLE001
-            row.update(status="failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-2000:])
+            row.update(status="failed", reason=f"{type(e).__name__}: {e}",
+                       traceback=traceback.format_exc()[-2000:])
         result["batches"][str(batch)] = row
     _set_mode(llm, "auto", auto_planner)
     result["status"] = "ok"

@@ -51,7 +51,8 @@ class Shape:
         return 2 * self.layers * self.kv_heads * self.head_dim * elem
 
 
-def roofline(shape: Shape, batch: int, avg_ctx: float, elem: int, copy_gbps: float, tflops: float) -> dict[str, float]:
+def roofline(shape: Shape, batch: int, avg_ctx: float, elem: int, copy_gbps: float,
+             tflops: float) -> dict[str, float]:
     """Lower bound on one decode step: max(bytes / bandwidth, FLOPs / matrix throughput)."""
     weight_bytes = shape.matmul_params() * elem + batch * shape.hidden * elem  # + embedding rows gathered
     kv_bytes = batch * avg_ctx * shape.kv_bytes_per_token(elem)
@@ -70,7 +71,8 @@ def _build(config_kw: dict[str, Any], dtype: torch.dtype, device: str, num_block
     config = ModelConfig(**config_kw)
     extras = dict(max_num_seqs=max_batch, max_num_batched_tokens=8192, progress=False)
     try:
-        return LLM.from_random(config, dtype=dtype, device=device, num_blocks=num_blocks, block_size=16, **extras)
+        return LLM.from_random(config, dtype=dtype, device=device, num_blocks=num_blocks, block_size=16,
+                               **extras)
     except TypeError:  # the API as specified takes no scheduler knobs: build it plainly
         return LLM.from_random(config, dtype=dtype, device=device, num_blocks=num_blocks, block_size=16)
 
@@ -100,7 +102,8 @@ def run(device: torch.device, ceilings: dict[str, float], batches: list[int], pr
                      max_batch=max(batches))
         result["build_s"] = round(time.perf_counter() - t_start, 1)
     except Exception as e:  # noqa: BLE001 - engine API missing or broken: report, keep the kernel results
-        result.update(status="skipped", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+        result.update(status="skipped", reason=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc()[-3000:])
         return result
     rng = random.Random(0)
 
@@ -110,20 +113,24 @@ def run(device: torch.device, ceilings: dict[str, float], batches: list[int], pr
     try:
         _timed_generate(llm, prompts(2), 3, device)  # warm-up: kernel compilation, allocator
     except Exception as e:  # noqa: BLE001
-        result.update(status="failed", reason=f"warm-up: {type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+        result.update(status="failed", reason=f"warm-up: {type(e).__name__}: {e}",
+                      traceback=traceback.format_exc()[-3000:])
         return result
     for batch in batches:
         if time.perf_counter() - t_start > budget_s:
-            result["batches"][str(batch)] = {"status": "skipped", "reason": f"over the {budget_s:.0f} s budget"}
+            result["batches"][str(batch)] = {"status": "skipped",
+                                             "reason": f"over the {budget_s:.0f} s budget"}
             continue
         try:
             t_short = _timed_generate(llm, prompts(batch), 1, device)
             t_long = _timed_generate(llm, prompts(batch), 1 + gen, device)
             step = max(t_long - t_short, 1e-9) / gen
-            roof = roofline(shape, batch, prompt_len + gen / 2, elem, ceilings["copy_GBps"], ceilings["matmul_TFLOPs"])
+            roof = roofline(shape, batch, prompt_len + gen / 2, elem, ceilings["copy_GBps"],
+                            ceilings["matmul_TFLOPs"])
             result["batches"][str(batch)] = {
                 "prefill_plus_1_s": t_short, "total_s": t_long, "decode_step_ms": step * 1e3,
-                "decode_tok_s": batch / step, "roofline": roof, "fraction_of_roofline": (batch / step) / roof["tok_s"],
+                "decode_tok_s": batch / step, "roofline": roof,
+                "fraction_of_roofline": (batch / step) / roof["tok_s"],
             }
         except Exception as e:  # noqa: BLE001
             result["batches"][str(batch)] = {"status": "failed", "reason": f"{type(e).__name__}: {e}",

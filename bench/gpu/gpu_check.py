@@ -46,11 +46,13 @@ def section(report: dict[str, Any], name: str, out: Path, fn) -> Any:
         report[name] = value
     except Exception as e:  # noqa: BLE001 - recorded; later sections still run
         value = None
-        report[name] = {"status": "error", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        report[name] = {"status": "error", "error": f"{type(e).__name__}: {e}",
+                        "traceback": traceback.format_exc()[-4000:]}
     report.setdefault("section_seconds", {})[name] = round(time.perf_counter() - t0, 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"[{name}] {time.perf_counter() - t0:.1f} s: {json.dumps(report[name], default=str)[:600]}", flush=True)
+    print(f"[{name}] {time.perf_counter() - t0:.1f} s: {json.dumps(report[name], default=str)[:600]}",
+          flush=True)
     return value
 
 
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / ("gpu_dryrun.json" if args.dry_run else "gpu.json")
     small = args.dry_run
     report: dict[str, Any] = {"meta": {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or "cpu",
         "dry_run": args.dry_run, "interpreted": tk.is_interpreted(), "torch": torch.__version__,
         "triton": triton.__version__, "kvloop_import": how, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }}
@@ -93,11 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         mm = matmul_tflops(device, 256 if small else 8192)
         return {"copy_GBps": copy["GBps"], "copy": copy, "matmul_TFLOPs": mm["TFLOPs"], "matmul": mm}
 
-    ceil = section(report, "ceilings", out, ceilings) or {"copy_GBps": float("nan"), "matmul_TFLOPs": float("nan")}
+    ceil = section(report, "ceilings", out, ceilings) or {"copy_GBps": float("nan"),
+                                                          "matmul_TFLOPs": float("nan")}
     checks = section(report, "checks", out, lambda: run_checks(tk, device, small)) or []
 
     llama = dict(n_heads=32, n_kv=8, hd=128)
-    decode_shape = dict(batch=2, ctx=40, n_heads=4, n_kv=2, hd=64) if small else dict(batch=64, ctx=2048, **llama)
+    decode_shape = dict(batch=2, ctx=40, n_heads=4, n_kv=2, hd=64) if small else dict(batch=64, ctx=2048,
+                                                                                      **llama)
     reps = 3 if small else 50
 
     def decode_goal() -> dict[str, Any]:
@@ -144,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         import engine_cascade
 
         section(report, "engine_cascade", out, lambda: engine_cascade.run(
-            device, [2, 4] if small else [16, 32], 2 if small else 16, 32 if small else 1888, 8 if small else 112,
+            device, [2, 4] if small else [16, 32], 2 if small else 16, 32 if small else 1888,
+            8 if small else 112,
             3 if small else 32, tiny=small, budget_s=args.engine_budget_s / 2))
 
     ok = bool(checks) and all(c["ok"] for c in checks)
@@ -155,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         "cascade_speedup": {k: v.get("speedup") for k, v in (report.get("cascade_timing") or {}).items()
                             if isinstance(v, dict)},
         "engine_cascade_speedup": {b: (v.get("speedup_always"), v.get("speedup_auto"))
-                                   for b, v in ((report.get("engine_cascade") or {}).get("batches") or {}).items()},
+                                   for b, v in ((report.get("engine_cascade") or {}).get("batches")
+                                                or {}).items()},
     }
     out.write_text(json.dumps(report, indent=1, default=str))
     print(json.dumps(report["summary"], default=str))

@@ -20,7 +20,8 @@ GPU_TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (3e-3, 3e-3), torch.bfloa
 NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def _compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, **shape: Any) -> dict[str, Any]:
+def _compare(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, **shape: Any) -> dict[str,
+                                                                                                        Any]:
     atol, rtol = GPU_TOL[dtype]
     err = (out.double() - ref).abs()
     bound = atol + rtol * ref.abs()
@@ -36,7 +37,8 @@ def check_decode(tk, device, gen, dtype, n_kv, group, hd, bs, lens, splits=None)
     kv = make_paged(lens, bs, n_kv, hd, dtype, device, gen)
     q = torch.randn(len(lens), n_kv * group, hd, device=device, dtype=dtype)
     ctx = torch.tensor(lens, dtype=torch.int32, device=device)
-    out = tk.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, ctx, hd**-0.5, num_splits=splits)
+    out = tk.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, ctx, hd**-0.5,
+                                    num_splits=splits)
     return _compare("decode", out, decode_ref(q, kv, lens, hd**-0.5), dtype,
                     group=group, head_dim=hd, block_size=bs, max_ctx=max(lens), splits=splits or "auto")
 
@@ -164,7 +166,8 @@ def bench_decode(tk, device: torch.device, copy_gbps: float, batch: int, ctx: in
         kv: PagedKV = make_paged([ctx] * batch, bs, n_kv, hd, dtype, device, gen)
         q = torch.randn(batch, n_heads, hd, device=device, dtype=dtype)
         sets.append((q, kv, torch.full((batch,), ctx, dtype=torch.int32, device=device)))
-    fns = [lambda q=q, kv=kv, c=c: tk.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, c, hd**-0.5)
+    fns = [lambda q=q, kv=kv,
+           c=c: tk.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, c, hd**-0.5)
            for q, kv, c in sets]
     t = time_rotating(fns, device, reps=reps)
     elem = torch.finfo(dtype).bits // 8
@@ -196,7 +199,8 @@ def bench_cascade(tk, device: torch.device, batch: int, ctx: int, share: int, sh
     plain = time_rotating([lambda q=q, kv=kv: tk.paged_decode_attention(
         q, kv.k_cache, kv.v_cache, kv.block_tables, ctx_t, hd**-0.5) for q, kv in sets], device, reps=reps)
     casc = time_rotating([lambda q=q, kv=kv: tk.cascade_decode_attention(
-        q, kv.k_cache, kv.v_cache, kv.block_tables, ctx_t, hd**-0.5, packed) for q, kv in sets], device, reps=reps)
+        q, kv.k_cache, kv.v_cache, kv.block_tables, ctx_t, hd**-0.5, packed) for q, kv in sets], device,
+        reps=reps)
     elem = torch.finfo(dtype).bits // 8
     kv_bytes = lambda tokens: tokens * n_kv * hd * elem * 2  # noqa: E731 - K and V of that many tokens
     q0, kv0 = sets[0]
@@ -221,7 +225,8 @@ def sweep_decode(tk, device, copy_gbps: float, shape: dict[str, int], reps: int)
     saved = dict(decode.TUNING)
     rows = []
     try:
-        for block_n, warps, stages in [(32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2), (128, 8, 3)]:
+        for block_n, warps, stages in [(32, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 3), (128, 8, 2),
+                                       (128, 8, 3)]:
             decode.TUNING.update(block_n=block_n, num_warps=warps, num_stages=stages)
             row: dict[str, Any] = {"block_n": block_n, "num_warps": warps, "num_stages": stages}
             try:
@@ -263,7 +268,8 @@ def bench_write_and_copy(tk, device, n_tokens: int, n_kv: int, hd: int, layers: 
     caches = [torch.zeros(pool, bs, n_kv, hd, device=device, dtype=dtype) for _ in range(4)]
     ks = [torch.randn(n_tokens, n_kv, hd, device=device, dtype=dtype) for _ in range(2)]
     slots = torch.randperm(pool * bs, generator=gen)[:n_tokens].to(device)
-    fns = [lambda i=i: tk.write_kv(ks[i % 2], ks[(i + 1) % 2], caches[2 * i], caches[2 * i + 1], slots) for i in range(2)]
+    fns = [lambda i=i: tk.write_kv(ks[i % 2], ks[(i + 1) % 2], caches[2 * i], caches[2 * i + 1],
+                                   slots) for i in range(2)]
     tw = time_rotating(fns, device, reps=reps)
     elem = 2
     write_bytes = 2 * 2 * n_tokens * n_kv * hd * elem  # read k, v and write them
@@ -277,5 +283,6 @@ def bench_write_and_copy(tk, device, n_tokens: int, n_kv: int, hd: int, layers: 
     copy_bytes = 2 * layers * 2 * n_blocks * bs * n_kv * hd * elem
     return {
         "write_kv": {"tokens": n_tokens, **tw, "GBps": write_bytes / (tw["median_ms"] * 1e-3) / 1e9},
-        "copy_blocks": {"blocks": n_blocks, "layers": layers, **tc, "GBps": copy_bytes / (tc["median_ms"] * 1e-3) / 1e9},
+        "copy_blocks": {"blocks": n_blocks, "layers": layers, **tc,
+                        "GBps": copy_bytes / (tc["median_ms"] * 1e-3) / 1e9},
     }

@@ -49,7 +49,8 @@ def time_rotating(
 
 def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 30) -> dict[str, float]:
     """Device-to-device copy, bytes read plus bytes written per second (how decode kernels are counted)."""
-    pairs = [(torch.empty(nbytes, dtype=torch.uint8, device=device), torch.empty(nbytes, dtype=torch.uint8, device=device))
+    pairs = [(torch.empty(nbytes, dtype=torch.uint8, device=device),
+              torch.empty(nbytes, dtype=torch.uint8, device=device))
              for _ in range(2)]
     for src, _ in pairs:
         src.random_(0, 255)
@@ -57,7 +58,8 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 30) -> dict[st
     return {"bytes": nbytes, "median_ms": t["median_ms"], "GBps": 2 * nbytes / (t["median_ms"] * 1e-3) / 1e9}
 
 
-def matmul_tflops(device: torch.device, n: int, dtype: torch.dtype = torch.bfloat16, reps: int = 10) -> dict[str, float]:
+def matmul_tflops(device: torch.device, n: int, dtype: torch.dtype = torch.bfloat16,
+                  reps: int = 10) -> dict[str, float]:
     """Dense matrix-product throughput on random data: the compute ceiling for the roofline."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -1,11 +1,13 @@
-"""Arrival processes (pure Python): Poisson, or gamma with a burstiness factor as `vllm bench serve` has it."""
+"""Arrival processes (pure Python): Poisson, or gamma with a burstiness factor as
+`vllm bench serve` has it."""
 
 from __future__ import annotations
 
 import random
 
 
-def arrival_times(n: int, rate: float, rng: random.Random, burstiness: float = 1.0, start: float = 0.0) -> list[float]:
+def arrival_times(n: int, rate: float, rng: random.Random, burstiness: float = 1.0,
+                  start: float = 0.0) -> list[float]:
     """n arrival times (seconds) at `rate` requests/s. burstiness 1.0 is Poisson; below 1 is burstier,
     above 1 more regular (gamma inter-arrivals with shape=burstiness, mean 1/rate). rate <= 0 or inf:
     everything arrives at `start` (an offline batch)."""
@@ -31,7 +33,8 @@ def zipf_weights(n: int, s: float) -> list[float]:
     return [x / total for x in w]
 
 
-def arrivals_between(start: float, end: float, rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+def arrivals_between(start: float, end: float, rate: float, rng: random.Random,
+                     burstiness: float = 1.0) -> list[float]:
     """Arrival times in [start, end) at `rate` requests/s (Poisson for burstiness 1.0, gamma otherwise, as
     arrival_times): a stream that runs for a window (one phase) rather than for a count. rate <= 0: none."""
     if rate <= 0 or end <= start:

@@ -1,10 +1,10 @@
-"""The chain that sets a makespan. A chat session is a closed loop: turn k+1 is sent when turn k's reply has ended,
-plus the workload's think time. So a run cannot end before its last session has run its turns one after another,
-and throughput over the makespan (first send to last finish) is bounded by that one session, however fast the rest
-is served. `last_chain` finds, in one run's request records, the session that finished last and splits its span
-into its first send, each turn's time to first token and decode, and the gaps between turns (the think times,
-which the workload draws: the same for every system at one seed). A report shows it per run, so that a reader sees
-which part of a makespan any scheduler could still win."""
+"""The chain that sets a makespan. A chat session is a closed loop: turn k+1 is sent when turn k's reply has
+ended, plus the workload's think time. So a run cannot end before its last session has run its turns one after
+another, and throughput over the makespan (first send to last finish) is bounded by that one session, however
+fast the rest is served. `last_chain` finds, in one run's request records, the session that finished last and
+splits its span into its first send, each turn's time to first token and decode, and the gaps between turns
+(the think times, which the workload draws: the same for every system at one seed). A report shows it per run,
+so that a reader sees which part of a makespan any scheduler could still win."""
 
 from __future__ import annotations
 
@@ -48,10 +48,13 @@ class Chain:
 
     def as_dict(self) -> dict:
         return {"session": self.session, "makespan_s": round(self.makespan_s, 3), "first_send_s":
-                round(self.turns[0].send_s, 3), "end_s": round(self.end_s, 3), "think_s": round(self.think_s, 3),
-                "ttft_s": [round(t.ttft_s, 3) for t in self.turns], "decode_s": [round(t.decode_s, 3) for t in self.turns],
+                round(self.turns[0].send_s, 3), "end_s": round(self.end_s, 3),
+                "think_s": round(self.think_s, 3),
+                "ttft_s": [round(t.ttft_s, 3) for t in self.turns],
+                "decode_s": [round(t.decode_s, 3) for t in self.turns],
                 "output_tokens": [t.output_tokens for t in self.turns],
-                "ms_per_token": [None if t.ms_per_token is None else round(t.ms_per_token, 1) for t in self.turns]}
+                "ms_per_token": [None if t.ms_per_token is None else round(t.ms_per_token,
+                                                                           1) for t in self.turns]}
 
 
 def session_of(request_id: str) -> tuple[str, int] | None:
@@ -61,8 +64,8 @@ def session_of(request_id: str) -> tuple[str, int] | None:
 
 
 def last_chain(records: Iterable[RequestRecord]) -> Chain | None:
-    """The chat session that finished last in this run, turn by turn; None without a chat session that finished
-    every turn it sent (a failed turn ends a session: its chain is not a closed loop to the end)."""
+    """The chat session that finished last in this run, turn by turn; None without a chat session that
+    finished every turn it sent (a failed turn ends a session: its chain is not a closed loop to the end)."""
     records = list(records)
     if not records:
         return None

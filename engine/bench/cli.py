@@ -19,13 +19,18 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--systems", default=",".join(policy_names()),
                    help=f"comma list: {', '.join(policy_names())}, transformers-static, "
                         "llama.cpp-bf16-np8, llama.cpp-bf16-np32, vllm-cpu-bf16, vllm-cpu-f32, http:URL")
-    p.add_argument("--workload", default="w1", help=f"w1, w2, w1-smoke, {', '.join(W5_SCALES)}, azure:CSV, mooncake:JSONL")
+    p.add_argument("--workload", default="w1",
+                   help=f"w1, w2, w1-smoke, {', '.join(W5_SCALES)}, azure:CSV, mooncake:JSONL")
     p.add_argument("--phase-rates", default=None,
-                   help="w5: 'chat,rag' requests/s of each phase kind (--rate/--rates then scale both; 1 = as given)")
+                   help="w5: 'chat,rag' requests/s of each phase kind (--rate/--rates then scale both; 1 = "
+                   "as given)")
     p.add_argument("--scale", type=float, default=1.0, help="length scale (documents, turns, answers, pools)")
-    p.add_argument("--count-scale", type=float, default=1.0, help="scale of the number of questions and sessions")
-    p.add_argument("--rate", type=float, default=1.0, help="main request rate (req/s) for the headline numbers")
-    p.add_argument("--rates", default=None, help="comma list of rates for the capacity sweep (includes --rate)")
+    p.add_argument("--count-scale", type=float, default=1.0,
+                   help="scale of the number of questions and sessions")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="main request rate (req/s) for the headline numbers")
+    p.add_argument("--rates", default=None,
+                   help="comma list of rates for the capacity sweep (includes --rate)")
     p.add_argument("--burstiness", type=float, default=1.0)
     p.add_argument("--think", type=float, default=None, help="mean think time of chat sessions (s)")
     p.add_argument("--reps", type=int, default=1, help="interleaved repetitions")
@@ -34,17 +39,20 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--kv-cache-tokens", type=int, default=None, help="device pool (default: 24576 x scale)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--redo-noisy", type=int, default=0, help="redo a run flagged noisy up to N times")
-    p.add_argument("--max-other-cores", type=float, default=0.3, help="noise threshold (other processes' cores)")
+    p.add_argument("--max-other-cores", type=float, default=0.3,
+                   help="noise threshold (other processes' cores)")
     p.add_argument("--timeout", type=float, default=None, help="per-run limit (s); unfinished requests fail")
     p.add_argument("--slo-ttft", type=float, default=2.0)
     p.add_argument("--slo-tpot", type=float, default=0.100)
     p.add_argument("--out", default="bench/results")
     p.add_argument("--name", default=None, help="report stem (default: the workload name)")
     p.add_argument("--subject", default=None,
-                   help="the systems (comma-separated) whose ratios against the others, and goals, the report "
-                        "computes; the first one's ratios are the report's (default: codesign, where it runs)")
+                   help="the systems (comma-separated) whose ratios against the others, and goals, the "
+                        "report computes; the first one's ratios are the report's (default: codesign, where "
+                        "it runs)")
     p.add_argument("--rejudge", metavar="REPORT_JSON", default=None,
-                   help="run nothing: recompute a written report's ratios and goals for --subject from its numbers")
+                   help="run nothing: recompute a written report's ratios and goals for --subject from its "
+                   "numbers")
     p.add_argument("--note", action="append", default=[], help="a line for the report's notes")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -66,7 +74,8 @@ def workload_factory(args: argparse.Namespace):
                       burstiness=args.burstiness,
                       **({"think_mean_s": args.think} if args.think is not None else {}))
         if kind == "azure":
-            return traces.read_azure_csv(path, args.limit, time_scale=args.rate / rate, length_scale=args.scale,
+            return traces.read_azure_csv(path, args.limit, time_scale=args.rate / rate,
+                                         length_scale=args.scale,
                                          seed=args.seed)
         if kind == "mooncake":
             return traces.read_mooncake_jsonl(path, args.limit, time_scale=args.rate / rate,
@@ -142,7 +151,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite = run_suite(systems, make, rates, args.rate, sizing, args.reps, slo, args.threads, args.redo_noisy,
                       args.max_other_cores, args.timeout, progress=not args.no_progress,
                       log=lambda s: print(s, file=sys.stderr, flush=True))
-    meta = {"title": f"{probe.name}: {', '.join(systems)}", "workload": probe.name, "workload_params": probe.params,
+    meta = {"title": f"{probe.name}: {', '.join(systems)}", "workload": probe.name,
+            "workload_params": probe.params,
             "num_requests": probe.num_requests, "rates": rates, "main_rate": args.rate, "reps": args.reps,
             "sizing": dataclasses.asdict(sizing), "wall_s": round(time.time() - t0, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0)),

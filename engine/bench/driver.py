@@ -43,7 +43,8 @@ def run_workload(workload: Workload, target: Target, progress: bool = False, sam
                  timeout_s: float | None = None, guard: NoiseGuard | None = None) -> RunResult:
     """Sends every request of `workload` to `target` and waits for all of them (or `timeout_s`: the
     unfinished ones are recorded as failed 'timeout')."""
-    due: list[_Due] = [_Due(r.arrival_s, r.request_id, r.kind, r.prompt, r.max_tokens) for r in workload.requests]
+    due: list[_Due] = [_Due(r.arrival_s, r.request_id, r.kind, r.prompt,
+                            r.max_tokens) for r in workload.requests]
     replies: dict[str, list[list[int]]] = {}
     for s in workload.sessions:
         replies[s.session_id] = []
@@ -108,7 +109,8 @@ def run_workload(workload: Workload, target: Target, progress: bool = False, sam
     for rec in records.values():
         if rec.end_s is None and rec.error is None:
             rec.error = "timeout"
-    return RunResult(target.name, workload.name, list(records.values()), samples, guard.report(), target.info(), wall)
+    return RunResult(target.name, workload.name, list(records.values()), samples, guard.report(),
+                     target.info(), wall)
 
 
 def _next_turn(d: _Due, reply: list[int], replies: dict[str, list[list[int]]], due: list[_Due], t: float,

@@ -44,7 +44,8 @@ def export(out: Path, model: str | None = None) -> Path:
     ckpt = load_checkpoint(resolve_model_path(model), progress=False)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(hf_config(ckpt.config), indent=2))
-    save_file({name: ckpt.weights[name].contiguous() for name in ckpt.weights}, str(out / "model.safetensors"))
+    save_file({name: ckpt.weights[name].contiguous() for name in ckpt.weights},
+              str(out / "model.safetensors"))
     tok = Tokenizer.from_source(ckpt.tokenizer_source)
     tok.backend.save(str(out / "tokenizer.json"))
     eos = [tok.backend.id_to_token(i) for i in sorted(tok.eos_token_ids)]

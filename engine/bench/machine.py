@@ -24,7 +24,8 @@ T = TypeVar("T")
 def machine_info() -> dict:
     import torch
 
-    return {**cpu_flags(), "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    return {**cpu_flags(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version()}
 
 
 def machine_read_gbps(reps: int, size_mb: int) -> float:
@@ -42,14 +43,15 @@ def machine_read_gbps(reps: int, size_mb: int) -> float:
 
 
 def kernel_bench_args(doc: str, quick_help: str, reps_help: str) -> argparse.Namespace:
-    """A kernel benchmark's command line (--quick, --threads, --reps, --by-machine), parsed; torch set to those
-    threads."""
+    """A kernel benchmark's command line (--quick, --threads, --reps, --by-machine), parsed; torch set to
+    those threads."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=10, help=reps_help)
     p.add_argument("--by-machine", action="store_true",
-                   help="name the file <bench>_<machine class>.json (amx, avx512bf16, avx2): one per kind of CPU")
+                   help="name the file <bench>_<machine class>.json (amx, avx512bf16, avx2): one per kind of "
+                   "CPU")
     args = p.parse_args()
     import torch
 
@@ -69,7 +71,8 @@ def measure_against_bandwidth(quick: bool, measure: Callable[[], T]) -> tuple[fl
 
 def kernel_result(bench: str, args: argparse.Namespace, read_gbps: float, noise: dict, facts: dict,
                   **body) -> dict:
-    """A kernel benchmark's result: what ran where (`facts`: the bench's own, e.g. its kernel build), then `body`."""
+    """A kernel benchmark's result: what ran where (`facts`: the bench's own, e.g. its
+    kernel build), then `body`."""
     return {"bench": bench, "quick": args.quick, "threads": args.threads, "cpu": cpu_flags(), **facts,
             "machine_read_gbps": round(read_gbps, 2), "noise": noise, **body}
 
@@ -91,7 +94,8 @@ def machine_class(cpu: dict | Iterable[str] | None = None) -> str:
 
 
 def write_kernel_result(results: Path, result: dict, by_machine: bool = False) -> Path:
-    """bench/results/<bench>.json (<bench>_quick.json for a smoke run); by_machine: <bench>_<machine class>.json
+    """bench/results/<bench>.json (<bench>_quick.json for a smoke run); by_machine:
+    <bench>_<machine class>.json
     (machine_class of the result's own CPU record), so that each kind of CPU keeps its own file."""
     results.mkdir(exist_ok=True)
     stem = f"{result['bench']}_{machine_class(result['cpu'])}" if by_machine else result["bench"]

@@ -67,7 +67,8 @@ class RequestRecord:
             return None if t is None else round(t, 3)
 
         return {"request_id": self.request_id, "kind": self.kind, "send_s": ms(self.send_s),
-                "first_token_s": ms(self.first_token_s), "end_s": ms(self.end_s), "prompt_tokens": self.prompt_tokens,
+                "first_token_s": ms(self.first_token_s), "end_s": ms(self.end_s),
+                "prompt_tokens": self.prompt_tokens,
                 "output_tokens": self.output_tokens, "cached_tokens": self.cached_tokens, "error": self.error}
 
 
@@ -90,7 +91,8 @@ def _stats(prefix: str, xs: list[float]) -> dict[str, float]:
 
 
 def run_span(records: list[RequestRecord]) -> tuple[float, float]:
-    """(first send, last successful finish) of a run: its makespan's ends (the start where nothing finished)."""
+    """(first send, last successful finish) of a run: its makespan's ends (the start
+    where nothing finished)."""
     start = min((r.send_s for r in records), default=0.0)
     return start, max((r.end_s for r in records if r.ok), default=start)
 

@@ -9,7 +9,8 @@
   whose requests waited, not in the one where its backlog drained.
 - A phase's window throughput (`throughput_tok_s`) is the output tokens of the requests that finished inside
   its window, over the window (the last window runs to the run's last finish): the engine's output rate there,
-  backlog of earlier phases included. Past capacity it says where a backlog drained, not how a phase was served.
+  backlog of earlier phases included. Past capacity it says where a backlog drained,
+  not how a phase was served.
 - Server counters (preemptions, hit rate per tier, OOM, KV use) are deltas over the window, from the last
   sample at or before its start to the last sample inside it.
 - `by_kind` pools every phase of one kind (all chat phases, all RAG phases).
@@ -26,7 +27,8 @@ from kvloop.engine.bench.metrics import SLO, RequestRecord, Sample, client_metri
 from kvloop.engine.bench.w5_workload import Phase
 
 LATENCY = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s")
-SERVER = ("preemptions", "oom_events", "server_rejections", "hit_rate_device", "hit_rate_host", "hit_rate_disk",
+SERVER = ("preemptions", "oom_events", "server_rejections", "hit_rate_device", "hit_rate_host",
+          "hit_rate_disk",
           "hit_rate_total", "kv_use_mean", "kv_use_max")
 
 
@@ -133,7 +135,8 @@ def by_kind(records: Iterable[RequestRecord], samples: Sequence[Sample], phases:
         c = client_metrics(rs, slo)
         d = {"phases": len(idx), "requests": len(rs), "completed": c["completed"], "failed": c["failed"],
              "output_tokens": served_tokens, "served_span_s": served_span,
-             "served_tok_s": _rate(served_tokens, served_span), "output_tokens_finished": tokens, "window_s": span,
+             "served_tok_s": _rate(served_tokens, served_span), "output_tokens_finished": tokens,
+             "window_s": span,
              "throughput_tok_s": _rate(tokens, span), **{k: c[k] for k in LATENCY}}
         d.update(_pooled_server([_window_samples(samples, *windows[i]) for i in idx]))
         out[kind] = d

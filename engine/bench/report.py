@@ -17,8 +17,10 @@ from kvloop.engine.bench.numbers import fmt
 from kvloop.engine.bench.suite import SuiteResult
 
 HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_throughput_tok_s",
-            "goodput_req_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s", "tpot_p50_s",
-            "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "e2e_mean_s", "e2e_p50_s",
+            "goodput_req_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_mean_s",
+            "tpot_p50_s",
+            "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "e2e_mean_s",
+            "e2e_p50_s",
             "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share")
 SERVER = ("hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_total", "preemptions", "oom_events",
           "kv_use_mean", "kv_use_mean_while_waiting", "kv_use_max")
@@ -52,10 +54,13 @@ def summarize(suite: SuiteResult, slo: SLO) -> dict:
         d["oom_events"] = d["oom_events"] if d["oom_events"] is not None else _median(
             [r.client.get("client_oom_errors") for r in main])
         sweep = sorted({r.rate for r in rows})
-        per_rate = [(rate, {"meets_slo": all(r.client["meets_slo"] for r in rows if r.rate == rate)}) for rate in sweep]
+        per_rate = [(rate,
+                     {"meets_slo": all(r.client["meets_slo"] for r in rows if r.rate == rate)})
+                     for rate in sweep]
         d["capacity_req_s"] = capacity(per_rate)
-        d["capacity_note"] = (f"largest of swept rates {sweep} meeting TTFT P99 <= {slo.ttft_s} s and TPOT P99 <= "
-                              f"{slo.tpot_s * 1000:.0f} ms" + ("" if d["capacity_req_s"] else "; none did"))
+        d["capacity_note"] = (f"largest of swept rates {sweep} meeting TTFT P99 <= {slo.ttft_s} s and TPOT "
+                              f"P99 <= {slo.tpot_s * 1000:.0f} ms"
+                              + ("" if d["capacity_req_s"] else "; none did"))
         d["sweep"] = [{"rate": rate, **{k: _median([r.client[k] for r in rows if r.rate == rate])
                                         for k in ("output_throughput_tok_s", "ttft_p99_s", "tpot_p99_s")},
                        "meets_slo": m["meets_slo"]} for rate, m in per_rate]
@@ -92,7 +97,8 @@ def ratio_of(r: dict, metric: str) -> float | None:
 
 
 def strongest_variant(family: str, systems: dict) -> str | None:
-    """The system of `family` (itself, or `family-<variant>`) with the highest output throughput in this run."""
+    """The system of `family` (itself, or `family-<variant>`) with the highest output
+    throughput in this run."""
     names = [n for n in systems if n == family or n.startswith(family + "-")]
     scored = [(systems[n].get("throughput_tok_s") or 0.0, n) for n in names]
     return max(scored)[1] if scored else None
@@ -124,8 +130,9 @@ def build(suite: SuiteResult, meta: dict, slo: SLO, subjects: Sequence[str] = (S
 
 
 def judge(report: dict, subjects: Sequence[str]) -> dict:
-    """The report's ratios and goals from its systems, for each subject: the goals of all of them, the first one's
-    ratios as the report's (`subject`, `ratios`), and with several, every one's under `ratios_by_subject`."""
+    """The report's ratios and goals from its systems, for each subject: the goals of all of them, the first
+    one's ratios as the report's (`subject`, `ratios`), and with several, every one's under
+    `ratios_by_subject`."""
     systems, missing = report["systems"], report["missing"]
     by_subject = {s: ratios(systems, s) for s in subjects}
     report.update(subject=subjects[0], ratios=by_subject[subjects[0]],
@@ -137,9 +144,10 @@ def judge(report: dict, subjects: Sequence[str]) -> dict:
 
 
 def rejudge(path: Path, subjects: Sequence[str], command: str) -> dict:
-    """A written report (its JSON and markdown, plots kept) with its ratios and goals computed for these subjects
-    from the numbers it holds (`kvloop bench --rejudge`, its command line appended to the report's): a subject
-    added after a run, without running it again. A subject that is not among its systems is a ValueError."""
+    """A written report (its JSON and markdown, plots kept) with its ratios and goals computed for these
+    subjects from the numbers it holds (`kvloop bench --rejudge`, its command line appended to the report's):
+    a subject added after a run, without running it again. A subject that is not among its
+    systems is a ValueError."""
     report = json.loads(path.read_text())
     absent = [s for s in subjects if s not in report["systems"]]
     if absent:
@@ -147,12 +155,14 @@ def rejudge(path: Path, subjects: Sequence[str], command: str) -> dict:
     report = judge(report, subjects)
     report["meta"]["commands"] = [*report["meta"].get("commands", []), command]
     path.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    path.with_suffix(".md").write_text(markdown(report, [str(path.parent / p) for p in report.get("plots", [])]))
+    path.with_suffix(".md").write_text(markdown(report,
+                                                [str(path.parent / p) for p in report.get("plots", [])]))
     return report
 
 
 def machine_lines(machine: dict | None) -> list[str]:
-    """The machine a report ran on (machine.machine_info), as a paragraph; nothing where it was not recorded."""
+    """The machine a report ran on (machine.machine_info), as a paragraph; nothing
+    where it was not recorded."""
     if not machine:
         return []
     return [f"Machine: {machine['model']}, {machine['cores']} cores, native bf16: "
@@ -165,20 +175,24 @@ def markdown(report: dict, plots: list[str]) -> str:
     lines = [f"# {m.get('title', 'Benchmark report')}", "", m.get("summary", ""), "",
              *machine_lines(m.get("machine")),
              "## Systems at the main rate (medians over repetitions)", "",
-             "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | ITL p99 ms | "
-             "E2E p99 s | hit rate (dev/host/disk) | preempt | OOM | failed | capacity req/s | other CPU |",
+             "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | ITL p99 "
+             "ms | E2E p99 s | hit rate (dev/host/disk) | preempt | OOM | failed | capacity req/s | other "
+             "CPU |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
         hit = "/".join(fmt(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
-        lines.append(f"| {name} | {fmt(d['throughput_tok_s'], 1)} | {fmt(d['request_throughput_req_s'], 3)} | "
-                     f"{fmt(d['ttft_p50_s'])} | {fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | "
-                     f"{fmt(d['tpot_p99_s'], 0, 1000)} | {fmt(d['itl_p99_s'], 0, 1000)} | {fmt(d['e2e_p99_s'], 1)} | {hit} | "
-                     f"{fmt(d['preemptions'], 0)} | {fmt(d['oom_events'], 0)} | {fmt(d['failed'], 0)} | "
-                     f"{fmt(d['capacity_req_s'], 2)} | {fmt(d['noise_other_cores_mean'])} |")
+        lines.append(f"| {name} | {fmt(d['throughput_tok_s'], 1)} | {fmt(d['request_throughput_req_s'], 3)} "
+                     f"| {fmt(d['ttft_p50_s'])} | {fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | "
+                     f"{fmt(d['tpot_p99_s'], 0, 1000)} | {fmt(d['itl_p99_s'], 0, 1000)} | "
+                     f"{fmt(d['e2e_p99_s'], 1)} | {hit} | {fmt(d['preemptions'], 0)} | "
+                     f"{fmt(d['oom_events'], 0)} | {fmt(d['failed'], 0)} | {fmt(d['capacity_req_s'], 2)} | "
+                     f"{fmt(d['noise_other_cores_mean'])} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
-    for subject, rat in report.get("ratios_by_subject", {report.get("subject", SUBJECT): report["ratios"]}).items():
-        lines += ["", f"## Ratios ({subject} / system)", "", "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
+    for subject, rat in report.get("ratios_by_subject",
+                                   {report.get("subject", SUBJECT): report["ratios"]}).items():
+        lines += ["", f"## Ratios ({subject} / system)", "",
+                  "| vs | throughput × | TTFT P99 × | TPOT P50 × |",
                   "|---|---|---|---|"]
         for name, r in rat.items():
             lines.append(f"| {name} | {fmt(ratio_of(r, 'throughput'))} | {fmt(ratio_of(r, 'ttft_p99'))} | "
@@ -187,35 +201,40 @@ def markdown(report: dict, plots: list[str]) -> str:
     for g in report["goals"]:
         lines.append("- " + json.dumps(g, default=str))
     lines += chain_lines(report)
-    lines += ["", "## Rate sweep", "", "| system | rate req/s | out tok/s | TTFT p99 s | TPOT p99 ms | meets SLO |",
+    lines += ["", "## Rate sweep", "",
+              "| system | rate req/s | out tok/s | TTFT p99 s | TPOT p99 ms | meets SLO |",
               "|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
         for s in d["sweep"]:
-            lines.append(f"| {name} | {s['rate']:g} | {fmt(s['output_throughput_tok_s'], 1)} | {fmt(s['ttft_p99_s'])} | "
-                         f"{fmt(s['tpot_p99_s'], 0, 1000)} | {s['meets_slo']} |")
+            lines.append(f"| {name} | {s['rate']:g} | {fmt(s['output_throughput_tok_s'], 1)} | "
+                         f"{fmt(s['ttft_p99_s'])} | {fmt(s['tpot_p99_s'], 0, 1000)} | {s['meets_slo']} |")
     lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     for section in ("notes", "commands"):
         if m.get(section):
             lines += ["", f"## {section.capitalize()}", ""]
-            lines += ([f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]])
+            lines += ([f"    {c}" for c in m[section]] if section == "commands"
+                      else [f"- {n}" for n in m[section]])
     return "\n".join(lines) + "\n"
 
 
 def chain_lines(report: dict) -> list[str]:
-    """Per run at the main rate, the chat session that finished last (chains.py): the closed loop that bounds the
-    makespan. Nothing where no run has one (no chat sessions, or a file written before runs kept it)."""
+    """Per run at the main rate, the chat session that finished last (chains.py): the closed loop that bounds
+    the makespan. Nothing where no run has one (no chat sessions, or a file written before runs kept it)."""
     main = report["meta"].get("main_rate")
     rows = [(name, run) for name, d in report["systems"].items() for run in d.get("runs", [])
             if run.get("last_chain") and (main is None or run["rate"] == main)]
     if not rows:
         return []
-    lines = ["", "## The last chat session of each run (its turns run one after another: the makespan cannot be "
+    lines = ["",
+             "## The last chat session of each run (its turns run one after another: the makespan cannot be "
              "shorter)", "", "| system | rep | makespan s | session | first send s | think s (all gaps) | "
-             "TTFT s per turn | decode s per turn | ms per token per turn |", "|---|---|---|---|---|---|---|---|---|"]
+             "TTFT s per turn | decode s per turn | ms per token per turn |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, run in rows:
         c = run["last_chain"]
         lines.append(f"| {name} | {run['rep']} | {fmt(c['makespan_s'], 1)} | {c['session']} | "
-                     f"{fmt(c['first_send_s'], 1)} | {fmt(c['think_s'], 1)} | {' / '.join(fmt(x) for x in c['ttft_s'])} | "
+                     f"{fmt(c['first_send_s'], 1)} | {fmt(c['think_s'], 1)} | "
+                     f"{' / '.join(fmt(x) for x in c['ttft_s'])} | "
                      f"{' / '.join(fmt(x, 1) for x in c['decode_s'])} | "
                      f"{' / '.join(fmt(x, 0) for x in c['ms_per_token'])} |")
     return lines

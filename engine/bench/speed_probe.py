@@ -2,10 +2,10 @@
 
 This VM type's speed drifts by tens of percent within a session (the same 240 s slice of W5 CPU took 263 s of
 engine steps at one hour and 226 s an hour later, with no other process running): what the quiet-machine
-guard cannot see, since it counts other processes' CPU, not how fast a core runs. A probe times, in the probing
-thread's CPU time (so waiting for a busy core adds nothing), hashing 1 MiB (core speed; the hash releases the
-GIL) and copying 16 MiB (memory bandwidth; ~1-2 ms under the GIL). Two runs compared side by side should show
-the same probe times; a spread within a run says how much its own numbers may have moved."""
+guard cannot see, since it counts other processes' CPU, not how fast a core runs. A probe times, in the
+probing thread's CPU time (so waiting for a busy core adds nothing), hashing 1 MiB (core speed; the hash
+releases the GIL) and copying 16 MiB (memory bandwidth; ~1-2 ms under the GIL). Two runs compared side by side
+should show the same probe times; a spread within a run says how much its own numbers may have moved."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from functools import cache
 
 @cache
 def _buffers() -> tuple[bytes, bytes]:
-    """The hashed 1 MiB and the copied 16 MiB, made at the first probe (not in every process that imports this)."""
+    """The hashed 1 MiB and the copied 16 MiB, made at the first probe (not in every
+    process that imports this)."""
     return bytes(range(256)) * 4096, bytes(16 << 20)
 
 

@@ -46,7 +46,8 @@ def _row(res: RunResult, rate: float, rep: int, slo: SLO, attempts: int) -> RunR
                   None if chain is None else chain.as_dict())
 
 
-def run_suite(systems: list[str], make_workload: Callable[[float], Workload], rates: list[float], main_rate: float,
+def run_suite(systems: list[str], make_workload: Callable[[float], Workload], rates: list[float],
+              main_rate: float,
               sizing: Sizing, reps: int = 1, slo: SLO | None = None, threads: int | None = None,
               redo_noisy: int = 0, max_other_cores: float = 0.3, timeout_s: float | None = None,
               progress: bool = True, log: Callable[[str], None] = print) -> SuiteResult:
@@ -70,7 +71,8 @@ def run_suite(systems: list[str], make_workload: Callable[[float], Workload], ra
                     finally:
                         target.close()
                     row = _row(res, rate, rep, slo, attempt + 1)
-                    if best is None or row.noise.get("other_cores_mean", 0) < best.noise.get("other_cores_mean", 0):
+                    if best is None or row.noise.get("other_cores_mean",
+                                                     0) < best.noise.get("other_cores_mean", 0):
                         best = row
                     if not row.noise.get("noisy"):
                         break

@@ -157,7 +157,8 @@ class VllmCpuTarget(ServerProcessTarget):
         port = _free_port()
         n = threads or os.cpu_count() or 2
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", "default", "--dtype", dtype, "--max-model-len", str(max(sizing.max_context, 2048)),
+               "--served-model-name", "default", "--dtype", dtype, "--max-model-len",
+               str(max(sizing.max_context, 2048)),
                "--enable-prefix-caching", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
                "--port", str(port)]
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}", "VLLM_CPU_KVCACHE_SPACE": str(vllm_kv_gib())}
@@ -200,7 +201,8 @@ def make_target(name: str, sizing: Sizing, threads: int | None = None, hf_dtype:
 
             torch.set_num_threads(threads)
 
-        return StaticBatchGate(HFGenerateTarget(_hf_model(hf_dtype)), sizing.static_batch, sizing.fill_timeout_s,
+        return StaticBatchGate(HFGenerateTarget(_hf_model(hf_dtype)), sizing.static_batch,
+                               sizing.fill_timeout_s,
                                name=name)
     if name.startswith("llama.cpp-"):  # llama.cpp-bf16-np8
         _, weights, np_ = name.split("-")

@@ -25,7 +25,8 @@ def _rand_tokens(seed: int | str, n: int) -> list[int]:
 def read_azure_csv(path: str | Path, limit: int | None = None, time_scale: float = 1.0,
                    length_scale: float = 1.0, seed: int = 0) -> Workload:
     """time_scale stretches inter-arrival times (0.5: twice the rate); lengths scaled by length_scale."""
-    wl = Workload("W3-azure", params={"trace": str(path), "time_scale": time_scale, "length_scale": length_scale})
+    wl = Workload("W3-azure",
+                  params={"trace": str(path), "time_scale": time_scale, "length_scale": length_scale})
     with open(path, newline="") as f:
         rows = csv.DictReader(f)
         t0 = None

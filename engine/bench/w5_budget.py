@@ -43,7 +43,8 @@ def goals(entries: list[dict], best: dict[str, dict | None], scale: str, default
         if same is None:
             out.append(goal(f"{name}, both at budget {default_budget}", None, op, bound, status="not run"))
         else:
-            out.append(goal(f"{name}, both at budget {default_budget}", w5_load.ratio(same, key, system, against),
+            out.append(goal(f"{name}, both at budget {default_budget}",
+                            w5_load.ratio(same, key, system, against),
                             op, bound))
         b_sys, b_against = best.get(system), best.get(against)
         value = None
@@ -51,7 +52,8 @@ def goals(entries: list[dict], best: dict[str, dict | None], scale: str, default
             value = w5_load.ratio({"systems": {system: b_sys["systems"][system],
                                                against: b_against["systems"][against]}}, key, system, against)
         out.append(goal(f"{name}, each at its best budget", value, op, bound,
-                        budgets={system: b_sys and b_sys["budget"], against: b_against and b_against["budget"]}))
+                        budgets={system: b_sys and b_sys["budget"],
+                                 against: b_against and b_against["budget"]}))
     return out
 
 
@@ -68,9 +70,10 @@ def markdown(report: dict, plots: list[str]) -> str:
     meta = report["meta"]
     systems = meta["systems"]
     lines = [f"# {meta['title']}", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
-             f"Rates: chat {meta['rates']['chat']:.3f}, RAG {meta['rates']['rag']:.3f} req/s ({meta['rates_how']}); "
-             f"{meta['phase_s']:g} s phases, {meta['duration_s']:g} s in all; seed {meta['seed']}. The scale's "
-             f"default budget is {meta['default_budget']}. Started {meta['started']}, {meta['wall_s']:g} s.", "",
+             f"Rates: chat {meta['rates']['chat']:.3f}, RAG {meta['rates']['rag']:.3f} req/s "
+             f"({meta['rates_how']}); {meta['phase_s']:g} s phases, {meta['duration_s']:g} s in all; seed "
+             f"{meta['seed']}. The scale's default budget is {meta['default_budget']}. Started "
+             f"{meta['started']}, {meta['wall_s']:g} s.", "",
              "| budget | " + " | ".join(f"{s} out tok/s | {s} TTFT P50 / P99 s" for s in systems)
              + " | codesign / LRU throughput | codesign / LRU TTFT P99 |",
              "|---|" + "---|---|" * len(systems) + "---|---|"]
@@ -98,7 +101,8 @@ def plot(report: dict, out_dir: Path, stem: str) -> list[str]:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for s in report["meta"]["systems"]:
         for ax, key in zip(axes, ("output_throughput_tok_s", "ttft_p99_s"), strict=True):
-            ax.plot(budgets, [(e["systems"].get(s) or {}).get(key) for e in report["budgets"]], marker="o", label=s)
+            ax.plot(budgets, [(e["systems"].get(s) or {}).get(key) for e in report["budgets"]], marker="o",
+                    label=s)
     for ax, title in zip(axes, ("output throughput, tok/s", "TTFT P99, s"), strict=True):
         ax.set_xscale("log", base=2)
         ax.set(xlabel="step token budget", title=title)

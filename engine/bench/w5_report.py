@@ -16,26 +16,32 @@ from kvloop.engine.bench.w5_variants import PERIODS, parse_variant
 CLIENT = ("output_throughput_tok_s", "request_throughput_req_s", "goodput_req_s", "ttft_p50_s", "ttft_p99_s",
           "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "completed", "failed", "rejections", "duration_s",
           "total_output_tokens", "cached_prompt_share")
-SERVER = ("preemptions", "oom_events", "server_rejections", "hit_rate_device", "hit_rate_host", "hit_rate_disk",
+SERVER = ("preemptions", "oom_events", "server_rejections", "hit_rate_device", "hit_rate_host",
+          "hit_rate_disk",
           "hit_rate_total", "kv_use_mean", "kv_use_max", "kv_use_mean_while_waiting")
 BASELINE, CODESIGN, COORD = "continuous+lru", "codesign", "codesign+coord"
 # Issue 16's W5 goals per scale: (name, metric, system, against, op, bound). `against` is a system, or
 # "best fixed cap" (whole run) / "best fixed cap in <kind> phases"; metrics as in `_value`. A phase kind's
-# throughput is its served throughput (engine.bench.phases): the tokens of the requests sent in its phases over
-# the time until the last of them finished, so a backlog is charged to the phase whose requests waited.
+# throughput is its served throughput (engine.bench.phases): the tokens of the requests sent in its phases
+# over the time until the last of them finished, so a backlog is charged to the phase whose requests waited.
 GOALS = {
     "gpu": (("codesign output throughput / continuous+lru", "throughput", CODESIGN, BASELINE, ">=", 1.3),
             ("codesign TTFT P99 / continuous+lru", "ttft_p99", CODESIGN, BASELINE, "<=", 0.5),
-            ("codesign+coord output throughput / best fixed cap (whole run)", "throughput", COORD, "best", ">=", 1.15),
-            ("codesign+coord chat-phase served throughput / best fixed cap in chat phases", "chat_throughput", COORD,
+            ("codesign+coord output throughput / best fixed cap (whole run)", "throughput", COORD, "best",
+             ">=", 1.15),
+            ("codesign+coord chat-phase served throughput / best fixed cap in chat phases", "chat_throughput",
+             COORD,
              "best:chat", ">=", 0.9),
-            ("codesign+coord RAG-phase served throughput / best fixed cap in RAG phases", "rag_throughput", COORD,
+            ("codesign+coord RAG-phase served throughput / best fixed cap in RAG phases", "rag_throughput",
+             COORD,
              "best:rag", ">=", 0.9)),
     "cpu": (("codesign output throughput / continuous+lru", "throughput", CODESIGN, BASELINE, ">=", 1.2),
             ("codesign TTFT P99 / continuous+lru", "ttft_p99", CODESIGN, BASELINE, "<=", 0.6),
-            ("codesign+coord chat-phase served throughput / best fixed cap in chat phases", "chat_throughput", COORD,
+            ("codesign+coord chat-phase served throughput / best fixed cap in chat phases", "chat_throughput",
+             COORD,
              "best:chat", ">=", 0.9),
-            ("codesign+coord RAG-phase served throughput / best fixed cap in RAG phases", "rag_throughput", COORD,
+            ("codesign+coord RAG-phase served throughput / best fixed cap in RAG phases", "rag_throughput",
+             COORD,
              "best:rag", ">=", 0.9)),
 }
 
@@ -62,7 +68,8 @@ def _value(run: dict | None, metric: str) -> float | None:
 def fixed_caps(runs: dict[str, dict]) -> dict[str, int]:
     """Each fixed-cap run's cap, in ascending order: the mode@capN runs, and a plain run of a swept mode
     (coordinator off) at its default cap (its recorded sizing's max_num_seqs) where the sweep has no run at
-    that cap: it is the same engine (at CPU scale `codesign` is `codesign@cap64`), so it need not run twice."""
+    that cap: it is the same engine (at CPU scale `codesign` is `codesign@cap64`), so
+    it need not run twice."""
     caps = {n: v.cap for n in runs if (v := parse_variant(n)).cap}
     swept = {parse_variant(n).mode for n in caps}
     for n, r in runs.items():
@@ -78,9 +85,9 @@ def fixed_cap_runs(runs: dict[str, dict]) -> dict[str, dict]:
 
 
 TIE = 0.005  # throughputs this close (relative) tie; the lower TTFT P99 then wins
-# A fixed cap competes for a phase's (or the run's) best only where it kept up: the median request sent in that
-# window waited at most this long (W5's TTFT SLO). A cap that falls behind carries its backlog into the next
-# phase, and its window throughput there (finished tokens / window) measures that backlog, not the phase:
+# A fixed cap competes for a phase's (or the run's) best only where it kept up: the median request sent in
+# that window waited at most this long (W5's TTFT SLO). A cap that falls behind carries its backlog into the
+# next phase, and its window throughput there (finished tokens / window) measures that backlog, not the phase:
 # cap 16 "won" the GPU run's RAG phases at 477 tok/s with a median TTFT of 115 s, where every cap that kept
 # up delivered the ~355 tok/s the RAG phases offer. Where no cap kept up, all compete.
 KEEPS_UP_TTFT_P50_S = 2.0
@@ -128,7 +135,8 @@ def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
     out = []
     for i, ph in enumerate(next(iter(fixed.values()))["phases"]):
         scored = [(p["served_tok_s"], p["ttft_p99_s"], n, p.get("ttft_p50_s"))
-                  for n, r in fixed.items() if i < len(r["phases"]) and is_number((p := r["phases"][i]).get("served_tok_s"))]
+                  for n, r in fixed.items() if i < len(r["phases"])
+                  and is_number((p := r["phases"][i]).get("served_tok_s"))]
         if scored:
             v, name = _pick(scored)
             out.append({"index": ph["index"], "kind": ph["kind"], "system": name, "cap": caps[name],
@@ -137,8 +145,9 @@ def best_fixed_per_phase(runs: dict[str, dict]) -> list[dict]:
 
 
 def coordinator_run(runs: dict[str, dict]) -> str:
-    """The run that stands for the coordinator in the goals: codesign+coord (its default settings) where it ran,
-    else the first coordinator variant of codesign (a shortened real-engine run may take one period only)."""
+    """The run that stands for the coordinator in the goals: codesign+coord (its default settings) where it
+    ran, else the first coordinator variant of codesign (a shortened real-engine run may
+    take one period only)."""
     if COORD in runs:
         return COORD
     return next((n for n in runs if (v := parse_variant(n)).coordinator and v.mode == CODESIGN), COORD)
@@ -173,9 +182,10 @@ def goals(runs: dict[str, dict], scale: str) -> list[dict]:
 
 def capacity_goals(system: str, capacity: dict[str, float | None], rates: dict[str, float],
                    baseline: dict[str, float | None] | None) -> list[dict]:
-    """A capacity file's goals, per phase kind. continuous+lru's: W5's rate stays below its capacity (WORKLOADS.md
-    sets it at ~90%). Another system's, with continuous+lru's capacity at hand: issue 16's 1.3x throughput goal
-    read as the load carried under the same SLO (at W5's rates every system that keeps up ties)."""
+    """A capacity file's goals, per phase kind. continuous+lru's: W5's rate stays below its capacity
+    (WORKLOADS.md sets it at ~90%). Another system's, with continuous+lru's capacity at hand: issue 16's 1.3x
+    throughput goal read as the load carried under the same SLO (at W5's rates every
+    system that keeps up ties)."""
     out = []
     for kind, cap in capacity.items():
         if system == BASELINE:
@@ -211,45 +221,57 @@ def markdown(report: dict, plots: list[str]) -> str:
     for k in ("workload", "profile", "phase_rates", "phase_s", "duration_s", "requests", "sessions", "sizing",
               "rates_how", "coordinator_tpot_p50_s"):
         if k in m:
-            lines.append(f"| {k} | {json.dumps(m[k], default=str) if isinstance(m[k], dict | list) else m[k]} |")
+            lines.append(f"| {k} | "
+                         f"{json.dumps(m[k], default=str) if isinstance(m[k], dict | list) else m[k]} |")
     lines += ["", "## Whole run", "",
-              "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | preempt | OOM | "
-              "hit dev/host/disk | KV use mean | failed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | preempt "
+              "| OOM | hit dev/host/disk | KV use mean | failed |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         w = r["whole"]
-        lines.append(f"| {name} | {fmt(w['output_throughput_tok_s'], 1)} | {fmt(w['request_throughput_req_s'], 3)} | "
-                     f"{fmt(w['ttft_p50_s'])} | {fmt(w['ttft_p99_s'])} | {fmt(w['tpot_p50_s'], 0, 1000)} | "
-                     f"{fmt(w['tpot_p99_s'], 0, 1000)} | {fmt(w['preemptions'], 0)} | {fmt(w['oom_events'], 0)} | "
-                     f"{_hits(w)} | {fmt(w['kv_use_mean'])} | {fmt(w['failed'], 0)} |")
+        lines.append(f"| {name} | {fmt(w['output_throughput_tok_s'], 1)} | "
+                     f"{fmt(w['request_throughput_req_s'], 3)} | {fmt(w['ttft_p50_s'])} | "
+                     f"{fmt(w['ttft_p99_s'])} | {fmt(w['tpot_p50_s'], 0, 1000)} | "
+                     f"{fmt(w['tpot_p99_s'], 0, 1000)} | {fmt(w['preemptions'], 0)} | "
+                     f"{fmt(w['oom_events'], 0)} | {_hits(w)} | {fmt(w['kv_use_mean'])} | "
+                     f"{fmt(w['failed'], 0)} |")
     lines += ["", "## Per phase kind (all phases of a kind pooled)", "",
-              "| system | phase | served tok/s | window tok/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | "
-              "preempt | hit dev/host/disk | KV use mean |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| system | phase | served tok/s | window tok/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT "
+              "p99 ms | preempt | hit dev/host/disk | KV use mean |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         for kind, d in (r.get("by_kind") or {}).items():
-            lines.append(f"| {name} | {kind} | {fmt(d.get('served_tok_s'), 1)} | {fmt(d['throughput_tok_s'], 1)} | "
-                         f"{fmt(d['ttft_p50_s'])} | "
-                         f"{fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | {fmt(d['tpot_p99_s'], 0, 1000)} | "
-                         f"{fmt(d['preemptions'], 0)} | {_hits(d)} | {fmt(d['kv_use_mean'])} |")
+            lines.append(f"| {name} | {kind} | {fmt(d.get('served_tok_s'), 1)} | "
+                         f"{fmt(d['throughput_tok_s'], 1)} | {fmt(d['ttft_p50_s'])} | "
+                         f"{fmt(d['ttft_p99_s'])} | {fmt(d['tpot_p50_s'], 0, 1000)} | "
+                         f"{fmt(d['tpot_p99_s'], 0, 1000)} | {fmt(d['preemptions'], 0)} | {_hits(d)} | "
+                         f"{fmt(d['kv_use_mean'])} |")
     best = report["best_fixed_cap"]
     fixed, caps = fixed_cap_runs(runs), fixed_caps(runs)
     if fixed:
         kinds = [k for k in best if k != "whole"]
         lines += ["", "## Fixed caps through the same phases (coordinator off)", "",
-                  "| system | whole out tok/s | " + " | ".join(f"{k} tok/s" for k in kinds) + " | TTFT p99 s | preempt |",
+                  "| system | whole out tok/s | " + " | ".join(f"{k} tok/s" for k in kinds)
+                  + " | TTFT p99 s | preempt |",
                   "|---|---|" + "---|" * len(kinds) + "---|---|"]
         for name, r in [*fixed.items(), *((n, runs[n]) for n in runs if parse_variant(n).coordinator)]:
-            cells = [fmt(_value(r, "throughput"), 1) + (" **best**" if best.get("whole", {}).get("system") == name
+            cells = [fmt(_value(r, "throughput"),
+                         1) + (" **best**" if best.get("whole", {}).get("system") == name
                                                        else "")]
-            cells += [fmt(_value(r, f"{k}_throughput"), 1) + (" **best**" if best[k]["system"] == name else "")
+            cells += [fmt(_value(r, f"{k}_throughput"),
+                          1) + (" **best**" if best[k]["system"] == name else "")
                       for k in kinds]
             label = name if parse_variant(name).cap or name not in fixed else f"{name} (its cap: {caps[name]})"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {fmt(r['whole']['ttft_p99_s'])} | "
                          f"{fmt(r['whole']['preemptions'], 0)} |")
-        lines += ["", f"Best fixed cap (among the caps that kept up there: TTFT P50 <= {KEEPS_UP_TTFT_P50_S:g} s): " + ", ".join(f"{k}: cap {v['cap']} ({fmt(v['throughput_tok_s'], 1)} tok/s)"
+        lines += ["",
+                  f"Best fixed cap (among the caps that kept up there: TTFT P50 <= {KEEPS_UP_TTFT_P50_S:g} "
+                  "s): " + ", ".join(f"{k}: cap {v['cap']} ({fmt(v['throughput_tok_s'], 1)} tok/s)"
                                                     for k, v in best.items())]
         per = report.get("best_fixed_cap_per_phase") or []
         if per:
-            lines += ["", "Best fixed cap phase by phase: " + ", ".join(f"{p['index']} {p['kind']}: {p['cap']}"
+            lines += ["",
+                      "Best fixed cap phase by phase: " + ", ".join(f"{p['index']} {p['kind']}: {p['cap']}"
                                                                       for p in per)]
     coord = {n: r for n, r in runs.items() if parse_variant(n).coordinator}
     if coord:
@@ -263,7 +285,9 @@ def markdown(report: dict, plots: list[str]) -> str:
                          f"{fb.get('final_watermark', '—')} | {_budget_range(r)} |")
     main = [n for n in (BASELINE, CODESIGN, coordinator_run(runs)) if n in runs]
     if main and runs[main[0]].get("phases"):
-        lines += ["", "## Phase by phase (served tok/s / window tok/s / TTFT p99 s of the requests sent in it)", "",
+        lines += ["",
+                  "## Phase by phase (served tok/s / window tok/s / TTFT p99 s of the requests sent in it)",
+                  "",
                   "| phase | " + " | ".join(main) + " |", "|---|" + "---|" * len(main)]
         for i, ph in enumerate(runs[main[0]]["phases"]):
             cells = []
@@ -279,13 +303,15 @@ def markdown(report: dict, plots: list[str]) -> str:
     for section in ("notes", "commands"):
         if m.get(section):
             lines += ["", f"## {section.capitalize()}", ""]
-            lines += [f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}" for n in m[section]]
+            lines += [f"    {c}" for c in m[section]] if section == "commands" else [f"- {n}"
+                                                                                     for n in m[section]]
     return "\n".join(lines) + "\n"
 
 
 def _machine_rows(runs: dict[str, dict]) -> list[str]:
-    """The machine during each real run: other processes' load and the speed probe (engine/bench/speed_probe.py),
-    so that systems run one after the other can be seen to have had the same machine; [] for simulator files."""
+    """The machine during each real run: other processes' load and the speed probe
+    (engine/bench/speed_probe.py), so that systems run one after the other can be seen to have had the same
+    machine; [] for simulator files."""
     measured = {n: r["noise"] for n, r in runs.items() if r.get("noise")}
     if not measured:
         return []
@@ -295,7 +321,8 @@ def _machine_rows(runs: dict[str, dict]) -> list[str]:
         return f"{fmt(d['median_ms'])} ({fmt(d['spread'])})" if d else "—"
 
     lines = ["", "## The machine during each run", "",
-             "| system | other cores mean | probe: hash 1 MiB ms, median (spread) | probe: copy 16 MiB ms, median (spread) |",
+             "| system | other cores mean | probe: hash 1 MiB ms, median (spread) | probe: copy 16 MiB ms, "
+             "median (spread) |",
              "|---|---|---|---|"]
     for name, noise in measured.items():
         speed = noise.get("speed") or {}
@@ -312,7 +339,8 @@ def _shade(ax, phases: list[dict]) -> None:
 
 
 def pyplot():
-    """matplotlib.pyplot on the Agg backend, or None (said once on stderr) where matplotlib is not installed."""
+    """matplotlib.pyplot on the Agg backend, or None (said once on stderr) where
+    matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -366,7 +394,8 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(8, 4.5))
         for key in ["whole", *kinds]:
             metric = "throughput" if key == "whole" else f"{key}_throughput"
-            line = ax.plot(caps, [_value(r, metric) for r in fixed.values()], marker="o", label=f"fixed cap: {key}")
+            line = ax.plot(caps, [_value(r, metric) for r in fixed.values()], marker="o",
+                           label=f"fixed cap: {key}")
             coord = coordinator_run(runs)
             if coord in runs:
                 ax.axhline(_value(runs[coord], metric), color=line[0].get_color(), ls="--", lw=1,
@@ -379,7 +408,8 @@ def plots(report: dict, out_dir: Path, stem: str) -> list[str]:
 
 
 def write(report: dict, out_dir: Path, stem: str, plots=plots, markdown=markdown) -> dict:
-    """<stem>.json, .md and .png(s) of a report, drawn and rendered by `plots` and `markdown` (W5's by default)."""
+    """<stem>.json, .md and .png(s) of a report, drawn and rendered by `plots` and
+    `markdown` (W5's by default)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = plots(report, out_dir, stem)
     report["plots"] = [Path(p).name for p in pngs]

@@ -2,13 +2,14 @@
 continuous+lru ratio is the workload's draw.
 
 One W5 run is one draw of arrivals, sessions and documents. Near continuous+lru's capacity whether it falls
-behind (and how far) depends on that draw, and so does the throughput ratio: the same rates gave 1.02x and 1.27x
-on two seeds in the simulator. Here each seed runs every system on the same phases and rates; the ratios are per
-seed, and issue 16's codesign / continuous+lru goals (the scale's bounds, engine/bench/w5_report.GOALS) are read
-on their median over the seeds, with the spread beside it. A seed's row says whether each system kept up
-(median TTFT within W5's keeps-up bound), which is what moves its ratio. Where the coordinator ran beside fixed
-caps, each seed also reads it against that seed's best fixed cap over the whole run (w5_report.best_fixed), and
-the coordinator's whole-run goal is read on the median of those ratios."""
+behind (and how far) depends on that draw, and so does the throughput ratio: the same rates gave 1.02x and
+1.27x on two seeds in the simulator. Here each seed runs every system on the same phases and rates; the ratios
+are per seed, and issue 16's codesign / continuous+lru goals (the scale's bounds,
+engine/bench/w5_report.GOALS) are read on their median over the seeds, with the spread beside it. A seed's row
+says whether each system kept up
+(median TTFT within W5's keeps-up bound), which is what moves its ratio. Where the coordinator ran beside
+fixed caps, each seed also reads it against that seed's best fixed cap over the whole run
+(w5_report.best_fixed), and the coordinator's whole-run goal is read on the median of those ratios."""
 
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def spread(values: list[float]) -> dict:
 
 
 def goals(entries: list[dict], scale: str) -> list[dict]:
-    """The scale's codesign / continuous+lru goals, and the coordinator's whole-run one where a seed has it, on the
-    median over seeds of the per-seed ratios."""
+    """The scale's codesign / continuous+lru goals, and the coordinator's whole-run one where a seed has it,
+    on the median over seeds of the per-seed ratios."""
     out = []
     for name, metric, system, against, op, bound in w5_report.GOALS[scale]:
-        if (system, against) == (COORD, "best") and any(is_number(e["ratios"].get(COORD_RATIO)) for e in entries):
+        if (system, against) == (COORD,
+                                 "best") and any(is_number(e["ratios"].get(COORD_RATIO)) for e in entries):
             metric = COORD_RATIO
         elif (system, against) != (CODESIGN, BASELINE):
             continue  # the per-phase coordinator goals need the phases: bench/w5.py sim
@@ -74,26 +76,30 @@ def build(entries: list[dict], meta: dict, scale: str) -> dict:
         e["ratios"][COORD_RATIO] = _coordinator_ratio(e)
     metrics = [*METRICS, *([COORD_RATIO] if any(e.get("coordinator") for e in entries) else [])]
     summary = {m: spread([r for e in entries if is_number(r := e["ratios"][m])]) for m in metrics}
-    return {"meta": meta, "scale": scale, "seeds": entries, "summary": summary, "goals": goals(entries, scale)}
+    return {"meta": meta, "scale": scale, "seeds": entries, "summary": summary,
+            "goals": goals(entries, scale)}
 
 
 def markdown(report: dict, plots: list[str]) -> str:
     m, entries = report["meta"], report["seeds"]
     systems = list(dict.fromkeys(n for e in entries for n in e["systems"]))
     lines = [f"# {m.get('title', 'W5 over seeds')}", "", __doc__.split("\n\n", 1)[1].replace("\n", " "), "",
-             f"Rates: {json.dumps(m.get('rates'))} ({m.get('rates_how', '')}); phases of {m.get('phase_s')} s for "
-             f"{m.get('duration_s')} s of arrivals, then the drain.", "",
+             f"Rates: {json.dumps(m.get('rates'))} ({m.get('rates_how', '')}); phases of {m.get('phase_s')} "
+             f"s for {m.get('duration_s')} s of arrivals, then the drain.", "",
              "| seed | system | out tok/s | TTFT p50 s | TTFT p99 s | preempt | makespan s | kept up |",
              "|---|---|---|---|---|---|---|---|"]
     for e in entries:
         for n in systems:
             row = e["systems"].get(n)
             if row is not None:
-                lines.append(f"| {e['seed']} | {n} | {fmt(row['output_throughput_tok_s'], 1)} | {fmt(row['ttft_p50_s'])} | "
-                             f"{fmt(row['ttft_p99_s'])} | {fmt(row['preemptions'], 0)} | {fmt(row['duration_s'], 0)} | "
+                lines.append(f"| {e['seed']} | {n} | {fmt(row['output_throughput_tok_s'], 1)} | "
+                             f"{fmt(row['ttft_p50_s'])} | {fmt(row['ttft_p99_s'])} | "
+                             f"{fmt(row['preemptions'], 0)} | {fmt(row['duration_s'], 0)} | "
                              f"{'no' if w5_load.past_capacity(row) else 'yes'} |")
-    lines += ["", "## codesign / continuous+lru per seed", "", "| seed | throughput x | TTFT P99 x |", "|---|---|---|"]
-    lines += [f"| {e['seed']} | {fmt(e['ratios']['throughput'])} | {fmt(e['ratios']['ttft_p99'])} |" for e in entries]
+    lines += ["", "## codesign / continuous+lru per seed", "", "| seed | throughput x | TTFT P99 x |",
+              "|---|---|---|"]
+    lines += [f"| {e['seed']} | {fmt(e['ratios']['throughput'])} | {fmt(e['ratios']['ttft_p99'])} |"
+              for e in entries]
     if COORD_RATIO in report["summary"]:
         lines += ["", "## The coordinator / the seed's best fixed cap (whole run, output throughput)", "",
                   "| seed | coordinator | best fixed cap | throughput x |", "|---|---|---|---|"]

@@ -45,9 +45,11 @@ class Variant:
 
     @property
     def name(self) -> str:
-        out = self.mode + (f"@cap{self.cap}" if self.cap else "") + (f"@tpot{self.tpot_ms:g}" if self.tpot_ms else "")
+        out = self.mode + (f"@cap{self.cap}" if self.cap else "") + (f"@tpot{self.tpot_ms:g}" if self.tpot_ms
+                                                                     else "")
         if self.coordinator:
-            out += "+coord" + (f"@{self.period_s:g}s" if self.period_s else "") + ("+events" if self.events else "")
+            out += "+coord" + (f"@{self.period_s:g}s" if self.period_s else "") + ("+events" if self.events
+                                                                                   else "")
         return out
 
 
@@ -72,7 +74,8 @@ def parse_variant(name: str) -> Variant:
     return v
 
 
-def w5_systems(scale: str, periods: tuple[float, ...] = PERIODS, caps: tuple[int, ...] | None = None) -> list[str]:
+def w5_systems(scale: str, periods: tuple[float, ...] = PERIODS,
+               caps: tuple[int, ...] | None = None) -> list[str]:
     """The W5 comparison: continuous+lru, codesign (coordinator off, default cap), codesign with the
     coordinator's defaults, the period sweep with the event path on, the fixed-cap sweep."""
     caps = FIXED_CAPS[scale] if caps is None else caps
@@ -105,7 +108,8 @@ def tpot_objective(scale: str, given: float | None = None) -> float | None:
 
 
 def coordinator_base(scale: str, given: float | None = None):
-    """The sidecar's default settings with the scale's TPOT objective (tpot_objective: `given` overrides it)."""
+    """The sidecar's default settings with the scale's TPOT objective (tpot_objective:
+    `given` overrides it)."""
     from kvloop.sidecar.settings import Settings
 
     return Settings(tpot_p50_s=tpot_objective(scale, given))

@@ -72,8 +72,10 @@ W5_GPU = W5Params()
 # (5 s, as at GPU scale) are not stated there and are ours. Rates: 0.9 x the capacities the simulator's CPU
 # profile gives (`bench/w5.py capacity --scale cpu --ttft-pct 50`: chat 0.52, RAG 0.25 req/s), a start
 # until `--engine real` has measured them on the machine that runs the benchmark.
-W5_CPU = W5Params(chat_rate=0.47, rag_rate=0.225, duration_s=720.0, phase_s=120.0, num_docs=48, doc_tokens=1500,
-                  question_tokens=40, answer_tokens=120, num_systems=6, system_tokens=400, turns=4, user_tokens=60,
+W5_CPU = W5Params(chat_rate=0.47, rag_rate=0.225, duration_s=720.0, phase_s=120.0, num_docs=48,
+                  doc_tokens=1500,
+                  question_tokens=40, answer_tokens=120, num_systems=6, system_tokens=400, turns=4,
+                  user_tokens=60,
                   reply_tokens=120, kv_cache_tokens=12288, vocab_high=VOCAB_HIGH)
 W5_SCALES = {"w5": W5_CPU, "w5-gpu": W5_GPU}  # the workload names (CLI choices come from here)
 
@@ -161,7 +163,8 @@ def _build_w5(p: W5Params, name: str) -> Workload:
             else:
                 d = rng.choices(range(p.num_docs), cum_weights=cum_weights)[0]
                 doc, group, kind = docs[d], f"doc{d}", "doc"
-            wl.requests.append(RequestSpec(f"q{q}", kind, t, doc + tok(p.question_tokens), p.answer_tokens, group))
+            wl.requests.append(RequestSpec(f"q{q}", kind, t, doc + tok(p.question_tokens), p.answer_tokens,
+                                           group))
             q += 1
         for t in start_times:
             system = systems[rng.randrange(p.num_systems)]

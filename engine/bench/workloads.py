@@ -68,7 +68,8 @@ class Workload:
 
     @property
     def output_tokens(self) -> int:
-        return sum(r.max_tokens for r in self.requests) + sum(s.reply_tokens * s.num_turns for s in self.sessions)
+        return sum(r.max_tokens for r in self.requests) + sum(s.reply_tokens * s.num_turns
+                                                              for s in self.sessions)
 
 
 @dataclass
@@ -128,7 +129,8 @@ def build_w1(p: W1Params, name: str = "W1") -> Workload:
     for t, kind in zip(times, kinds, strict=True):
         if kind == "doc":
             if p.unique_docs or (p.oneoff_share and rng.random() < p.oneoff_share):
-                doc, group, k = _tokens(rng, p.doc_tokens, p), f"unique{q}", "oneoff" if not p.unique_docs else "doc"
+                doc, group, k = _tokens(rng, p.doc_tokens,
+                                        p), f"unique{q}", "oneoff" if not p.unique_docs else "doc"
             else:
                 d = rng.choices(range(p.num_docs), weights)[0]
                 doc, group, k = docs[d], f"doc{d}", "doc"
@@ -160,7 +162,8 @@ def w2(scale: float = 1.0, **overrides) -> Workload:
     return build_w1(p.scaled(scale) if scale != 1.0 else p, "W2")
 
 
-def w4(pool_tokens: int, ratio: float, oneoff_share: float = 0.0, scale: float = 1.0, **overrides) -> Workload:
+def w4(pool_tokens: int, ratio: float, oneoff_share: float = 0.0, scale: float = 1.0,
+       **overrides) -> Workload:
     """Document QA only; the documents' KV is `ratio` x the device pool; `oneoff_share` of the questions
     use a unique document instead."""
     p = replace(W1Params(**overrides), num_sessions=0, oneoff_share=oneoff_share)

@@ -1,6 +1,7 @@
 """Where kvloop keeps what it derives from a model and can rebuild at will (compiled artefacts, converted
 weights): inside the virtual environment (they live and die with the torch that made them), else the user's
-cache directory. Each cache has its own folder under it, which an environment variable can move or turn off."""
+cache directory. Each cache has its own folder under it, which an environment variable
+can move or turn off."""
 
 from __future__ import annotations
 

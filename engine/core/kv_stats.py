@@ -40,8 +40,8 @@ class KVStats:
     host_evictions: int = 0
     disk_evictions: int = 0
     demotions_host: int = 0
-    # device-evicted blocks the host did not take: not yet earned their place there, and every host slot held by
-    # blocks that have (the host tier's gate under pressure, host_tier.py)
+    # device-evicted blocks the host did not take: not yet earned their place there, and every host slot held
+    # by blocks that have (the host tier's gate under pressure, host_tier.py)
     host_copies_refused: int = 0
     # device-evicted blocks not copied down because copies of their class do not pay (kv.copy_value)
     host_copies_skipped: int = 0

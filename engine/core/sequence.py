@@ -43,8 +43,9 @@ class Sequence:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
-    # which stint of running this is: the scheduler numbers every start (admission, resumption after preemption)
-    # anew, so a running row's identity is one int (plan caches key rows by it); 0 before the first start
+    # which stint of running this is: the scheduler numbers every start (admission, resumption after
+    # preemption) anew, so a running row's identity is one int (plan caches key rows by it);
+    # 0 before the first start
     stint: int = 0
     error: str | None = None  # why the scheduler failed it (finish_reason 'error'), e.g. static OOM
 

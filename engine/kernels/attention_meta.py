@@ -52,6 +52,7 @@ class AttentionMetadata:
                 "seq_lens": torch.tensor(lens, dtype=torch.int32, device=device),
                 "query_start_loc": torch.tensor(starts, dtype=torch.int32, device=device),
                 "decode_block_tables": bt[: self.num_decode],
-                "decode_context_lens": torch.tensor(lens[: self.num_decode], dtype=torch.int32, device=device),
+                "decode_context_lens": torch.tensor(lens[: self.num_decode], dtype=torch.int32,
+                                                    device=device),
             }
         return self._packed

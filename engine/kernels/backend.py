@@ -15,8 +15,9 @@ decode kernel takes the rest from another by composition:
     register_backend("mine", "kvloop.engine.kernels.mine:create", available="kvloop.engine.kernels.mine:ok")
 
 Asking for an unknown backend, or one that cannot run on the device, is an error naming those that can:
-never a silent fallback. "auto" is the device type's default (triton on CUDA; on a CPU the C++ kernel where it is built, else torch).
-This module imports neither torch nor triton (the CLI and the config read the names)."""
+never a silent fallback. "auto" is the device type's default (triton on CUDA; on a CPU the C++ kernel where it
+is built, else torch). This module imports neither torch nor triton (the CLI and the
+config read the names)."""
 
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ class AttentionBackend(ABC):
         return self.forward(q, k_cache, v_cache, meta, scale)
 
     def bind(self, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> LayerFn:
-        """One step's layer(index, q, k, v) = self.layer(index, q, k, v, kv_cache, meta, scale); the model binds
-        once per step, so a backend may prepare here what every layer of the step shares."""
+        """One step's layer(index, q, k, v) = self.layer(index, q, k, v, kv_cache, meta, scale); the model
+        binds once per step, so a backend may prepare here what every layer of the step shares."""
         return lambda index, q, k, v: self.layer(index, q, k, v, kv_cache, meta, scale)
 
     def forward(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -93,8 +94,10 @@ class AttentionBackend(ABC):
         return out
 
 
-DecodeFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor", "AttentionMetadata", float], "torch.Tensor"]
-LayerFn = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]  # a bound step's layer
+DecodeFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor", "AttentionMetadata", float],
+                    "torch.Tensor"]
+# a bound step's layer
+LayerFn = Callable[[int, "torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 class WithDecode(AttentionBackend):

@@ -13,14 +13,16 @@ import torch
 from kvloop.engine.kernels.attention_meta import AttentionMetadata
 
 
-def gather(cache: torch.Tensor, table_row: torch.Tensor, n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def gather(cache: torch.Tensor, table_row: torch.Tensor, n: int,
+           dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The first n tokens of one sequence, [n, kv_heads, head_dim], read through its block table."""
     block_size = cache.shape[1]
     pages = cache[table_row[: -(-n // block_size)].long()]
     return pages.reshape(-1, *cache.shape[2:])[:n].to(dtype)
 
 
-def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first_pos: int | None = None,
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  first_pos: int | None = None,
                   dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of q [Tq, H, D] over k, v [Tk, KV, D] → (out [Tq, H, D], the natural log-sum-exp
     of the scaled scores [Tq, H]), in `dtype`. first_pos: q[0]'s position for a causal mask (None: every
@@ -42,7 +44,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, f
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                 context_lens: torch.Tensor | list[int], scale: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+                 context_lens: torch.Tensor | list[int], scale: float,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """q [B, H, D], row b over its first context_lens[b] tokens → [B, H, D] in `dtype` (an empty context
     gives zeros)."""
     out = torch.zeros(q.shape, dtype=dtype, device=q.device)
@@ -76,7 +79,8 @@ def paged_step(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, me
     `dtype`. Any cascade plan is ignored: grouping never changes the result."""
     out = torch.zeros(q.shape, dtype=dtype, device=q.device)
     n = meta.num_decode
-    out[:n] = paged_decode(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale, dtype)
+    out[:n] = paged_decode(q[:n], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens, scale,
+                           dtype)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         k = gather(k_cache, chunk.block_table, chunk.seq_len, dtype)

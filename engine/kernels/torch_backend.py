@@ -26,7 +26,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def gather_blocks(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """cache [num_blocks, block_size, kv, hd], tables [...] → [..., block_size, kv, hd] (one row copy per block)."""
+    """cache [num_blocks, block_size, kv, hd], tables [...] → [..., block_size, kv, hd]
+    (one row copy per block)."""
     flat = cache.view(cache.shape[0], -1).index_select(0, tables.reshape(-1))
     return flat.view(*tables.shape, *cache.shape[1:])
 
@@ -44,7 +45,8 @@ def _additive_mask(q_len: int, seq_len: int, dtype: torch.dtype, device: torch.d
     return torch.where(_visible(q_len, seq_len, device), 0.0, float("-inf")).to(dtype)
 
 
-def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_table: torch.Tensor,
                       seq_len: int, scale: float) -> torch.Tensor:
     """q [L, heads, hd]: the last L of seq_len tokens, causal over the paged prefix plus themselves."""
     q_len, heads, hd = q.shape
@@ -59,7 +61,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         whole = q_len == seq_len  # a whole prompt: the kernel's own causal mask skips the upper half's blocks
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                              values.transpose(0, 1)[None], scale=scale, enable_gqa=True,
-                                             attn_mask=None if whole else _additive_mask(q_len, seq_len, q.dtype, q.device),
+                                             attn_mask=None if whole else _additive_mask(q_len, seq_len,
+                                                                                         q.dtype, q.device),
                                              is_causal=whole)
         return out[0].transpose(0, 1).contiguous()
     # 16-bit without native bf16: SDPA's path is slow there, so matmul in the model dtype and softmax in fp32

@@ -57,7 +57,8 @@ class ShortRows:
 @dataclass
 class DecodeWork:
     """What every layer of one step does (built once per step from the metadata)."""
-    own: list[list[Run]]  # per row: its own part [suffix_start, context_len) read in place ([] if short/empty)
+    # per row: its own part [suffix_start, context_len) read in place ([] if short/empty)
+    own: list[list[Run]]
     short: list[ShortRows]  # length buckets
     groups: list[GroupWork]
 
@@ -78,7 +79,8 @@ def bucket_short_rows(rows: list[tuple[int, list[int], int]], device) -> list[Sh
     for bucket in buckets:
         width = max(len(t) for _, t, _ in bucket)
         out.append(ShortRows(torch.tensor([r for r, _, _ in bucket], dtype=torch.long, device=device),
-                             torch.tensor([t + [t[0]] * (width - len(t)) for _, t, _ in bucket], dtype=torch.long,
+                             torch.tensor([t + [t[0]] * (width - len(t)) for _, t, _ in bucket],
+                                          dtype=torch.long,
                                           device=device),
                              torch.tensor([n for _, _, n in bucket], dtype=torch.long, device=device)))
     return out
@@ -208,7 +210,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if not work.groups:
         out = torch.empty_like(q)
         for short in work.short:
-            out[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short, scale, False)[0].to(q.dtype)
+            out[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short, scale,
+                                                 False)[0].to(q.dtype)
         for r, runs in enumerate(work.own):
             if runs:
                 out[r] = span_attention(q[r:r + 1], k_cache, v_cache, runs, scale, need_lse=False)[0][0]
@@ -217,7 +220,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     acc_lse = torch.full((batch, heads), float("-inf"), device=q.device)
     # own parts first (a row whose context is all shared has none), then each group merged in
     for short in work.short:
-        acc[short.rows], acc_lse[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short, scale, True)
+        acc[short.rows], acc_lse[short.rows] = gathered_attention(q[short.rows], k_cache, v_cache, short,
+                                                                  scale, True)
     for r, runs in enumerate(work.own):
         if runs:
             acc[r], acc_lse[r] = (t[0] for t in span_attention(q[r:r + 1], k_cache, v_cache, runs, scale))

@@ -52,7 +52,8 @@ class TritonBackend(AttentionBackend):
         if not _cascades(meta):
             return self.tk.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
         if "cascade" not in packed:  # the plan packed once per step, reused by every layer
-            packed["cascade"] = self.tk.pack_for(self.tk.segments_from_groups(meta.cascade.groups), q, k_cache)
+            packed["cascade"] = self.tk.pack_for(self.tk.segments_from_groups(meta.cascade.groups), q,
+                                                 k_cache)
         return self.tk.cascade_decode_attention(q, k_cache, v_cache, tables, lens, scale, packed["cascade"])
 
     def extend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -61,7 +62,8 @@ class TritonBackend(AttentionBackend):
         if "prefill_query_start_loc" not in packed:
             packed["prefill_query_start_loc"] = packed["query_start_loc"][n:] - n
         return self.tk.paged_extend_attention(q, k_cache, v_cache, packed["block_tables"][n:],
-                                              packed["prefill_query_start_loc"], packed["seq_lens"][n:], scale)
+                                              packed["prefill_query_start_loc"], packed["seq_lens"][n:],
+                                              scale)
 
 
 def _cascades(meta: AttentionMetadata) -> bool:

@@ -38,7 +38,8 @@ def checksum(payload: memoryview | bytes) -> int:
     return zlib.crc32(payload)
 
 
-def encode_header(h: int, fingerprint: str, dtype: str, shape: list[int], payload: memoryview | bytes) -> bytes:
+def encode_header(h: int, fingerprint: str, dtype: str, shape: list[int],
+                  payload: memoryview | bytes) -> bytes:
     meta = {"hash": hash_hex(h), "fingerprint": fingerprint, "dtype": dtype, "shape": list(shape),
             "nbytes": len(payload), "checksum": checksum(payload)}
     body = json.dumps(meta, sort_keys=True).encode()

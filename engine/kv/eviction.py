@@ -64,7 +64,8 @@ class EvictionPolicy(ABC):
         return self.pick(self._ring, can_evict)
 
     def victim_unearned(self, can_evict: Callable[[int], bool]) -> int | None:
-        """A victim to make room for content that has not earned a place (a single-class order ignores the class)."""
+        """A victim to make room for content that has not earned a place (a single-class
+        order ignores the class)."""
         return self.victim(can_evict)
 
     @abstractmethod

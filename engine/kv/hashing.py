@@ -30,7 +30,8 @@ def _packed_hash(parent: int, packed_tokens: bytes, extra: bytes) -> int:
 
 def chain_hashes(tokens: Sequence[int], block_size: int, extra: bytes, num_blocks: int | None = None,
                  parent: int = ROOT, start: int = 0, memo: ChainHasher | None = None) -> list[int]:
-    """Keys of the full blocks start, start+1, ... (at most num_blocks of them), read from `memo` where given."""
+    """Keys of the full blocks start, start+1, ... (at most num_blocks of them), read
+    from `memo` where given."""
     end = len(tokens) // block_size
     if num_blocks is not None:
         end = min(end, start + num_blocks)
@@ -77,14 +78,15 @@ class ChainHasher(dict):
 
 
 class TupleChainKeys:
-    """Chained block keys from Python's hash of the pair (parent key, the block's token ids as a tuple), folded to
-    64 bits, the first block's parent being a salt that stands for the extra key: about five times cheaper than
-    ChainHasher's blake2b and memo (no bytes to pack, nothing to remember; the blocks are cut into tuples in C),
-    and the same in every process (ints and tuples of ints hash alike everywhere; only str and bytes are salted
-    per process). For the simulator, which hashes every prompt it admits and every block its rows fill: at 80
-    requests/s on an H200 profile, ChainHasher took a fifth of a continuous+lru run. Two distinct blocks collide
-    with odds about 2^-61 (Python hashes an int modulo 2^61 - 1; a simulated hour holds ~10^6 blocks: ~10^-7 for
-    any collision)."""
+    """Chained block keys from Python's hash of the pair (parent key, the block's token
+    ids as a tuple), folded to
+    64 bits, the first block's parent being a salt that stands for the extra key: about five times cheaper
+    than ChainHasher's blake2b and memo (no bytes to pack, nothing to remember; the blocks are cut into tuples
+    in C), and the same in every process (ints and tuples of ints hash alike everywhere; only str and bytes
+    are salted per process). For the simulator, which hashes every prompt it admits and every block its rows
+    fill: at 80 requests/s on an H200 profile, ChainHasher took a fifth of a continuous+lru run. Two distinct
+    blocks collide with odds about 2^-61 (Python hashes an int modulo 2^61 - 1; a simulated hour holds ~10^6
+    blocks: ~10^-7 for any collision)."""
 
     MASK = (1 << 64) - 1
 
@@ -101,7 +103,8 @@ class TupleChainKeys:
         if parent == ROOT:
             parent = self.salt
         mask, out = self.MASK, []
-        for block in zip(*[iter(tokens[start * bs : end * bs])] * bs, strict=True):  # each block's ids, a tuple
+        # each block's ids, a tuple
+        for block in zip(*[iter(tokens[start * bs : end * bs])] * bs, strict=True):
             parent = hash((parent, block)) & mask
             out.append(parent)
         return out

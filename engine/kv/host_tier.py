@@ -3,10 +3,11 @@
 A slot is free, pinned (held by swapped-out sequences; may also be indexed) or cached (indexed,
 unpinned, evictable). Cached slots are evicted by the same policy classes as the device pool.
 
-With a two-class policy (kv.two_class) the heat gate applies here as on the device, under pressure only: a block that has not
-earned its place (`earned(hash)` false) is copied in while a slot is free or another such block can make
-room, and such blocks leave first; a block that has earned it may push out any cached slot. So one-off
-prompts churn among themselves and cannot flush hot documents, while a tier with room still takes every block
+With a two-class policy (kv.two_class) the heat gate applies here as on the device, under pressure only: a
+block that has not earned its place (`earned(hash)` false) is copied in while a slot is free or another such
+block can make room, and such blocks leave first; a block that has earned it may push out any cached slot. So
+one-off prompts churn among themselves and cannot flush hot documents, while a tier with
+room still takes every block
 (a gate in front of free room only loses: the next request for that document would recompute it). Each hit
 moves the protected class's aging hand one slot (after the lookup's promotions), so a copy nobody asks for any
 more cools back to probation."""
@@ -27,7 +28,8 @@ class HostTier:
     def __init__(self, num_slots: int, policy: EvictionPolicy, earned: Callable[[int], bool] = _always):
         self.num_slots = num_slots
         self.policy = policy
-        self.earned = earned  # hash -> whether it keeps its place under pressure (a single-class order ignores it)
+        # hash -> whether it keeps its place under pressure (a single-class order ignores it)
+        self.earned = earned
         self._free: deque[int] = deque(range(num_slots))
         self.pins = [0] * num_slots
         self._slot_of: dict[int, int] = {}
@@ -75,7 +77,8 @@ class HostTier:
         self._parent[h] = parent
         earned = self.earned(h)
         if earned:
-            self.policy.hit(slot)  # the offers that earned it count as one use: it survives one sweep of the hand
+            # the offers that earned it count as one use: it survives one sweep of the hand
+            self.policy.hit(slot)
         if self.pins[slot] == 0:
             self.policy.add(slot, earned)
 
@@ -94,8 +97,8 @@ class HostTier:
         self.policy.cool(hits)
 
     def refresh(self, slot: int) -> None:
-        """An evictable slot moves to the recent end of its order (LRU; harmless for GCLOCK), in its class as of
-        now (its hash may have earned its place since it came in)."""
+        """An evictable slot moves to the recent end of its order (LRU; harmless for GCLOCK), in its class as
+        of now (its hash may have earned its place since it came in)."""
         if slot in self.policy:
             self.policy.add(slot, self.earned(self._hash_of[slot]))
 

@@ -2,9 +2,9 @@
 
 The scheduler talks to the KV cache only through this class:
 - `lookup_prefix(seq)`: at admission, attaches the longest cached prefix of seq's tokens (device blocks
-  shared, host/disk blocks promoted by copying where that is cheaper than recomputing them: kv.load_or_recompute),
-  never the last token; a match shorter than `min_prefix_tokens` is a miss. Sets seq.num_computed_tokens,
-  num_cached_tokens, cached_tokens_by_tier.
+  shared, host/disk blocks promoted by copying where that is cheaper than recomputing them:
+  kv.load_or_recompute), never the last token; a match shorter than `min_prefix_tokens` is a miss. Sets
+  seq.num_computed_tokens, num_cached_tokens, cached_tokens_by_tier.
 - `peek_prefix(seq or token ids)`: the same match by tier, changing nothing (the scheduler's prefix view).
 - `allocate(seq, total_tokens) -> bool`: all or nothing; may evict cached blocks, but only down to the
   retention watermark (unless no other sequence holds blocks, so the engine always makes progress).
@@ -88,7 +88,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         gated = self.cache_policy.heat_gated
         self.host = HostTier(host_slots, TwoClass(host_order) if gated else host_order,
                              self._host_earned) if host_slots else None
-        # copies down to the host are made where they pay (copy_value.py); the class is the ghost count, capped
+        # copies down to the host are made where they pay (copy_value.py); the class
+        # is the ghost count, capped
         caching_host = self.host is not None and self.cache_policy.lower_tiers
         self.copy_value = CopyValue(host_slots, self.ghost.max_count + 1) if caching_host else None
         disk_slots = cfg.disk_cache_tokens // block_size
@@ -99,7 +100,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.mover: Mover = NullMover()
         self.tier_costs = TierCosts()
         self._extra = extra_key.encode()
-        # block keys (hashing.py): ChainHasher hashes each distinct block once; the simulator passes a cheaper one
+        # block keys (hashing.py): ChainHasher hashes each distinct block once; the
+        # simulator passes a cheaper one
         self._hasher = block_keys(block_size, self._extra)
         self._keys: weakref.WeakKeyDictionary[Sequence, list[int]] = weakref.WeakKeyDictionary()
         # a manager alone reads only the watermark: the widest cap and budget stand for "no scheduler"
@@ -107,7 +109,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._swapped: dict[int, tuple[Sequence, list[int]]] = {}
         self._last_query: str | None = None
         self._last_served: dict[str, int] = {}  # hit tokens by tier counted for the last looked-up request
-        self._disk_batch: list[tuple[int, int]] | None = None  # disk writes of one allocation, see _take_blocks
+        # disk writes of one allocation, see _take_blocks
+        self._disk_batch: list[tuple[int, int]] | None = None
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
@@ -181,13 +184,15 @@ class KVCacheManager(SwapMixin, PersistMixin):
 
     def lookup_prefix(self, seq: Sequence) -> int:
         """Attaches cached blocks of seq's prefix; returns how many tokens they cover (0 on a miss)."""
-        first = seq.request_id != self._last_query  # a head of queue waiting for memory is looked up every step
+        # a head of queue waiting for memory is looked up every step
+        first = seq.request_id != self._last_query
         self._last_query = seq.request_id
         skipped = self._lookup_skipped(seq)
         hit = 0 if skipped else self._attach_prefix(seq)
         served = dict(seq.cached_tokens_by_tier) if hit else {}
         if first:  # the queries per tier, as kv.stats defines them
-            self.stats.count_lookup(len(seq.token_ids), served, ("device",) if skipped else self._lookup_tiers())
+            self.stats.count_lookup(len(seq.token_ids), served,
+                                    ("device",) if skipped else self._lookup_tiers())
         # a request's hit is its last lookup's (a head of queue is looked up again while it waits)
         self.stats.count_hits(served, {} if first else self._last_served)
         self._last_served = served
@@ -356,7 +361,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._ref_indexed_all((block,))
 
     def _ref_indexed_all(self, blocks: Collection[int]) -> None:
-        """One more reference to each of these indexed blocks (one that was cached leaves the eviction order)."""
+        """One more reference to each of these indexed blocks (one that was cached
+        leaves the eviction order)."""
         for block in self.pool.incref_all(blocks):
             self.policy.remove(block)
         self.policy.hit_all(blocks)  # a hit reads only the order's per-slot history, which leaving keeps
@@ -501,14 +507,16 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self._demote(block, h, parent)
 
     def _demote(self, block: int, h: int, parent: int) -> None:
-        """Copies a block evicted from the device down (the only copy down: lazy, so blocks reused on the device
-        never cost a copy): to the host as its gate allows (host_tier.py), to the disk past its threshold."""
+        """Copies a block evicted from the device down (the only copy down: lazy, so blocks reused on the
+        device never cost a copy): to the host as its gate allows (host_tier.py), to the
+        disk past its threshold."""
         count = self.ghost.count(h)
         if self.copy_value is not None:
             self.copy_value.evicted(h, count)
         if self.host is not None and self.host.has(h):
             self.host.refresh(self.host.slot_of(h))  # coming down again: recent, and in its class as of now
-        elif self.copy_value is not None and not self.copy_value.pays(count, self.block_size, self.tier_costs):
+        elif self.copy_value is not None and not self.copy_value.pays(count, self.block_size,
+                                                                      self.tier_costs):
             self.stats.host_copies_skipped += 1
         elif self.host is not None:
             slot = self.host.acquire(self._host_evicted, self._host_admits(count))
@@ -529,7 +537,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         return self._host_admits(self.ghost.count(h))
 
     def _host_admits(self, offers: int) -> bool:
-        """The host gate's rule: a copy offered by host_admit_min_requests distinct requests has earned its place."""
+        """The host gate's rule: a copy offered by host_admit_min_requests distinct requests
+        has earned its place."""
         return offers >= self.config.host_admit_min_requests
 
     def _host_evicted(self, slot: int, h: int) -> None:

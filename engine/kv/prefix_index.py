@@ -25,7 +25,8 @@ class PrefixIndex:
 
     @property
     def slots(self) -> Mapping[int, int]:
-        """hash -> device block, read-only: loops over a prompt's blocks look hashes up without a call each."""
+        """hash -> device block, read-only: loops over a prompt's blocks look hashes
+        up without a call each."""
         return self._slot_of
 
     def hash_of(self, slot: int) -> int | None:

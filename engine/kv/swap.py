@@ -59,7 +59,8 @@ class SwapMixin:
         on_device = [self.index.slot_of(hashes[i]) if i < len(hashes) else None for i in range(len(slots))]
         shared = [b for b in on_device if b is not None]
         cached = sum(1 for b in shared if self.pool.ref_counts[b] == 0)
-        budget = self._evictable_budget(len(self.policy) - cached, self.num_referenced_blocks + cached, len(shared))
+        budget = self._evictable_budget(len(self.policy) - cached, self.num_referenced_blocks + cached,
+                                        len(shared))
         if len(slots) - len(shared) > self.pool.num_free + budget:
             return False
         parent = ROOT

@@ -48,7 +48,8 @@ class TierMover:
     @classmethod
     def for_manager(cls, kv, kv_cache: torch.Tensor, fingerprint: str) -> TierMover:
         cfg = kv.config
-        return cls(kv_cache, kv.host.num_slots if kv.host is not None else 0, cfg.disk_dir if kv.disk is not None else None,
+        return cls(kv_cache, kv.host.num_slots if kv.host is not None else 0,
+                   cfg.disk_dir if kv.disk is not None else None,
                    fingerprint, cfg.disk_queue_size, kv.tier_costs)
 
     # ---- device <-> host ------------------------------------------------------------------------

@@ -20,7 +20,8 @@ _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: 
 _STRING, _ARRAY = 8, 9
 _PLAIN_DTYPES = {  # tensor types stored as plain numbers (the rest are byte blocks the gguf package decodes)
     GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
-    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
     GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64,
 }
 

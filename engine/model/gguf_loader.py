@@ -1,6 +1,7 @@
 """GGUF → Checkpoint. Reads the header with gguf_file.py (the gguf package's reader took ~10 s of a start-up
-on SmolLM2's tokenizer arrays), dequantizes every supported type with the `gguf` package and undoes llama.cpp's
-per-head row permutation of the q/k projections (it interleaves rotary pairs; we use rotate-half)."""
+on SmolLM2's tokenizer arrays), dequantizes every supported type with the `gguf` package and undoes
+llama.cpp's per-head row permutation of the q/k projections (it interleaves rotary
+pairs; we use rotate-half)."""
 
 from __future__ import annotations
 
@@ -87,9 +88,11 @@ def _read_tensor(t, config: ModelConfig) -> torch.Tensor:
     llama_permuted = config.architecture in ("llama", "mistral")  # llama.cpp permutes q/k only for these
     w = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
     if llama_permuted and ".attn_q." in t.name:
-        w = unpermute_rotary(w, config.num_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_heads)[:, 0]
+        w = unpermute_rotary(w, config.num_heads) if w.ndim == 2 else unpermute_rotary(w[:, None],
+                                                                                       config.num_heads)[:, 0]
     elif llama_permuted and ".attn_k." in t.name:
-        w = unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2 else unpermute_rotary(w[:, None], config.num_kv_heads)[:, 0]
+        w = unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2 else unpermute_rotary(w[:, None],
+                                                                                          config.num_kv_heads)[:, 0]
     return torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
 
 
@@ -98,7 +101,8 @@ def load_gguf(path: Path, progress: bool = True) -> Checkpoint:
     config = _config(reader)
     digest = hashlib.sha256()
     by_name = {}
-    for t in tqdm(reader.tensors, desc=f"hashing {path.name}", unit="tensor", disable=not progress, leave=False):
+    for t in tqdm(reader.tensors, desc=f"hashing {path.name}", unit="tensor", disable=not progress,
+                  leave=False):
         digest.update(f"{t.name}:{t.tensor_type.name}:{list(t.shape)}".encode())
         digest.update(np.asarray(t.data).tobytes())
         by_name[_hf_name(t.name)] = t

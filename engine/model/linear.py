@@ -51,7 +51,8 @@ _dense_graph = False  # read while a compiled step is traced: which of a bf16 mo
 @contextmanager
 def dense_graph(dense: bool) -> Iterator[None]:
     """While a compiled step is traced (and run): bf16 layers with a dense copy take it (True) or the kernel
-    (False). The traced graph keeps the branch it saw; it is no guard (the step's guards are on its inputs)."""
+    (False). The traced graph keeps the branch it saw; it is no guard (the step's
+    guards are on its inputs)."""
     global _dense_graph
     before, _dense_graph = _dense_graph, dense
     try:
@@ -69,9 +70,9 @@ def dense_above_rows(model) -> int | None:
 
 
 def bf16_needs_dense(dtype: torch.dtype) -> bool:
-    """Whether a "bf16" layer of a `dtype` model keeps a dense copy of its weights for oneDNN: under a bf16 model
-    whose kernel multiplies in fp32 (built without AVX512-BF16), or on a CPU with AMX tiles, where oneDNN wins
-    past a few rows. Elsewhere the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count
+    """Whether a "bf16" layer of a `dtype` model keeps a dense copy of its weights for oneDNN: under a bf16
+    model whose kernel multiplies in fp32 (built without AVX512-BF16), or on a CPU with AMX tiles, where
+    oneDNN wins past a few rows. Elsewhere the kernel's bf16 pairs beat oneDNN's bf16 GEMM at every row count
     (docs/engine_history.md), so nothing else is kept."""
     return dtype == torch.bfloat16 and linear_bf16w.dense_above_rows() is not None
 
@@ -95,7 +96,8 @@ def int8_kernel_serves(device: torch.device) -> bool:
 
 
 class Linear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype,
+                 device: torch.device,
                  fmt: str = "none", quant_max_rows: int = 16):
         if fmt not in FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; choose from {FORMATS}")
@@ -109,15 +111,18 @@ class Linear:
         self.dtype = dtype
         self.quant_max_rows = quant_max_rows
         self.out_features = weight.shape[0]
-        if fmt == "bf16":  # the packed bf16 weights (and a dense copy where bf16_needs_dense); the bias stays fp32
+        # the packed bf16 weights (and a dense copy where bf16_needs_dense); the bias stays fp32
+        if fmt == "bf16":
             self.packed = linear_bf16w.pack(weight)
             self.bias = None if bias is None else bias.float().contiguous()
             dense = bf16_needs_dense(dtype)
-            # steps past dense_above rows take the dense copy; the rest the kernel, in bf16 pairs where it has them
+            # steps past dense_above rows take the dense copy; the rest the kernel, in
+            # bf16 pairs where it has them
             self.dense_above = linear_bf16w.dense_above_rows() if dense else None
             self.pairs = dtype == torch.bfloat16 and linear_bf16w.native()
             self.weight = weight.to(device=device, dtype=dtype).contiguous() if dense else None
-            self.dense_bias = None if bias is None or not dense else bias.to(device=device, dtype=dtype).contiguous()
+            self.dense_bias = None if bias is None or not dense else bias.to(device=device,
+                                                                             dtype=dtype).contiguous()
             if self._onednn_serves():  # the dense copy lives on only as oneDNN's packed one, behind a key
                 self.weight = linear_onednn.keyed(self.weight)
             return
@@ -136,8 +141,9 @@ class Linear:
             self.scales = scales.to(torch.bfloat16)
 
     def _onednn_serves(self) -> bool:
-        """Whether the dense bf16 copy goes through oneDNN with its weights packed once (F.linear reorders them
-        on every call): decided where the layer runs, so also when it is read back from the weight cache."""
+        """Whether the dense bf16 copy goes through oneDNN with its weights packed once (F.linear reorders
+        them on every call): decided where the layer runs, so also when it is read back
+        from the weight cache."""
         return (self.fmt == "bf16" and self.weight is not None and self.weight.dtype == torch.bfloat16
                 and linear_onednn.available())
 
@@ -147,23 +153,24 @@ class Linear:
         return self.weight is not None and linear_onednn.is_key(self.weight)
 
     def __setstate__(self, state: dict) -> None:
-        """Read back from the weight cache: oneDNN's packed copy is made anew here (it lives in this process only),
-        from the dense copy or, behind a key, from the kernel's packed weights; where the operator is not built
-        a key turns back into the dense copy F.linear needs."""
+        """Read back from the weight cache: oneDNN's packed copy is made anew here (it lives in this process
+        only), from the dense copy or, behind a key, from the kernel's packed weights; where the operator is
+        not built a key turns back into the dense copy F.linear needs."""
         self.__dict__.update(state)
         if self.fmt == "bf16" and self.weight is not None:
             dense = self.dense_weight()
             self.weight = linear_onednn.keyed(dense) if self._onednn_serves() else dense
 
     def dense_weight(self) -> torch.Tensor | None:
-        """The dense weight matrix in the model dtype, if the layer has one: its dense copy, or, where that lives
-        only as oneDNN's packed copy, the same values read back out of the kernel's packed weights."""
+        """The dense weight matrix in the model dtype, if the layer has one: its dense copy, or, where that
+        lives only as oneDNN's packed copy, the same values read back out of the kernel's packed weights."""
         if not self.onednn:
             return self.weight
         return linear_bf16w.rows(self.packed, torch.arange(self.out_features)).to(self.dtype).contiguous()
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of the weight matrix in the model dtype: the lookup of an embedding tied to this layer."""
+        """Rows `ids` of the weight matrix in the model dtype: the lookup of an
+        embedding tied to this layer."""
         if self.weight is not None and not self.onednn:
             return self.weight[ids]
         if self.fmt == "bf16":
@@ -172,7 +179,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "bf16":
-            # a bf16 model with a dense copy: oneDNN over it for steps past the kernel's rows, the kernel below them
+            # a bf16 model with a dense copy: oneDNN over it for steps past the kernel's
+            # rows, the kernel below them
             if self.weight is not None and (_dense_graph if torch.compiler.is_compiling()
                                             else x.shape[0] > self.dense_above):
                 if self.onednn:
@@ -182,7 +190,8 @@ class Linear:
                 return linear_bf16w.linear_bf16(x, self.packed, self.out_features, self.bias)
             return linear_bf16w.linear(x.float(), self.packed, self.out_features, self.bias).to(x.dtype)
         if self.fmt == "int8" and self.weight is None:
-            return linear_int8w.linear(x.float(), self.packed, self.scales, self.out_features, self.bias).to(x.dtype)
+            return linear_int8w.linear(x.float(), self.packed, self.scales, self.out_features,
+                                       self.bias).to(x.dtype)
         if self.fmt == "none" or x.shape[0] > self.quant_max_rows:
             return F.linear(x, self.weight, self.bias)
         xb = x.to(torch.bfloat16)

@@ -20,7 +20,8 @@ from kvloop.engine.model.zeroed import zeros
 
 
 class Layer:
-    def __init__(self, w: Mapping[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device, quant: str):
+    def __init__(self, w: Mapping[str, torch.Tensor], prefix: str, cfg: ModelConfig, dtype, device,
+                 quant: str):
         def get(name: str) -> torch.Tensor:
             # Dense weights go to the model's dtype and device as they are read, so fusing q/k/v and
             # gate/up never holds more than one float32 tensor (a cast is elementwise: converting the
@@ -34,7 +35,8 @@ class Layer:
         attn = "self_attn."
         qkv_bias = None
         if cfg.attention_bias and prefix + attn + "q_proj.bias" in w:
-            qkv_bias = torch.cat([get(attn + "q_proj.bias"), get(attn + "k_proj.bias"), get(attn + "v_proj.bias")])
+            qkv_bias = torch.cat([get(attn + "q_proj.bias"), get(attn + "k_proj.bias"),
+                                  get(attn + "v_proj.bias")])
         self.qkv = linear(torch.cat([get(attn + "q_proj.weight"), get(attn + "k_proj.weight"),
                                      get(attn + "v_proj.weight")]), qkv_bias)
         self.o = linear(get(attn + "o_proj.weight"))
@@ -59,7 +61,8 @@ class LlamaModel:
     CONVERTED_TYPES = (Layer, Linear)  # the classes those hold besides tensors
 
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none",
+                 device: torch.device | str = "cpu", attention_backend: str = "auto",
+                 quantization: str = "none",
                  converted: Mapping[str, object] | None = None):
         self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
         self.attention = get_backend(attention_backend, self.device)  # raises if it cannot run on the device
@@ -69,7 +72,8 @@ class LlamaModel:
         else:
             for name in self.CONVERTED:
                 setattr(self, name, converted[name])
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2,
+                                                          dtype=torch.float32) / cfg.head_dim))
         freqs = torch.arange(cfg.max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.rope_cos = freqs.cos().to(self.device)  # [max_pos, hd/2], fp32
         self.rope_sin = freqs.sin().to(self.device)
@@ -84,7 +88,8 @@ class LlamaModel:
         # Tied and dense: the head shares the converted embedding (no second copy, same values).
         head = lm_head if lm_head is not None else (self.embed if quantization == "none" else embed)
         self.lm_head = Linear(head, None, dtype, self.device, quantization)
-        if lm_head is None and self.lm_head.weight is None:  # packed-only weights (bf16, int8): look the embedding
+        # packed-only weights (bf16, int8): look the embedding
+        if lm_head is None and self.lm_head.weight is None:
             self.embed = self.lm_head  # up in the packed head it is tied to (Linear[ids]), no second copy
         del embed, lm_head, head  # the float32 originals are not kept while the layers load
         self.norm = weights["model.norm.weight"].to(self.device, dtype)
@@ -105,14 +110,16 @@ class LlamaModel:
         return self.layers_forward(input_ids, positions, self.bind_attention(meta, kv_cache))
 
     def bind_attention(self, meta: AttentionMetadata, kv_cache: torch.Tensor) -> LayerFn:
-        """The step's attention, attend(layer, q, k, v): the step's new K/V into the layer's pages, then q over
-        them → [N, heads, hd]. Bound once per step, so the backend prepares what every layer shares once."""
+        """The step's attention, attend(layer, q, k, v): the step's new K/V into the layer's pages, then q
+        over them → [N, heads, hd]. Bound once per step, so the backend prepares what
+        every layer shares once."""
         return self.attention.bind(kv_cache, meta, self.scale)
 
     def layers_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        attend: LayerFn) -> torch.Tensor:
         """The step's tensor ops, with each layer's attention delegated to attend(layer, q, k, v): no metadata
-        in here, so the compiled step (runner/compiled_step.py) traces this with attention as one opaque op."""
+        in here, so the compiled step (runner/compiled_step.py) traces this with
+        attention as one opaque op."""
         cfg = self.cfg
         n = input_ids.shape[0]
         cos = self.rope_cos[positions][:, None, :]
@@ -123,7 +130,8 @@ class LlamaModel:
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
             qkv = layer.qkv(h)
             # q and k heads sit side by side in the fused projection: rotate them in one go
-            qk = self.rotary(qkv[:, : q_size + kv_size].view(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim),
+            qk = self.rotary(qkv[:, : q_size + kv_size].view(n, cfg.num_heads + cfg.num_kv_heads,
+                                                             cfg.head_dim),
                              cos, sin)
             q, k = qk[:, : cfg.num_heads], qk[:, cfg.num_heads :]
             v = qkv[:, q_size + kv_size :].view(n, cfg.num_kv_heads, cfg.head_dim)
@@ -138,7 +146,8 @@ class LlamaModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def new_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def new_kv_cache(self, num_blocks: int, block_size: int,
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
         """dtype: the KV storage dtype (default: the model's); a narrower one is converted on read."""
         cfg = self.cfg
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)

@@ -30,5 +30,6 @@ def resolve_model_path(model: str | None) -> Path:
         return embedded_model_path()
     path = Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {path} does not exist (no model hub: give a local GGUF file or directory)")
+        raise FileNotFoundError(f"model path {path} does not exist (no model hub: give a local GGUF file or "
+                                "directory)")
     return path

@@ -25,7 +25,8 @@ Format = Literal["hf", "gguf"]
 _BY_FORMAT: dict[str, dict[str, ModelClass | str]] = {"hf": {}, "gguf": {}}
 
 
-def register_model(model_class: ModelClass | str, hf: tuple[str, ...] = (), gguf: tuple[str, ...] = ()) -> None:
+def register_model(model_class: ModelClass | str, hf: tuple[str, ...] = (),
+                   gguf: tuple[str, ...] = ()) -> None:
     """model_class: the class (or "module:attribute", imported when first built); hf / gguf: the
     architecture names it runs in each checkpoint format."""
     for fmt, names in (("hf", hf), ("gguf", gguf)):
@@ -53,7 +54,8 @@ def model_class(architecture: str) -> ModelClass:
 
 
 def build_model(cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device | str = "cpu", attention_backend: str = "auto", quantization: str = "none",
+                device: torch.device | str = "cpu", attention_backend: str = "auto",
+                quantization: str = "none",
                 cache_fingerprint: str | None = None):
     """The model for cfg.architecture, its weights loaded (see LlamaModel for the arguments). With
     cache_fingerprint (the checkpoint's), the converted weights go through the disk cache (weight_cache.py)
@@ -62,7 +64,8 @@ def build_model(cfg: ModelConfig, weights: Mapping[str, torch.Tensor], dtype: to
     if cache_fingerprint and hasattr(cls, "CONVERTED"):
         from kvloop.engine.model.weight_cache import build_cached
 
-        return build_cached(cls, cache_fingerprint, cfg, weights, dtype, device, attention_backend, quantization)
+        return build_cached(cls, cache_fingerprint, cfg, weights, dtype, device, attention_backend,
+                            quantization)
     return cls(cfg, weights, dtype, device, attention_backend, quantization)
 
 

@@ -29,7 +29,8 @@ from kvloop.engine.kernels.cpu import linear_bf16w, linear_int8w
 log = logging.getLogger("kvloop.engine")
 
 ENV = "KVLOOP_WEIGHT_CACHE"
-UNUSED_DAYS = 14  # files (other models, formats, torch versions) not read for this long are removed on a write
+# files (other models, formats, torch versions) not read for this long are removed on a write
+UNUSED_DAYS = 14
 # Conversion code: a change to any of these files changes what converting gives, hence the key.
 _SOURCES = (Path(__file__).parent, Path(linear_bf16w.__file__), Path(linear_int8w.__file__))
 
@@ -58,7 +59,8 @@ def cache_key(model_class, fingerprint: str, cfg, dtype: torch.dtype, quantizati
         except metadata.PackageNotFoundError:
             return "-"
 
-    parts = [f"{model_class.__module__}.{model_class.__qualname__}", fingerprint, repr(cfg), str(dtype), quantization,
+    parts = [f"{model_class.__module__}.{model_class.__qualname__}", fingerprint, repr(cfg), str(dtype),
+             quantization,
              f"bf16w={linear_bf16w.available()}", f"bf16w_native={linear_bf16w.native()}",
              f"bf16w_dense_above={linear_bf16w.dense_above_rows()}", f"int8w={linear_int8w.available()}",
              f"torch={torch.__version__}", f"gguf={version('gguf')}", sources_digest(), *extra]
@@ -132,7 +134,8 @@ def _write(path: Path, converted: dict) -> None:
         tmp_sum.write_text(digest + "\n")
         os.replace(tmp_sum, _checksum_path(path))
     except Exception as exc:  # noqa: BLE001 - no cache costs the next start a conversion, nothing else
-        log.warning("weights: could not cache the converted weights in %s (%s: %s)", path, type(exc).__name__, exc)
+        log.warning("weights: could not cache the converted weights in %s (%s: %s)", path, type(exc).__name__,
+                    exc)
         tmp.unlink(missing_ok=True)
         return
     log.info("weights: cached the converted weights in %.1f s (%s)", time.perf_counter() - started, path)

@@ -7,8 +7,8 @@ opaque operator, kvloop_step::attention, that reads the metadata and the KV cach
 (bound by CompiledStep.__call__), as vLLM's piecewise graphs do. So a new batch size, context length,
 block table or cascade plan never recompiles: there is one graph for every N (N = 1 included, so a row's
 arithmetic does not depend on the batch it is in), or, for a bf16 model with the bf16-weight kernel built
-without bf16 pairs (model/linear.py), one for steps of up to 12 tokens and one for larger steps (CompiledStep's
-docstring). The operator's kernel is Python (step_attention: the
+without bf16 pairs (model/linear.py), one for steps of up to 12 tokens and one for larger steps
+(CompiledStep's docstring). The operator's kernel is Python (step_attention: the
 model's bound attention), except where the backend's library serves the step itself: the CPU attention
 kernel's library has a C++ kernel for CPU tensors that runs a bound decode-only step's layer without a call
 back into Python (bound per step through the LayerFn's `native_step`) and otherwise calls the Python one.
@@ -23,14 +23,14 @@ eagerly. Without a fingerprint (a model built in-process) or with $KVLOOP_COMPIL
 torch.compile's own path traces at warm-up, its artefacts in inductor's caches (under cache_dir()).
 
 Where a warm start-up goes (embedded SmolLM2, --dtype auto: bf16 weights, fp32 arithmetic, 2 threads, on 2
-cores shared with other work at load ~3, so rough; EngineCore built in a fresh process): import torch 3.6-4.1 s,
-kvloop 0.6 s, then the EngineCore 8.4-9.5 s: model and tokenizer 1.1-1.6 s (converted weights read from
+cores shared with other work at load ~3, so rough; EngineCore built in a fresh process): import torch 3.6-4.1
+s, kvloop 0.6 s, then the EngineCore 8.4-9.5 s: model and tokenizer 1.1-1.6 s (converted weights read from
 model/weight_cache.py's cache), importing dynamo and inductor ~3 s, loading the saved step and running the
-warm-up steps 3.7-4.4 s (tracing the layers and inductor's cache hits took warm_up 12.4-15.5 s before); 12.6-14.3 s
-in all. The saved step is ~1.4 MB. Its cost: AOT compiling bypasses inductor's FX graph cache (torch does
-so in AOT mode), so a start whose key changed (the first, another checkpoint, a new torch, an edit to the
-model's or this module's sources) pays inductor's whole code generation once: warm_up 68-74 s here (its C++
-builds still come from its cache), against ~15 s through torch.compile's own path with its caches warm."""
+warm-up steps 3.7-4.4 s (tracing the layers and inductor's cache hits took warm_up 12.4-15.5 s before);
+12.6-14.3 s in all. The saved step is ~1.4 MB. Its cost: AOT compiling bypasses inductor's FX graph cache
+(torch does so in AOT mode), so a start whose key changed (the first, another checkpoint, a new torch, an edit
+to the model's or this module's sources) pays inductor's whole code generation once: warm_up 68-74 s here (its
+C++ builds still come from its cache), against ~15 s through torch.compile's own path with its caches warm."""
 
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ log = logging.getLogger("kvloop.compile")
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 _USER_CACHE_DIR = os.environ.get(CACHE_ENV)  # read before torch does: importing inductor sets its own default
-# Our ops' outputs are fresh contiguous tensors (the fakes say so), so the wrapper's per-call size and alignment
-# checks only cost time. The C++ wrapper (cpp_wrapper): the graph's own calls (~10 ops and buffers a layer) leave
-# Python; a batch-1 int8 step 14.48 against 15.12 ms (medians of 3 runs each, interleaved, this 2-core VM), its
-# cold compile ~50 s (the saved step loads in ~5 s either way).
+# Our ops' outputs are fresh contiguous tensors (the fakes say so), so the wrapper's per-call size and
+# alignment checks only cost time. The C++ wrapper (cpp_wrapper): the graph's own calls (~10 ops and buffers a
+# layer) leave Python; a batch-1 int8 step 14.48 against 15.12 ms (medians of 3 runs each, interleaved, this
+# 2-core VM), its cold compile ~50 s (the saved step loads in ~5 s either way).
 INDUCTOR_OPTIONS = {"size_asserts": False, "alignment_asserts": False, "cpp_wrapper": True}
 
 
@@ -82,8 +82,9 @@ def _attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: i
     return q.new_empty(q.shape)
 
 
-# A plain library operator rather than torch.library.custom_op: a third of its dispatch cost per call (measured
-# ~7 vs ~20 us), and the step calls it once per layer. Every device: the bound model runs wherever it lives.
+# A plain library operator rather than torch.library.custom_op: a third of its dispatch cost per call
+# (measured ~7 vs ~20 us), and the step calls it once per layer. Every device: the bound
+# model runs wherever it lives.
 _LIB = torch.library.Library("kvloop_step", "DEF")
 _LIB.define("attention(Tensor q, Tensor k, Tensor v, int layer) -> Tensor")
 _LIB.impl("attention", step_attention, "CompositeExplicitAutograd")
@@ -95,7 +96,8 @@ def _attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
 
 
 def cache_dir() -> Path:
-    """Where compiled artefacts live: $TORCHINDUCTOR_CACHE_DIR when the user set it, else under cache_root()."""
+    """Where compiled artefacts live: $TORCHINDUCTOR_CACHE_DIR when the user set it,
+    else under cache_root()."""
     return Path(_USER_CACHE_DIR) if _USER_CACHE_DIR else cache_root() / "inductor"
 
 
@@ -121,12 +123,14 @@ _INPUTS = ("input_ids", "positions")
 def _own_code(fn: Callable) -> Callable:
     """fn with a copy of its code object: dynamo keeps compiled graphs per code object, so this function's
     cache holds only what it compiles (two models' steps never share entries)."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
 
 
 class _Graph:
-    """One graph of the step: its own copy of the step's code (so its own dynamo cache), torch.compile's function,
-    the ahead-of-time graph once compiled or loaded (with an artefact), and which weights its bf16 linears read
+    """One graph of the step: its own copy of the step's code (so its own dynamo cache), torch.compile's
+    function, the ahead-of-time graph once compiled or loaded (with an artefact), and which
+    weights its bf16 linears read
     (`dense`: None where the model's linears have one path, model/linear.dense_graph)."""
 
     def __init__(self, layers_forward: Callable, artefact: Path | None, dense: bool | None):
@@ -147,8 +151,8 @@ class _Graph:
 
 
 class CompiledStep:
-    """model.layers_forward compiled (or loaded as an earlier start compiled it, from `artefact`): call it like
-    model.forward (ids, positions, metadata, KV cache).
+    """model.layers_forward compiled (or loaded as an earlier start compiled it, from `artefact`): call it
+    like model.forward (ids, positions, metadata, KV cache).
 
     One graph serves every step, except for a bf16 model whose linears keep the bf16-weight kernel's packed
     weights and a dense copy (model/linear.py): steps of up to `dense_above` tokens run a graph whose linears
@@ -172,7 +176,8 @@ class CompiledStep:
             self._graphs = [_Graph(layers_forward, artefact, None)]
         else:
             dense_artefact = None if artefact is None else artefact.with_name(f"{artefact.stem}-dense{artefact.suffix}")
-            self._graphs = [_Graph(layers_forward, artefact, False), _Graph(layers_forward, dense_artefact, True)]
+            self._graphs = [_Graph(layers_forward, artefact, False),
+                            _Graph(layers_forward, dense_artefact, True)]
 
     @property
     def loaded(self) -> bool:
@@ -186,8 +191,8 @@ class CompiledStep:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                  kv_cache: torch.Tensor) -> torch.Tensor:
         attend = _bound.attend = self.model.bind_attention(meta, kv_cache)
-        # (bind, unbind) where the backend's library serves the operator itself for this step (the CPU kernel's,
-        # decode-only): bound for the step only, so that no other step (nor another call) runs it
+        # (bind, unbind) where the backend's library serves the operator itself for this step (the CPU
+        # kernel's, decode-only): bound for the step only, so that no other step (nor another call) runs it
         native = getattr(attend, "native_step", None)
         graph = self._graph_for(input_ids)
         try:
@@ -220,7 +225,8 @@ class CompiledStep:
             raise RuntimeError(f"the compiled step's guards reject a step of {input_ids.shape[0]} tokens")
         if not self._ran_eagerly:
             self._ran_eagerly = True
-            log.warning("compile: a step's inputs do not match the compiled step's guards; such steps run eagerly")
+            log.warning("compile: a step's inputs do not match the compiled step's guards; such steps run "
+                        "eagerly")
         return self._graph_for(input_ids).layers(input_ids, positions)
 
     @staticmethod
@@ -237,9 +243,9 @@ class CompiledStep:
 
     def warm_up(self, block_size: int, kv_dtype: torch.dtype | None = None) -> float:
         """Loads each graph from its artefact (saved by an earlier start) or compiles it (and saves it there;
-        without an artefact, traces it at its first step), then runs a decode step and a prefill through it over
-        a scratch cache (for the dense graph, of more tokens than the kernel's graph takes); returns the seconds
-        it took. A saved graph that does not load or run is removed and compiled again."""
+        without an artefact, traces it at its first step), then runs a decode step and a prefill through it
+        over a scratch cache (for the dense graph, of more tokens than the kernel's graph takes); returns the
+        seconds it took. A saved graph that does not load or run is removed and compiled again."""
         started = time.perf_counter()
         for graph in self._graphs:
             self._warm_up_graph(graph, block_size, kv_dtype)
@@ -267,7 +273,8 @@ class CompiledStep:
             self(tensor(range(length)), tensor(range(length)), prefill, kv)
 
         if graph.artefact is not None:
-            with torch.inference_mode():  # as the step runs: loading builds its guards against the dispatch state
+            # as the step runs: loading builds its guards against the dispatch state
+            with torch.inference_mode():
                 graph.aot = step_artefact.load(graph.artefact, self._external)
         if graph.aot is not None:
             graph.aot.disable_guard_check()
@@ -302,8 +309,8 @@ def cannot_compile(model) -> str | None:
 
 def resolve_compile(mode: str, dtype_option: str, device: str) -> bool:
     """Whether the engine compiles its step. on/off as said; auto: on a CPU under --dtype auto (the engine's
-    own choice of arithmetic, the serving path measured faster compiled), eager elsewhere: an explicit dtype is
-    the exact reference path, and GPUs are not measured yet."""
+    own choice of arithmetic, the serving path measured faster compiled), eager elsewhere: an explicit dtype
+    is the exact reference path, and GPUs are not measured yet."""
     if mode != "auto":
         return mode == "on"
     return device == "cpu" and dtype_option == "auto"
@@ -323,7 +330,8 @@ def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None,
         log.warning("compile: %s; the step runs eagerly", reason)
         return None
     try:
-        step = CompiledStep(model, step_artefact.artefact_path(model, fingerprint, kv_dtype, INDUCTOR_OPTIONS))
+        step = CompiledStep(model,
+                            step_artefact.artefact_path(model, fingerprint, kv_dtype, INDUCTOR_OPTIONS))
         took = step.warm_up(block_size, kv_dtype)
     except Exception as exc:  # noqa: BLE001 - a failed compile costs speed, never the engine
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -333,7 +341,8 @@ def compile_or_none(model, block_size: int, kv_dtype: torch.dtype | None = None,
     if step.loaded:
         log.info("compile: the step loaded in %.1f s (%s)", took, step.artefact)
     else:
-        log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took, os.environ.get(CACHE_ENV))
+        log.info("compile: the step compiled in %.1f s (artefacts cached in %s)", took,
+                 os.environ.get(CACHE_ENV))
     _compiled[model] = step
     return step
 

@@ -22,19 +22,23 @@ def resolve_kv_dtype(kv_dtype: str, dtype_option: str, model_dtype: torch.dtype)
     if kv_dtype != "auto":
         return getattr(torch, kv_dtype)
     if model_dtype == torch.float32 and dtype_option == "auto":
-        return torch.bfloat16  # fp32 chosen for compute speed: KV still stored in 16 bits, read at half the bytes
+        # fp32 chosen for compute speed: KV still stored in 16 bits, read at half the bytes
+        return torch.bfloat16
     return model_dtype
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_dtype: torch.dtype | None = None,
-                 cascade: str = "auto", cascade_groups: str = NESTED, compile: bool = False, fingerprint: str = ""):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
+                 kv_dtype: torch.dtype | None = None,
+                 cascade: str = "auto", cascade_groups: str = NESTED, compile: bool = False,
+                 fingerprint: str = ""):
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.kv_cache = model.new_kv_cache(num_blocks, block_size, kv_dtype)
         self.cascade = cascade
-        # the decode path the model runs (its attention backend), whose trade-off the scheduler prices steps with too
+        # the decode path the model runs (its attention backend), whose trade-off the
+        # scheduler prices steps with too
         self.attention_cost_name = model.attention.cost_name(model.cfg.head_dim, model.dtype, block_size)
         self.attention_cost = cost = cost_for(str(self.kv_cache.dtype), self.attention_cost_name)
         worth = (lambda members, tokens: members > 1) if cascade == "always" else cost.worth
@@ -89,7 +93,8 @@ class ModelRunner:
             meta.cascade = self.planner.plan(key, tables, context_lens)
             if meta.cascade is not None:
                 self.cascade_group_sizes.update(len(g.rows) for g in meta.cascade.groups)
-        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),
+        return (torch.tensor(ids, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev),
                 meta)
 
     def execute(self, batch: ScheduledBatch) -> StepResult:

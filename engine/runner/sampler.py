@@ -40,7 +40,8 @@ class Sampler:
             return None
         gen = self._generators.get(request_id)
         if gen is None:
-            gen = torch.Generator(device=device).manual_seed(seed)  # multinomial needs it on the logits' device
+            # multinomial needs it on the logits' device
+            gen = torch.Generator(device=device).manual_seed(seed)
             self._generators[request_id] = gen
         return gen
 
@@ -103,7 +104,8 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 - this request's failure, reported to it alone
                 errors[i] = ("sampling", f"{type(exc).__name__}: {exc}")
 
-    def _accept(self, rows: list[SampleRow], tokens: list[int | None], errors: dict[int, tuple[str, str]]) -> None:
+    def _accept(self, rows: list[SampleRow], tokens: list[int | None],
+                errors: dict[int, tuple[str, str]]) -> None:
         """Processors with per-request state (a grammar) advance with each sampled token, row by row."""
         for proc in self.processors:
             if not hasattr(proc, "accept"):

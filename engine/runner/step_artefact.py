@@ -1,7 +1,9 @@
 """The compiled step saved on disk (torch's AOT path: `torch.compile(...).aot_compile`, then the function's
-serialized form), so a warm start-up loads the step's graph instead of dynamo tracing the model's layers again.
+serialized form), so a warm start-up loads the step's graph instead of dynamo tracing
+the model's layers again.
 
-One file per model and environment (CPU models only). Its key is the converted weights' (model/weight_cache.py:
+One file per model and environment (CPU models only). Its key is the converted weights'
+(model/weight_cache.py:
 the checkpoint's fingerprint, config, dtype, weight format, which CPU kernels are built, torch, the model's
 sources), plus what the compiled code depends on besides: the attention backend and KV dtype, the sources of
 compiled_step.py and this file, Python, the CPU's flags, torch's thread count (inductor writes it into its
@@ -44,7 +46,8 @@ def cache_dir() -> Path | None:
     return cache_dir_from(ENV, "compiled-steps")
 
 
-def artefact_key(model, fingerprint: str, kv_dtype: torch.dtype, inductor_options: Mapping[str, object]) -> str:
+def artefact_key(model, fingerprint: str, kv_dtype: torch.dtype,
+                 inductor_options: Mapping[str, object]) -> str:
     import torch._inductor.config as inductor_config  # the compile imports it anyway
 
     from kvloop.engine.runner import compiled_step
@@ -57,7 +60,8 @@ def artefact_key(model, fingerprint: str, kv_dtype: torch.dtype, inductor_option
     return cache_key(type(model), fingerprint, model.cfg, model.dtype, model.quantization, extra)
 
 
-def artefact_path(model, fingerprint: str, kv_dtype: torch.dtype, inductor_options: Mapping[str, object]) -> Path | None:
+def artefact_path(model, fingerprint: str, kv_dtype: torch.dtype,
+                  inductor_options: Mapping[str, object]) -> Path | None:
     """The file for this model's compiled step here, or None: saving is off, the checkpoint is unknown (a
     model built in-process has no fingerprint to tell its weights' layout by), or the model is not on the CPU
     (the only device whose compiled step is measured)."""

@@ -46,7 +46,8 @@ def tokens_to_length(seq: Sequence, eos_token_ids: Collection[int] = ()) -> int 
     return p.max_tokens - seq.num_output_tokens
 
 
-def advance(item: ScheduledSeq, result: StepResult, now: float, eos_token_ids: Collection[int] = ()) -> Sampled | None:
+def advance(item: ScheduledSeq, result: StepResult, now: float,
+            eos_token_ids: Collection[int] = ()) -> Sampled | None:
     """Applies one item of a step that ran (the caller finishes seq when a reason comes back); returns
     None when the item sampled nothing (a prefill chunk short of the prompt's end)."""
     seq = item.seq

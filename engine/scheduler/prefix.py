@@ -40,8 +40,8 @@ class PrefixView:
 
     @contextmanager
     def remembered(self) -> Iterator[None]:
-        """Within: a sequence's peek is remembered until `forget()`, which the caller calls whenever it may have
-        changed the cache (grouped admission peeks each candidate to order, to price and to gate it)."""
+        """Within: a sequence's peek is remembered until `forget()`, which the caller calls whenever it may
+        have changed the cache (grouped admission peeks each candidate to order, to price and to gate it)."""
         outer, self._held = self._held, {}
         try:
             yield

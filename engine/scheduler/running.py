@@ -38,7 +38,8 @@ def split_budget(budget: int, wants: list[int]) -> list[int]:
 
 def steps_to_block(computed: int, block_size: int) -> int:
     """Decode steps before a row with `computed` tokens computed reaches the step whose token starts a
-    new block: the next step in which `kv.allocation_due` holds for it (and the block just filled is indexed)."""
+    new block: the next step in which `kv.allocation_due` holds for it (and the block
+    just filled is indexed)."""
     return -computed % block_size
 
 

@@ -7,8 +7,8 @@ while the batch cap, the token budget and memory allow, as the policy (policy.py
 - FCFS admission (continuous, continuous+lru): in arrival order; the head waits for memory.
 - grouped admission (codesign): in prefix-grouping order with aging (grouping.py), each through the
   cache-aware admission gate (admission.py). Requests that join a running group's shared prefix come
-  first (they add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a request
-  is admitted while the step's decode attention with it, priced by the step-cost function shared with
+  first (they add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a
+  request is admitted while the step's decode attention with it, priced by the step-cost function shared with
   the simulator (step_cost.py), stays within what `batch_cap` plain rows would cost; the room running
   groups save and a joiner's small price are what let it in. At most cascade_cap_factor x the cap.
 - static batching (static): fixed batches instead of admission (static.py).
@@ -68,10 +68,12 @@ class Scheduler:
         self.gate = AdmissionGate(kv, self.view, config.decode_reserve_tokens)
         self.tpot_gate = TpotGate(config.tpot_target_ms)
         self.preemptor = Preemptor(kv)
-        self.static = (StaticBatcher(config.static_batch_size, config.static_fill_timeout_s, config.static_oom)
+        self.static = (StaticBatcher(config.static_batch_size, config.static_fill_timeout_s,
+                                     config.static_oom)
                        if self.policy.static_batching else None)
         self.rejections: dict[str, int] = {}
-        self.failed: list[Sequence] = []  # finished by the scheduler itself (static OOM); the engine reports them
+        # finished by the scheduler itself (static OOM); the engine reports them
+        self.failed: list[Sequence] = []
         self._enqueued: dict[Sequence, float] = {}
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
@@ -145,11 +147,13 @@ class Scheduler:
             self._reject("empty_prompt", "the prompt is empty")
         if total > self.config.max_model_len:
             self._reject("too_long",
-                         f"this model's maximum context length is {self.config.max_model_len} tokens; the request has "
-                         f"{seq.num_prompt_tokens} prompt tokens and asks for {max_tokens} more ({total} in all)")
+                         f"this model's maximum context length is {self.config.max_model_len} tokens; the "
+                         f"request has {seq.num_prompt_tokens} prompt tokens and asks for {max_tokens} more "
+                         f"({total} in all)")
         # Must fit the pool alone at its full length, or it could never finish (preempting itself forever).
         if blocks_for(total, self.kv.block_size) > self.kv.num_blocks:
-            self._reject("too_long", f"the request ({seq.num_prompt_tokens} prompt + {max_tokens} output tokens) "
+            self._reject("too_long",
+                         f"the request ({seq.num_prompt_tokens} prompt + {max_tokens} output tokens) "
                          f"does not fit the KV cache ({self.kv.num_blocks * self.kv.block_size} tokens)")
         if len(self.waiting) >= self.config.max_waiting:
             self._reject("queue_full", f"{len(self.waiting)} requests are waiting (the bound is "
@@ -176,8 +180,8 @@ class Scheduler:
         return batch
 
     def step_budget(self, decoding: Callable[[], bool]) -> int:
-        """Tokens this step may carry: the budget, or while no running row decodes (`decoding()`, asked only where
-        the idle budget is larger) the idle budget. The simulator's fast step asks the same."""
+        """Tokens this step may carry: the budget, or while no running row decodes (`decoding()`, asked only
+        where the idle budget is larger) the idle budget. The simulator's fast step asks the same."""
         budget, idle = self.knobs.step_token_budget, self.config.idle_step_tokens
         if idle <= budget or self.static is not None or decoding():
             return budget
@@ -202,12 +206,14 @@ class Scheduler:
             budget -= n
 
     def _admit_grouped(self, batch: ScheduledBatch, budget: int, now: float) -> None:
-        with self.view.remembered():  # each candidate's peek orders, prices and gates it: one walk of its prefix
+        # each candidate's peek orders, prices and gates it: one walk of its prefix
+        with self.view.remembered():
             self._admit_grouped_peeking(batch, budget, now)
 
     def _admit_grouped_peeking(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         cfg = self.config
-        order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued, cfg.aging_s,
+        order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued,
+                                        cfg.aging_s,
                                         cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
                                                                     self.kv.block_size), self.join_saving_us)
         headroom = self.gate.headroom(self.running)
@@ -252,8 +258,8 @@ class Scheduler:
         bs = self.kv.block_size
         rows = [s for s in self.running if s.block_table]
         ctx = [min(len(s.token_ids), len(s.block_table) * bs) for s in rows]
-        # a row's identity: its stint (an int: cheap to hash, as the planner does for every row), with its context
-        # while it prefills (a prefilling row that grew is planned anew)
+        # a row's identity: its stint (an int: cheap to hash, as the planner does for every row), with its
+        # context while it prefills (a prefilling row that grew is planned anew)
         key = tuple((s.stint, c) if s.num_computed_tokens < len(s.prompt_token_ids) else s.stint
                     for s, c in zip(rows, ctx, strict=True))
         sc = self.step_cost
@@ -272,8 +278,8 @@ class Scheduler:
 
     def may_admit_past_cap(self) -> bool:
         """Whether schedule() might admit a waiting request beyond the batch cap: grouped admission, someone
-        waiting, below the row ceiling (the priced budget moves with every step's contexts, so this does not try
-        to predict it)."""
+        waiting, below the row ceiling (the priced budget moves with every step's contexts, so this does not
+        try to predict it)."""
         return self.policy.groups_prefixes and bool(self.waiting) and len(self.running) < self.row_ceiling
 
     def _try_start(self, seq: Sequence, budget: int, now: float) -> int:
@@ -337,8 +343,8 @@ class Scheduler:
 
     # ---- after the step -------------------------------------------------------------------------
     def observe_step(self, seconds: float, decoded: bool) -> None:
-        """How long a step took (the engine's wall time, the simulator's virtual time); `decoded`: rows sampled
-        a next token in it (its length is their time per output token, which the TPOT gate holds)."""
+        """How long a step took (the engine's wall time, the simulator's virtual time); `decoded`: rows
+        sampled a next token in it (its length is their time per output token, which the TPOT gate holds)."""
         if decoded:
             self.tpot_gate.observe(seconds)
 

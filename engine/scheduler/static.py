@@ -49,7 +49,8 @@ class StaticBatcher:
             if self.on_oom == "retry":
                 retry.append(seq)
             else:
-                sched.fail(seq, f"out of memory: the batch's KV reservation ({total} tokens) does not fit the pool")
+                sched.fail(seq,
+                           f"out of memory: the batch's KV reservation ({total} tokens) does not fit the pool")
         for seq in reversed(retry):
             seq.status = SeqStatus.WAITING
             sched.waiting.appendleft(seq)

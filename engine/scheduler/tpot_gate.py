@@ -10,8 +10,8 @@ cascaded group (codesign) adds little, so more rows fit under the same target th
 
 The bar starts at the target and follows the long-run mean step time (integral correction, within
 [BAR_FLOOR x target, target]): every admission brings its prefill chunks into the steps after it, so a bar at
-the target alone let W1's TPOT P50 land 10-20% above it in the simulator; with the correction it lands within a
-few percent (bench/tpot_target.py: the targets against a sweep of fixed caps).
+the target alone let W1's TPOT P50 land 10-20% above it in the simulator; with the correction it lands within
+a few percent (bench/tpot_target.py: the targets against a sweep of fixed caps).
 
 The engine reports each step's wall time (EngineCore.step), the simulator its virtual time; a lone request is
 always admitted (progress), and without a target the gate is always open."""
@@ -21,7 +21,8 @@ from __future__ import annotations
 RECENT = 0.5  # weight of the newest step in the recent step time (the gate reacts within a step or two)
 LONG_RUN = 0.02  # ... in the long-run mean (about the last 50 steps: what a request's TPOT averages over)
 GAIN = 0.05  # how fast the bar follows the long-run mean's distance to the target
-BAR_FLOOR = 0.75  # the bar never drops below this share of the target (a long prefill-heavy phase cannot wind it
+# the bar never drops below this share of the target (a long prefill-heavy phase cannot wind it
+BAR_FLOOR = 0.75
 # down to holding everybody)
 
 

@@ -96,5 +96,6 @@ def build_app(engine: AsyncEngine, metrics: EngineMetrics, settings: ServerSetti
     if api_key:
         app.add_middleware(APIKey, key=api_key)
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"])
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
     return app

@@ -102,7 +102,8 @@ class RequestGroup:
         self.queue: asyncio.Queue[tuple[str, RequestOutput | BaseException]] = asyncio.Queue()
         self.unfinished: set[str] = set()
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, user: str | None) -> None:
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            user: str | None) -> None:
         self._engine._submit(self, request_id, prompt_token_ids, params, user)
         self.unfinished.add(request_id)
 
@@ -124,7 +125,8 @@ class AsyncEngine:
                  snapshot_interval_s: float = 0.05, exit_on_death: bool = True,
                  engine_thread: EngineThread | None = None):
         self.engine = engine
-        # the thread that built the engine, if one did: stepping there keeps one OpenMP pool (engine_thread.py)
+        # the thread that built the engine, if one did: stepping there keeps one
+        # OpenMP pool (engine_thread.py)
         self._engine_thread = engine_thread
         # A dead engine thread leaves a process that answers only 503: exit so the kubelet (or `make serve`)
         # restarts it. In-process test servers turn this off.
@@ -211,7 +213,8 @@ class AsyncEngine:
         if len(self._members) + count > self.max_pending:
             if self.metrics:
                 self.metrics.observe_rejected("queue_full")
-            raise Overloaded(f"the server has {len(self._members)} requests in flight (limit {self.max_pending})")
+            raise Overloaded(f"the server has {len(self._members)} requests in flight (limit "
+                             f"{self.max_pending})")
 
     # ---- event-loop side --------------------------------------------------------------------------
     def _post(self, message: InboxMessage) -> None:
@@ -219,7 +222,8 @@ class AsyncEngine:
         self._inbox.append(message)
         self._wake.set()
 
-    def _submit(self, group: RequestGroup, rid: str, ids: list[int], params: SamplingParams, user: str | None):
+    def _submit(self, group: RequestGroup, rid: str, ids: list[int], params: SamplingParams,
+                user: str | None):
         arrival = time.monotonic()
         self._members[rid] = _Member(group, len(ids), arrival)
         self._post(AddRequest(rid, ids, params, user, arrival))
@@ -266,7 +270,8 @@ class AsyncEngine:
                 if m:
                     end = out.finished_time or now
                     queue_s = None if out.first_scheduled_time is None else out.first_scheduled_time - out.arrival_time
-                    m.observe_finished(out.finish_reason or "stop", out.num_prompt_tokens, out.num_output_tokens,
+                    m.observe_finished(out.finish_reason or "stop", out.num_prompt_tokens,
+                                       out.num_output_tokens,
                                        end - out.arrival_time, queue_s)
             member.group.queue.put_nowait((out.request_id, out))
 
@@ -327,7 +332,8 @@ class AsyncEngine:
             else:
                 self._publish(force=True)
                 if not self._wake.wait(IDLE_TICK_S):
-                    eng.step()  # an empty step: the control block still gets published and polled, from this thread
+                    # an empty step: the control block still gets published and polled, from this thread
+                    eng.step()
 
     def _drain_inbox(self) -> None:
         eng = self.engine
@@ -346,7 +352,8 @@ class AsyncEngine:
     def _add(self, add: AddRequest) -> None:
         rid = add.request_id
         try:
-            self.engine.add_request(rid, add.prompt_token_ids, add.params, user=add.user, arrival_time=add.arrival)
+            self.engine.add_request(rid, add.prompt_token_ids, add.params, user=add.user,
+                                    arrival_time=add.arrival)
         except ValueError as exc:  # RequestRejected is a ValueError too
             self._call(self._fail, rid, exc)
         except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's

@@ -110,7 +110,8 @@ def _stream(call: Call, req: ChatCompletionRequest, first, include_usage: bool) 
         index = call.index[rid]
         pairs = zip(out.new_token_ids, out.new_logprobs, strict=False)
         lps = {"content": token_logprobs(call.engine, pairs)} if req.logprobs else None
-        chunks = [choice(index, {"content": out.delta}, None, lps)] if out.delta or (lps and lps["content"]) else []
+        chunks = [choice(index, {"content": out.delta}, None,
+                         lps)] if out.delta or (lps and lps["content"]) else []
         if out.finished:
             chunks.append(choice(index, {}, out.finish_reason))
         return chunks

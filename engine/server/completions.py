@@ -57,7 +57,8 @@ def completion_logprobs(engine: AsyncEngine, pairs, offset: int) -> dict:
     return out
 
 
-async def create_completion(req: CompletionRequest, request: Request, engine: AsyncEngine, settings: ServerSettings):
+async def create_completion(req: CompletionRequest, request: Request, engine: AsyncEngine,
+                            settings: ServerSettings):
     check_model(engine, settings, req.model)
     check_unsupported(req)
     if req.stream_options is not None and not req.stream:
@@ -68,7 +69,8 @@ async def create_completion(req: CompletionRequest, request: Request, engine: As
         bias, grammar = logit_bias_of(engine, req), grammar_of(engine, req)
         for ids in prompts:
             max_tokens = check_prompt(engine, ids, req.max_tokens, "prompt")
-            params.append([sampling_params(req, max_tokens, req.logprobs, c, bias, grammar) for c in range(req.n)])
+            params.append([sampling_params(req, max_tokens, req.logprobs, c, bias,
+                                           grammar) for c in range(req.n)])
         call = Call(engine, settings, request)
         call.submit(prompts, params, user_of(req))
     ordered = await respond(call, req, _stream)

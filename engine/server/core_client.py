@@ -162,7 +162,8 @@ class ProcessAsyncEngine(AsyncEngine):
             except Exception as exc:  # noqa: BLE001 - this request's text, not the engine: it fails alone
                 log.exception("request %s failed in output processing", rid)
                 self._post(AbortRequest(rid))
-                self._fail(rid, RequestFailed(f"output processing failed: {type(exc).__name__}: {exc}", "output"))
+                self._fail(rid,
+                           RequestFailed(f"output processing failed: {type(exc).__name__}: {exc}", "output"))
                 continue
             if result.finished:
                 del self._front[rid]

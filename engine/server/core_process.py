@@ -62,7 +62,8 @@ def core_main(conn: Connection, build: Callable, config, warmup: bool, log_level
         # lazy import: the launcher's process must not need the engine's modules to spawn this one
         from kvloop.engine.server.launch import cache_config
 
-        info = CoreInfo(engine.model_name, engine.scheduler.config.max_model_len, engine.model_config.vocab_size,
+        info = CoreInfo(engine.model_name, engine.scheduler.config.max_model_len,
+                        engine.model_config.vocab_size,
                         cache_config(engine), os.getpid())
         conn.send_bytes(encode_event(info))
         CoreLoop(engine, conn).run(warmup)

@@ -29,7 +29,8 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,

@@ -19,13 +19,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-backend", choices=ENGINE_BACKENDS, default=DEFAULT_ENGINE_BACKEND,
                    help="process: the engine core (scheduler, KV manager, model steps, control block) in "
                         "its own process, the API process doing HTTP, tokenization, detokenization and "
-                        "streaming; thread: the engine in a thread of the API process, sharing its interpreter "
-                        "(default: %(default)s)")
+                        "streaming; thread: the engine in a thread of the API process, sharing its "
+                        "interpreter (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", action="append", default=None,
                    help="extra names the model answers to (default: 'default')")
-    p.add_argument("--max-pending", type=int, default=256, help="requests in flight before 429 (admission bound)")
+    p.add_argument("--max-pending", type=int, default=256,
+                   help="requests in flight before 429 (admission bound)")
     p.add_argument("--request-timeout", type=float, default=None, help="per-request deadline in seconds")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
     p.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s,
@@ -45,13 +46,15 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allowed-origins", action="append", default=None, help="enable CORS for these origins")
     p.add_argument("--log-level", default="info")
     p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
-                   help="seconds from TERM to exit: in-flight requests get the first two thirds, the flush of "
-                        "the KV cache to the disk tier the rest (keep it below terminationGracePeriodSeconds)")
+                   help="seconds from TERM to exit: in-flight requests get the first two thirds, the flush "
+                        "of the KV cache to the disk tier the rest (keep it below "
+                        "terminationGracePeriodSeconds)")
 
 
 def cache_config(engine) -> dict:
     cfg = engine.config
-    return {"block_size": cfg.block_size, "num_blocks": cfg.num_blocks, "dtype": str(engine.dtype).removeprefix("torch."),
+    return {"block_size": cfg.block_size, "num_blocks": cfg.num_blocks,
+            "dtype": str(engine.dtype).removeprefix("torch."),
             "device": cfg.device, "max_num_seqs": cfg.scheduler.max_num_seqs,
             "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
             "max_model_len": cfg.scheduler.max_model_len, **_kv_config(cfg)}
@@ -59,7 +62,8 @@ def cache_config(engine) -> dict:
 
 def _kv_config(cfg) -> dict:
     kv = getattr(cfg, "kv", None)  # the KV manager's config, where it exists
-    keys = ("mode", "admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests", "min_prefix_tokens",
+    keys = ("mode", "admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests",
+            "min_prefix_tokens",
             "watermark", "host_cache_tokens", "disk_cache_tokens")
     out = {k: getattr(kv, k) for k in keys if hasattr(kv, k)}
     if kv is not None and hasattr(kv, "disk_dir"):
@@ -89,7 +93,8 @@ def build_process_server(engine_config, args: argparse.Namespace, build=None, to
     from kvloop.engine.server.core_process import build_engine_core
 
     async_engine = ProcessAsyncEngine(engine_config, tokenizer, build or build_engine_core,
-                                      max_pending=args.max_pending, log_level=getattr(args, "log_level", "info"))
+                                      max_pending=args.max_pending,
+                                      log_level=getattr(args, "log_level", "info"))
     info = async_engine.launch()
     async_engine.tokenizer  # noqa: B018 - loaded now, not on the first request
     return _assemble(async_engine, info.model_name, info.cache_config, args), async_engine
@@ -100,7 +105,8 @@ def _assemble(async_engine, model_name: str, cache: dict, args: argparse.Namespa
     from kvloop.engine.server.metrics import EngineMetrics
     from kvloop.engine.server.serving import ServerSettings
 
-    metrics = EngineMetrics(metrics_model_name(model_name, args.served_model_name), async_engine.snapshot, cache)
+    metrics = EngineMetrics(metrics_model_name(model_name, args.served_model_name), async_engine.snapshot,
+                            cache)
     async_engine.metrics = metrics
     settings = ServerSettings(request_timeout_s=args.request_timeout,
                               served_names=tuple(args.served_model_name or ["default"]))
@@ -135,11 +141,13 @@ def serve(args: argparse.Namespace, engine_config) -> int:
     from kvloop.engine.server.engine_thread import EngineThread
     from kvloop.engine.server.shutdown import DrainingServer
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if getattr(args, "engine_backend", DEFAULT_ENGINE_BACKEND) == "process":
         app, async_engine = build_process_server(engine_config, args)
     else:
-        engine_thread = EngineThread()  # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
+        # loads, compiles and steps: one OpenMP pool (engine_thread.py says why)
+        engine_thread = EngineThread()
         engine = engine_thread.call(EngineCore, engine_config)
         app, async_engine = build_server(engine, args, engine_thread)
     raise_fd_limit(args.max_connections + 256)  # room for the model's files, the disk tier, the pipes

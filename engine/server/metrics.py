@@ -60,9 +60,12 @@ class SnapshotCollector(Collector):
         st = s.kv_stats
         hits = {t: s.prefix_hits(t) for t in TIERS}
         for prefix in ("kvloop", "vllm"):
-            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.", s.num_running)
-            yield self._counter(f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.",
+                              s.num_waiting)
+            yield self._gauge(f"{prefix}:num_requests_running", "Requests in the running batch.",
+                              s.num_running)
+            yield self._counter(f"{prefix}:prefix_cache_queries",
+                                "Prompt tokens looked up in the prefix cache.",
                                 s.prefix_queries("device"))
         yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", s.kv_usage)
         kv = GaugeMetricFamily("kvloop:kv_cache_usage_perc", "KV-cache use per tier, 0..1.",
@@ -70,49 +73,59 @@ class SnapshotCollector(Collector):
         for tier, v in s.kv_use_by_tier().items():
             kv.add_metric([self._model, tier], v)
         yield kv
-        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", sum(hits.values()))
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.",
+                            sum(hits.values()))
         yield self._split("kvloop:prefix_cache_hits", "Prompt tokens served from the prefix cache, per tier.",
                           hits, "tier")
-        yield self._split("kvloop:prefix_cache_tier_queries", "Prompt tokens asked of each tier: the device is asked "
-                          "for every token looked up, a lower tier for those the tiers above it did not serve.",
+        yield self._split("kvloop:prefix_cache_tier_queries",
+                          "Prompt tokens asked of each tier: the device is asked "
+                          "for every token looked up, a lower tier for those the tiers above it did not "
+                          "serve.",
                           {t: s.prefix_queries(t) for t in TIERS}, "tier")
         yield self._counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions)
         yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).",
                           s.num_preemptions_by_kind, "kind")
-        yield self._counter("kvloop:oom_events", "Out-of-memory events (static-mode reservations that failed).",
+        yield self._counter("kvloop:oom_events",
+                            "Out-of-memory events (static-mode reservations that failed).",
                             s.num_oom_events)
         yield self._counter("kvloop:step_failures", "Engine steps whose model forward raised (their requests "
                             "failed, the engine went on).", s.step_failures)
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
-        yield self._gauge("kvloop:step_token_budget", "Live token budget of one step (the prefill chunk size).",
+        yield self._gauge("kvloop:step_token_budget",
+                          "Live token budget of one step (the prefill chunk size).",
                           s.step_token_budget)
         yield self._gauge("kvloop:tpot_target_seconds", "TPOT target admission holds the decode step time to "
                           "(0: none).", s.tpot_target_s)
-        yield self._gauge("kvloop:decode_step_seconds", "Recent length of the steps in which rows decode, as the "
+        yield self._gauge("kvloop:decode_step_seconds",
+                          "Recent length of the steps in which rows decode, as the "
                           "TPOT target's gate sees it (0: no target).", s.decode_step_s)
-        yield self._counter("kvloop:admission_tpot_holds", "Admission attempts that waited for the decode step "
+        yield self._counter("kvloop:admission_tpot_holds",
+                            "Admission attempts that waited for the decode step "
                             "time to come back under the TPOT target.", s.tpot_holds)
         yield self._gauge("kvloop:retention_watermark", "Share of the device pool kept for cached blocks.",
                           s.watermark)
         yield self._split("kvloop:cache_evictions", "Cached blocks evicted, per tier.",
-                          {"device": st.evictions, "host": st.host_evictions, "disk": st.disk_evictions}, "tier")
+                          {"device": st.evictions, "host": st.host_evictions, "disk": st.disk_evictions},
+                          "tier")
         yield self._split("kvloop:cache_demotions", "Blocks demoted, per destination tier.",
                           {"host": st.demotions_host, "disk": st.demotions_disk}, "tier")
         yield self._split("kvloop:cache_promotions", "Blocks promoted, per source tier.",
                           {"host": st.promotions_host, "disk": st.promotions_disk}, "tier")
         yield self._counter("kvloop:cache_admissions_refused",
-                            "Device blocks evicted before earning their place (used by fewer distinct requests "
-                            "than the gate asks).", st.admissions_refused)
+                            "Device blocks evicted before earning their place (used by fewer distinct "
+                            "requests than the gate asks).", st.admissions_refused)
         yield self._counter("kvloop:cache_host_copies_refused",
-                            "Device-evicted blocks the host tier did not take: not yet offered by enough distinct "
-                            "requests, and every host slot held by blocks that were.", st.host_copies_refused)
+                            "Device-evicted blocks the host tier did not take: not yet offered by enough "
+                            "distinct requests, and every host slot held by blocks that were.",
+                            st.host_copies_refused)
         yield self._counter("kvloop:cache_host_copies_skipped",
-                            "Device-evicted blocks not copied to the host: too few blocks like them are asked for "
-                            "again for the copy to pay (measured).", st.host_copies_skipped)
+                            "Device-evicted blocks not copied to the host: too few blocks like them are "
+                            "asked for again for the copy to pay (measured).", st.host_copies_skipped)
         yield self._counter("kvloop:cache_lower_tier_recomputed",
                             "Host/disk blocks matched but recomputed (measured cheaper than loading them).",
                             st.lower_tier_recomputed)
-        yield self._counter("kvloop:eviction_regret", "Evicted blocks asked for again within the regret window.",
+        yield self._counter("kvloop:eviction_regret",
+                            "Evicted blocks asked for again within the regret window.",
                             st.eviction_regret)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
         mode = {"mode": s.kv_mode} if s.kv_mode else {}
@@ -134,13 +147,16 @@ class EngineMetrics:
         for prefix in ("kvloop", "vllm"):
             self.ttft.append(Histogram(f"{prefix}:time_to_first_token_seconds", "Time to first token.", m,
                                        buckets=TTFT_BUCKETS, registry=r).labels(model_name))
-            self.itl.append(Histogram(f"{prefix}:inter_token_latency_seconds", "Time between output tokens.", m,
+            self.itl.append(Histogram(f"{prefix}:inter_token_latency_seconds", "Time between output tokens.",
+                                      m,
                                       buckets=ITL_BUCKETS, registry=r).labels(model_name))
             self.e2e.append(Histogram(f"{prefix}:e2e_request_latency_seconds", "Arrival to finish.", m,
                                       buckets=REQUEST_BUCKETS, registry=r).labels(model_name))
-            self.queue.append(Histogram(f"{prefix}:request_queue_time_seconds", "Arrival to first scheduling.", m,
+            self.queue.append(Histogram(f"{prefix}:request_queue_time_seconds",
+                                        "Arrival to first scheduling.", m,
                                         buckets=REQUEST_BUCKETS, registry=r).labels(model_name))
-        self.prompt_tokens = [Counter(f"{p}:prompt_tokens", "Prompt tokens processed.", m, registry=r).labels(model_name)
+        self.prompt_tokens = [Counter(f"{p}:prompt_tokens", "Prompt tokens processed.", m,
+                                      registry=r).labels(model_name)
                               for p in ("kvloop", "vllm")]
         self.generation_tokens = [Counter(f"{p}:generation_tokens", "Tokens generated.", m, registry=r)
                                   .labels(model_name) for p in ("kvloop", "vllm")]
@@ -153,9 +169,12 @@ class EngineMetrics:
                 c.labels(model_name, reason)
         self.rejected.labels(model_name, "queue_full")
         # requests the engine failed alone, by stage (sampling, logit_bias, penalties, output, step, add)
-        self.request_failures = Counter("kvloop:request_failures", "Requests failed alone inside the engine, by "
-                                        "stage; every other request went on.", ["model_name", "stage"], registry=r)
-        self.engine_deaths = Counter("kvloop:engine_deaths", "Engine thread deaths (the process exits after one).",
+        self.request_failures = Counter("kvloop:request_failures",
+                                        "Requests failed alone inside the engine, by "
+                                        "stage; every other request went on.", ["model_name", "stage"],
+                                        registry=r)
+        self.engine_deaths = Counter("kvloop:engine_deaths",
+                                     "Engine thread deaths (the process exits after one).",
                                      m, registry=r).labels(model_name)
 
     def observe_token_gap(self, seconds: float) -> None:

@@ -15,7 +15,8 @@ async def _send_error(send, status: int, message: str, code: str | None = None,
                       headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(error_body(status, message, None, code)).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
                             *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 

@@ -54,7 +54,8 @@ class ContentPart(BaseModel):
 
 class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | Annotated[list[ContentPart], Field(min_length=1, max_length=MAX_CONTENT_PARTS)] | None = None
+    content: StrictStr | Annotated[list[ContentPart],
+                                   Field(min_length=1, max_length=MAX_CONTENT_PARTS)] | None = None
     name: Name | None = None
     tool_call_id: Name | None = None  # role "tool": handed to the chat template
     # known to OpenAI's API, refused by name when set (engine.server.unsupported)
@@ -73,7 +74,8 @@ class ChatMessage(_Base):
 
 
 class ResponseFormat(_Base):
-    """response_format: the json_schema body is checked by engine.structured.spec (its errors name its fields)."""
+    """response_format: the json_schema body is checked by engine.structured.spec (its
+    errors name its fields)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -86,7 +88,8 @@ class _Sampling(_Base):
     top_k: Annotated[StrictInt, Field(ge=-1, le=INT32_MAX)] | None = None  # vLLM extension
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
     stop: Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)] | Annotated[
-        list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+        list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]],
+        Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None  # vLLM extension
     include_stop_str_in_output: StrictBool = False  # vLLM extension
@@ -130,7 +133,8 @@ class ChatCompletionRequest(_Sampling):
     web_search_options: Any = None
 
 
-Prompt = StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | Annotated[list[StrictInt], Field(min_length=1)] \
+Prompt = StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | Annotated[list[StrictInt],
+                                                                                 Field(min_length=1)] \
     | Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1)]
 
 

@@ -41,7 +41,8 @@ class ServerSettings:
 
 def check_model(engine: AsyncEngine, settings: ServerSettings, name: str) -> None:
     if name != engine.model_name and name not in settings.served_names:
-        raise APIError(404, f"The model `{name}` does not exist. Served: {engine.model_name!r} (alias 'default').",
+        raise APIError(404,
+                       f"The model `{name}` does not exist. Served: {engine.model_name!r} (alias 'default').",
                        "model", "model_not_found")
 
 
@@ -50,7 +51,8 @@ def check_unicode(text: str, param: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise bad_request(f"{param} is not valid Unicode text: {exc.reason} at position {exc.start}", param) from exc
+        raise bad_request(f"{param} is not valid Unicode text: {exc.reason} at position {exc.start}",
+                          param) from exc
 
 
 def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
@@ -80,13 +82,16 @@ def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, pa
 
 
 def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choice: int,
-                    logit_bias: dict[int, float] | None = None, grammar: GrammarSpec | None = None) -> SamplingParams:
+                    logit_bias: dict[int, float] | None = None,
+                    grammar: GrammarSpec | None = None) -> SamplingParams:
     seed = None if req.seed is None else req.seed + choice  # n choices with one seed still differ
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+        return SamplingParams(max_tokens=max_tokens,
+                              temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=seed,
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-                              include_stop_str_in_output=req.include_stop_str_in_output, ignore_eos=req.ignore_eos,
+                              include_stop_str_in_output=req.include_stop_str_in_output,
+                              ignore_eos=req.ignore_eos,
                               logprobs=logprobs, presence_penalty=req.presence_penalty or 0.0,
                               frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {},
                               grammar=grammar)
@@ -200,7 +205,9 @@ class Call:
             async with asyncio.timeout(timeout):
                 rid, item = await self.group.next()
         except TimeoutError:
-            raise APIError(408, f"the request exceeded the server's deadline of {self.settings.request_timeout_s} s",
+            raise APIError(408,
+                           f"the request exceeded the server's deadline of {self.settings.request_timeout_s} "
+                           "s",
                            code="timeout") from None
         if isinstance(item, ClientGone):
             raise item
@@ -228,7 +235,8 @@ class Call:
             rid, out = first
             while True:
                 if out.new_logprobs:
-                    self.logprobs.setdefault(rid, []).extend(zip(out.new_token_ids, out.new_logprobs, strict=False))
+                    self.logprobs.setdefault(rid, []).extend(zip(out.new_token_ids, out.new_logprobs,
+                                                                 strict=False))
                 if out.finished:
                     final[rid] = out
                 if not self.unfinished:
@@ -282,7 +290,8 @@ def sse(data: str) -> str:
 
 async def sse_events(call: Call, first: tuple[str, RequestOutput], head: dict, include_usage: bool,
                      choices_of: Callable[[str, RequestOutput], Iterable[dict]],
-                     failed_choice: Callable[[int], dict], opening: Iterable[dict] = ()) -> AsyncIterator[str]:
+                     failed_choice: Callable[[int], dict],
+                     opening: Iterable[dict] = ()) -> AsyncIterator[str]:
     """The SSE body of a streamed chat or completions call, one chunk (head + one choice) per event: the
     opening choices, then choices_of(request id, output) for each output. The tail is the same for both
     endpoints: on an engine error the failed choice's failed_choice(index) chunk (finish_reason "error")
@@ -324,7 +333,8 @@ def usage(finals: list[RequestOutput], prompt_of: dict[str, int]) -> dict:
         cached[p] = max(cached.get(p, 0), out.num_cached_tokens)
     completion = sum(o.num_output_tokens for o in finals)
     total_prompt = sum(prompt.values())
-    return {"prompt_tokens": total_prompt, "completion_tokens": completion, "total_tokens": total_prompt + completion,
+    return {"prompt_tokens": total_prompt, "completion_tokens": completion,
+            "total_tokens": total_prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(cached.values())}}
 
 

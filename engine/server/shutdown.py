@@ -43,7 +43,8 @@ async def graceful_shutdown(engine: AsyncEngine, grace_s: float) -> dict:
         # on the engine thread, after the aborts above (the inbox is ordered), so their blocks are cached
         future = engine.call_in_engine(functools.partial(persist_disk_tier, deadline))
         try:
-            flush = await asyncio.wait_for(asyncio.wrap_future(future), max(0.0, deadline - time.monotonic()) + 1.0)
+            flush = await asyncio.wait_for(asyncio.wrap_future(future),
+                                           max(0.0, deadline - time.monotonic()) + 1.0)
         except TimeoutError:
             flush = {"error": "the engine did not answer within the grace period"}
         except Exception as exc:  # noqa: BLE001 - a failed flush must not keep the process from exiting
@@ -73,7 +74,8 @@ class DrainingServer(uvicorn.Server):
                 # a signal handler must not touch the loop directly; call_soon_threadsafe also wakes it
                 self._loop.call_soon_threadsafe(self._start_drain, sig)
                 return
-            if sig == signal.SIGTERM:  # e.g. Ctrl-C in serve_pod.sh: INT from the terminal, TERM from the script
+            # e.g. Ctrl-C in serve_pod.sh: INT from the terminal, TERM from the script
+            if sig == signal.SIGTERM:
                 return
         super().handle_exit(sig, frame)  # a second Ctrl-C: uvicorn's exit, without waiting for the drain
 

@@ -18,15 +18,19 @@ WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", *W5_SCALES, "azure", "moonc
 def add_simulate_parser(sub) -> None:
     from kvloop.engine.sim.profiles import PROFILES
 
-    p = sub.add_parser("simulate", help="GPU-scale simulator: real scheduler/KV manager/control law, roofline time")
+    p = sub.add_parser("simulate",
+                       help="GPU-scale simulator: real scheduler/KV manager/control law, roofline time")
     p.add_argument("--workload", default="w1", choices=WORKLOADS)
     p.add_argument("--trace", default=None, help="CSV (azure) or JSONL (mooncake) trace file")
     p.add_argument("--profile", default="cpu", choices=PROFILES)
-    p.add_argument("--calibration", default=None, help="CPU calibration JSON (default bench/results/sim_calibration.json)")
+    p.add_argument("--calibration", default=None,
+                   help="CPU calibration JSON (default bench/results/sim_calibration.json)")
     p.add_argument("--modes", default=",".join(policy_names()),
                    help="comma-separated modes, or W5 variants: codesign@cap64 (fixed cap, coordinator off), "
-                        "codesign+coord[@10s][+events] (the coordinator; --feedback's settings or the defaults)")
-    p.add_argument("--rate", type=float, default=None, help="requests/s (w1-gpu: all requests; else the open stream)")
+                        "codesign+coord[@10s][+events] (the coordinator; --feedback's settings or the "
+                        "defaults)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="requests/s (w1-gpu: all requests; else the open stream)")
     p.add_argument("--phase-rates", default=None, help="w5, w5-gpu: 'chat,rag' requests/s of each phase kind")
     p.add_argument("--duration", type=float, default=None,
                    help="w1-gpu: seconds of arrivals (default 3600); w5: of phases (default: its scale's)")
@@ -42,7 +46,8 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--static-batch", type=int, default=None)
-    p.add_argument("--feedback", default=None, help="'default' or a sidecar settings file: run the coordinator")
+    p.add_argument("--feedback", default=None,
+                   help="'default' or a sidecar settings file: run the coordinator")
     p.add_argument("--period", type=float, default=None, help="coordinator period (s)")
     p.add_argument("--until", type=float, default=None, help="stop at this virtual time")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
@@ -120,7 +125,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         if v.coordinator:
             feedback = coordinator_settings(v, fb)[0]
-        else:  # a fixed cap runs without the coordinator; plain modes as --feedback says, where it steers them
+        # a fixed cap runs without the coordinator; plain modes as --feedback says, where it steers them
+        else:
             feedback = fb if get_policy(v.mode).feedback_loop and not v.cap else None
         sim = Simulator(profile, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing),
                                                               until_s=args.until, feedback=feedback))

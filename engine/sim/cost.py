@@ -104,11 +104,13 @@ def roofline_attention(model: ModelShape, hw: Hardware, eff: Efficiency) -> Atte
     bw, peak = hw.mem_bw * eff.bw, hw.peak_flops * eff.flops
     merge_bytes = 2 * model.heads * (model.head_dim + 1) * 4
     return AttentionCost(call_us=0.0, row_us=0.0, token_us=1e6 * model.kv_bytes_per_token / model.layers / bw,
-                         token_row_us=1e6 * 4 * model.heads * model.head_dim / peak, merge_us=1e6 * merge_bytes / bw)
+                         token_row_us=1e6 * 4 * model.heads * model.head_dim / peak,
+                         merge_us=1e6 * merge_bytes / bw)
 
 
 class CostModel:
-    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency, attention: AttentionCost | None = None,
+    def __init__(self, model: ModelShape, hw: Hardware, eff: Efficiency,
+                 attention: AttentionCost | None = None,
                  block_size: int = 16):
         """attention: decode attention per layer (measured on a CPU); None: derived from the roofline."""
         self.model, self.hw, self.eff = model, hw, eff
@@ -174,10 +176,12 @@ class CostModel:
         if e.kv_bw > 0:
             token_s += self._kv_tok / (hw.mem_bw * e.kv_bw)
         pair_peak = hw.peak_flops * e.attn_flops if e.attn_flops > 0 else self._peak
-        return Prices({"host": self.transfer_seconds(1, 0, block_size), "disk": self.transfer_seconds(0, 1, block_size)},
+        return Prices({"host": self.transfer_seconds(1, 0, block_size),
+                       "disk": self.transfer_seconds(0, 1, block_size)},
                       token_s, self._flop_attn / pair_peak)
 
-    def step_for(self, items: list[tuple[int, int, bool]], groups: Iterable[tuple[int, int]] = ()) -> StepCost:
+    def step_for(self, items: list[tuple[int, int, bool]],
+                 groups: Iterable[tuple[int, int]] = ()) -> StepCost:
         """items: (start, num_tokens, samples) per scheduled sequence; groups: the decode rows' cascaded
         (members, shared tokens), from the step-cost function's plan (none: plain decode)."""
         return self.step_of([], items, groups)

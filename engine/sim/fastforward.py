@@ -103,12 +103,14 @@ class FastForward:
 
     # ---- the decode rows' order, contexts and plan --------------------------------------------------------
     def _decode_rows(self, singles: dict) -> None:
-        """The decode rows' order, contexts less j, and plan, where they changed: the steady rows (kept in running
-        order by LazyRows), with `singles` (row -> start: single-token rows that are not steady) among them."""
+        """The decode rows' order, contexts less j, and plan, where they changed: the steady rows (kept in
+        running order by LazyRows), with `singles` (row -> start: single-token rows that are
+        not steady) among them."""
         rows, j = self.rows, self.rows.j
         if not (rows.changed or self._stale or singles):
             return
-        if singles:  # each put in its place by rank (ranks are distinct): a copy of the steady rows, not a sort
+        # each put in its place by rank (ranks are distinct): a copy of the steady rows, not a sort
+        if singles:
             order, bases, ranks = rows.order[:], rows.bases[:], rows.ranks[:]
             for s, start in singles.items():
                 r = rows.rank[s]
@@ -127,7 +129,8 @@ class FastForward:
         """The decode rows' contexts at step j (base + j each, in C: every step of every row)."""
         return list(map(add, self._bases, repeat(j)))
 
-    # ---- windows --------------------------------------------------------------------------------------------
+    # ---- windows
+    # --------------------------------------------------------------------------------------------
     def _window(self) -> int | None:
         """One window from this boundary; returns its steps (0: none could run, the step mode takes this one),
         None where an allocation failed (schedule() takes the step and preempts)."""
@@ -170,7 +173,8 @@ class FastForward:
             sim.rec.itl.add(dt, n - len(late))
             late = []
         runner.busy_s += sum(times)
-        if sched.tpot_gate.target_s is not None:  # every window step decodes (the gate's input only when it has one)
+        # every window step decodes (the gate's input only when it has one)
+        if sched.tpot_gate.target_s is not None:
             for dt in times:
                 sched.observe_step(dt, True)
         runner.steps += done
@@ -200,12 +204,14 @@ class FastForward:
             start = rows.materialize(st, j, began)
             items.append(ScheduledSeq(st.seq, start, 1))
             tokens[st.seq.request_id] = token(st.seq.request_id, start + 1)
-        for sampled in sim.scheduler.update_from_output(ScheduledBatch(decodes=items), StepResult(tokens), now):
+        for sampled in sim.scheduler.update_from_output(ScheduledBatch(decodes=items), StepResult(tokens),
+                                                        now):
             if sampled.finish_reason is not None:
                 sim.finished(sampled.seq)
                 rows.drop(sampled.seq)
 
-    # ---- single steps ---------------------------------------------------------------------------------------
+    # ---- single steps
+    # ---------------------------------------------------------------------------------------
     def _step(self) -> str:
         sim, rows = self.sim, self.rows
         sched, kv, runner = sim.scheduler, sim.kv, sim.runner
@@ -262,8 +268,9 @@ class FastForward:
 
     def _apply(self, j: int, now: float, now2: float, singles: list[ScheduledSeq], admitted: ScheduledBatch,
                prefills: list[ScheduledSeq]) -> None:
-        """The step's bookkeeping, in batch order: update_from_output for the rows that need it, the simulator's
-        records (inter-token gaps counted as it counts them from a whole step), then each row filed anew.
+        """The step's bookkeeping, in batch order: update_from_output for the rows that need it, the
+        simulator's records (inter-token gaps counted as it counts them from a whole step),
+        then each row filed anew.
         `singles`: the decode rows that are not steady."""
         sim, rows = self.sim, self.rows
         token, steady, rank = sim.runner.token, rows.steady, rows.rank

@@ -70,7 +70,8 @@ class LazyRows:
         self.settle(seq, self.j)
 
     def settle(self, seq: Sequence, j: int) -> None:
-        """Files a running row, up to date at the start of step j: steady (lazily advanced from j), or other."""
+        """Files a running row, up to date at the start of step j: steady (lazily
+        advanced from j), or other."""
         left = self.steady_for(seq)
         if left is None:
             self.others.append(seq)

@@ -16,5 +16,7 @@ SIM_DISK_DIR = "<simulated>"
 __all__ = ["SIM_DISK_DIR", "Sizing", "build_configs"]
 
 
-def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
-    return mode_configs(mode, replace(sizing, disk_dir=SIM_DISK_DIR if sizing.disk_dir else None), kv_overrides)
+def build_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig,
+                                                                                        KVConfig]:
+    return mode_configs(mode, replace(sizing, disk_dir=SIM_DISK_DIR if sizing.disk_dir else None),
+                        kv_overrides)

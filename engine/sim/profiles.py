@@ -57,7 +57,8 @@ class Profile:
         return CostModel(self.model, self.hw, self.eff, self.attention, self.block_size)
 
 
-def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, activations: float = 2e9) -> int:
+def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9,
+                    activations: float = 2e9) -> int:
     """vLLM-style sizing: a share of device memory, minus weights and an activation reserve."""
     free = hw.mem_bytes * utilization - (model.matmul_params + model.head_params * 2) * model.dtype_bytes
     return int((free - activations) // model.kv_bytes_per_token) // 16 * 16
@@ -65,25 +66,28 @@ def gpu_pool_tokens(model: ModelShape, hw: Hardware, utilization: float = 0.9, a
 
 def load_cpu_calibration(path: str | Path | None = None) -> tuple[Efficiency, int, str, str]:
     """(efficiency, weight bytes, KV dtype, attention backend's cost name) fitted by bench/sim_calibrate.py;
-    placeholders when it has not run (the engine's default here: an fp32 model, bf16 KV). A fit made before the
-    KV dtype was recorded ran fp32 KV; one made before the backend was recorded priced decode attention as the
-    torch path's."""
+    placeholders when it has not run (the engine's default here: an fp32 model, bf16 KV). A fit made before
+    the KV dtype was recorded ran fp32 KV; one made before the backend was recorded priced decode attention as
+    the torch path's."""
     p = Path(path) if path else CALIBRATION_FILE
     if not p.exists():
         return CPU_EFF_DEFAULT, 4, "bfloat16", "torch"
     data = json.loads(p.read_text())
     fit = data["fit"]
     eff = Efficiency(**{k: float(fit[k]) for k in ("bw", "flops", "step_overhead_s", "seq_overhead_s",
-                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw", "attn_flops") if k in fit})
+                                                   "token_overhead_s", "chunk_overhead_s", "kv_bw",
+                                                   "attn_flops") if k in fit})
     return (eff, int(data.get("dtype_bytes", 4)), str(data.get("kv_dtype", "float32")),
             str(data.get("attention_backend", "torch")))
 
 
-def get_profile(name: str, calibration: str | Path | None = None, kv_pool_tokens: int | None = None) -> Profile:
+def get_profile(name: str, calibration: str | Path | None = None,
+                kv_pool_tokens: int | None = None) -> Profile:
     if name == "cpu":  # the engine's dtype here ('auto' resolves to float32 on this CPU) comes with the fit
         eff, dtype_bytes, kv_dtype, backend = load_cpu_calibration(calibration)
         # decode attention priced as the engine's backend runs it (the C++ kernel where it is built)
-        prof = Profile("cpu", replace(SMOLLM2_135M, dtype_bytes=dtype_bytes), THIS_CPU, eff, kv_pool_tokens=24576,
+        prof = Profile("cpu", replace(SMOLLM2_135M, dtype_bytes=dtype_bytes), THIS_CPU, eff,
+                       kv_pool_tokens=24576,
                        attention=cost_for(kv_dtype, backend))
     elif name == "h100":
         prof = Profile("h100", LLAMA3_8B, H100, GPU_EFF, gpu_pool_tokens(LLAMA3_8B, H100))

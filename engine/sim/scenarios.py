@@ -20,7 +20,8 @@ def gpu_w1_params(rate: float, duration_s: float = 3600.0, seed: int = 0, **kw) 
     (so sessions = rate * duration / 8); the open-loop stream carries questions and first turns."""
     total = rate * duration_s
     nq, ns = max(1, round(total / 2)), max(1, round(total / 8))
-    p = bw.W1Params(num_docs=200, num_doc_questions=nq, num_sessions=ns, seed=seed, vocab_high=LLAMA3_VOCAB, **kw)
+    p = bw.W1Params(num_docs=200, num_doc_questions=nq, num_sessions=ns, seed=seed, vocab_high=LLAMA3_VOCAB,
+                    **kw)
     return replace(p, rate=(nq + ns) / duration_s)
 
 

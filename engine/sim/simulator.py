@@ -52,7 +52,8 @@ class Simulator:
         self.config = cfg = config or SimConfig()
         sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.sizing, cfg.kv)
         bs = profile.block_size
-        # keys from Python's tuple hash (hashing.py): it keeps no files, and blake2b cost up to a fifth of a run
+        # keys from Python's tuple hash (hashing.py): it keeps no files, and blake2b
+        # cost up to a fifth of a run
         self.kv = KVCacheManager(cfg.sizing.kv_cache_tokens // bs, bs, kv_cfg, extra_key=profile.model.name,
                                  block_keys=TupleChainKeys)
         cost = profile.cost_model()
@@ -105,7 +106,8 @@ class Simulator:
     def charge_moves(self) -> float:
         """Seconds of tier traffic (swaps, demotions, promotions) since the last call."""
         host, disk = self._move_counts()
-        moved = self.runner.cost.transfer_seconds(host - self._moves[0], disk - self._moves[1], self.kv.block_size)
+        moved = self.runner.cost.transfer_seconds(host - self._moves[0], disk - self._moves[1],
+                                                  self.kv.block_size)
         self._moves = (host, disk)
         return moved
 
@@ -114,7 +116,8 @@ class Simulator:
         self.record(self.scheduler.update_from_output(batch, result, self.now))
 
     def record(self, step: list[Sampled], gaps: dict[float, int] | None = None) -> None:
-        """A step's sampled sequences: first tokens (and the coordinator's TTFT), inter-token gaps (counted from
+        """A step's sampled sequences: first tokens (and the coordinator's TTFT),
+        inter-token gaps (counted from
         `step` unless given: the fast step counts those of rows it advanced itself), finishes and the
         follow-ups they bring."""
         now, rec = self.now, self.rec
@@ -213,7 +216,8 @@ class Simulator:
     def _idle_to(self, t: float) -> None:
         """Jumps the clock, stopping at samples and coordinator ticks on the way (state is idle)."""
         while True:
-            self.now = max(self.now, min(t, self._next_sample, self.coord.next_event() if self.coord else math.inf))
+            self.now = max(self.now,
+                           min(t, self._next_sample, self.coord.next_event() if self.coord else math.inf))
             self._observe()
             if self.now >= t:
                 return
@@ -234,7 +238,8 @@ class Simulator:
             "mode": self.config.mode, "profile": self.profile.name, "model": self.profile.model.name,
             "hardware": self.profile.hw.name, "steps": self.num_steps, "virtual_s": self.now,
             "runner_busy_s": self.runner.busy_s,
-            "static_batches": len(self.scheduler.static.batches) if getattr(self.scheduler, "static", None) else None,
+            "static_batches": len(self.scheduler.static.batches) if getattr(self.scheduler, "static",
+                                                                            None) else None,
             "unfinished": len(self.scheduler.waiting) + len(self.scheduler.running),
             "sizing": sizing.__dict__, "cost": self.profile.eff.__dict__,
         }

@@ -34,7 +34,8 @@ class BenchWorkload:
         return self.wl.num_requests
 
     def initial(self) -> list[RequestSpec]:
-        out = [RequestSpec(r.request_id, r.prompt, r.max_tokens, r.arrival_s, r.kind) for r in self.wl.requests]
+        out = [RequestSpec(r.request_id, r.prompt, r.max_tokens, r.arrival_s,
+                           r.kind) for r in self.wl.requests]
         for s in self.wl.sessions:
             self._replies[s.session_id] = []
             out.append(RequestSpec(s.turn_id(0), s.prompt(0, []), s.reply_tokens, s.start_s, "chat", s, 0))

@@ -47,7 +47,8 @@ def tokenizer_from_gguf(meta: dict) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     types = meta.get("token_types") or []
-    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
+    special = [AddedToken(tokens[i], special=True,
+                          normalized=False) for i, t in enumerate(types) if t in (_CONTROL, _USER_DEFINED)]
     tok.add_special_tokens(special)
     return tok
 

@@ -7,7 +7,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used only when a model ships no template: ChatML, the format of SmolLM2 and Qwen2.
 CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 

@@ -43,7 +43,8 @@ class Tokenizer:
         return cls(backend, template, eos, bos_id, bool(source.get("add_bos_token")))
 
     def encode(self, text: str) -> list[int]:
-        """Raw text, special-token strings in it read as the control tokens they name (a completions prompt)."""
+        """Raw text, special-token strings in it read as the control tokens they name
+        (a completions prompt)."""
         return self._with_bos(self.backend.encode(text, add_special_tokens=False).ids)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:

@@ -1,5 +1,5 @@
-"""bench/calibration_check.py: steps are told apart by their prefill chunks, and real against predicted seconds
-are summed per kind and in all from the recorded rows (the engine run itself is the benchmark's)."""
+"""bench/calibration_check.py: steps are told apart by their prefill chunks, and real against predicted
+seconds are summed per kind and in all from the recorded rows (the engine run itself is the benchmark's)."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,7 +42,8 @@ def test_compare_sums_per_kind_and_in_all(check):
     cost = TokensCost()
     table = check.compare(rows, cost)
     k = table["kinds"]
-    assert k["decode"] == {"steps": 1, "real_s": 0.004, "predicted_s": pytest.approx(0.002), "ratio": pytest.approx(0.5)}
+    assert k["decode"] == {"steps": 1, "real_s": 0.004, "predicted_s": pytest.approx(0.002),
+                           "ratio": pytest.approx(0.5)}
     assert k["cold prefill"]["predicted_s"] == pytest.approx(0.101)
     assert k["prefill after a cached prefix"]["steps"] == 1
     assert table["total"]["steps"] == 3 and table["total"]["ratio"] == pytest.approx(0.154 / 0.154)
@@ -56,7 +57,8 @@ def test_the_report_sets_the_run_s_speed_probe_beside_the_calibration_s(check):
     from kvloop.engine.bench import speed_probe
 
     table = check.compare([{"items": [[10, 1, True]], "seconds": 0.001}], TokensCost())
-    meta = {"system": "codesign", "seconds": 10.0, "rates": {}, "seed": 0, "calibration": "c.json", "threads": 2,
+    meta = {"system": "codesign", "seconds": 10.0, "rates": {}, "seed": 0, "calibration": "c.json",
+            "threads": 2,
             "command": "x", "calibration_speed": speed_probe.summary([(0.8, 3.0)])}
     md = check.markdown({"meta": meta, "table": table, "goals": [],
                          "noise": {"speed": speed_probe.summary([(0.66, 2.0)])}})

@@ -17,7 +17,8 @@ RUNS = {
     "vllm-cpu-f32": [run(30, 1000, {"8": 32, "16": 50}, 2500, 85)],
     "llama.cpp-bf16": [run(80, 500, {"8": 100, "16": 250}, 600, 1)],
 }
-META = {"machine": {"model": "cpu", "cores": 2, "flags": ["avx2"], "native_bf16": False}, "threads": 2, "reps": 2,
+META = {"machine": {"model": "cpu", "cores": 2, "flags": ["avx2"], "native_bf16": False}, "threads": 2,
+        "reps": 2,
         "reps_done": 2, "quick": False, "command": "bench/decode.py",
         "sizes": {"short_prompt": 16, "single_tokens": 128, "prefill": 2000, "concurrencies": [8, 16],
                   "context": 2000, "tpot_tokens": 48, "per_doc": 16}}
@@ -37,7 +38,8 @@ def test_medians_and_warm_start_up():
 
 def test_single_stream_pools_every_stream_of_every_start():
     # one start's median of its streams is 50, the other's 90; pooled, the median of all five streams is 60
-    runs = [{**run(single=50), "single_streams_tok_s": [40, 50, 60]}, {**run(single=90), "single_streams_tok_s": [90, 95]}]
+    runs = [{**run(single=50), "single_streams_tok_s": [40, 50, 60]},
+            {**run(single=90), "single_streams_tok_s": [90, 95]}]
     assert decode_report.summarize(runs)["single_stream_tok_s"] == 60
 
 
@@ -94,9 +96,11 @@ def test_cpu_flags_keep_what_decides_the_kernels():
 
 
 def test_failures_are_listed_and_their_numbers_stay_missing():
-    runs = {"kvloop": [{**run(50, 900, {"8": 30}), "tpot_errors": {"16": "RemoteProtocolError: server died"}}],
+    runs = {"kvloop": [{**run(50, 900, {"8": 30}),
+                        "tpot_errors": {"16": "RemoteProtocolError: server died"}}],
             "llama.cpp-bf16": [{"error": "RuntimeError: no token came back"}],
-            "llama.cpp-q8_0": [{**run(60), "prefill_error": "RuntimeError: prefill-2000: no token came back"}]}
+            "llama.cpp-q8_0": [{**run(60),
+                                "prefill_error": "RuntimeError: prefill-2000: no token came back"}]}
     report = decode_report.build_report(runs, {}, {}, META)
     assert report["systems"]["kvloop"]["tpot_ms"] == {"8": 30}  # the failed concurrency is absent, not zero
     text = decode_report.markdown(report)

@@ -1,4 +1,5 @@
-"""bench/decode_shared.py's pure half: the issue's goals per path and the tables, from made-up runs (no model)."""
+"""bench/decode_shared.py's pure half: the issue's goals per path and the tables, from
+made-up runs (no model)."""
 
 from .scripts import load_script
 
@@ -22,7 +23,8 @@ def run(per_doc: int, kernel: bool = True) -> dict:
 
 def result(runs: list[dict]) -> dict:
     return {"cpu": {"model": "cpu", "flags": {"avx2": True}}, "threads": 2, "dtype": "bfloat16",
-            "kv_dtype": "bfloat16", "noise": {"other_cores_mean": 0.0, "other_cores_max": 0.0, "noisy": False},
+            "kv_dtype": "bfloat16",
+            "noise": {"other_cores_mean": 0.0, "other_cores_max": 0.0, "noisy": False},
             "batches": [16], "runs": runs}
 
 

@@ -21,7 +21,8 @@ def rec(rid, send, first, end, n, chunks=None, error=None, prompt=100, cached=0)
 
 def test_percentile_matches_numpy_linear():
     xs = [1.0, 2.0, 3.0, 4.0]
-    assert percentile(xs, 50) == 2.5 and abs(percentile(xs, 99) - 3.97) < 1e-12 and math.isnan(percentile([], 50))
+    assert percentile(xs,
+                      50) == 2.5 and abs(percentile(xs, 99) - 3.97) < 1e-12 and math.isnan(percentile([], 50))
 
 
 def test_client_metrics():
@@ -41,7 +42,8 @@ def test_server_metrics_and_capacity():
     s0 = EngineSnapshot(kv_usage=0.1, num_waiting=0, num_preemptions=1,
                         kv_stats=KVStats(query_tokens_device=100, hit_tokens_device=10))
     s1 = EngineSnapshot(kv_usage=0.5, num_waiting=2, num_preemptions=3, num_rejections=1,
-                        kv_stats=KVStats(query_tokens_device=1100, hit_tokens_device=510, hit_tokens_host=100))
+                        kv_stats=KVStats(query_tokens_device=1100, hit_tokens_device=510,
+                                         hit_tokens_host=100))
     m = server_metrics([Sample(0.0, s0), Sample(1.0, s1)])
     assert m["hit_rate_device"] == 0.5 and m["hit_rate_host"] == 0.1 and m["hit_rate_disk"] == 0.0
     assert m["hit_rate_total"] == 0.6 and m["server_rejections"] == 1.0
@@ -51,5 +53,6 @@ def test_server_metrics_and_capacity():
     assert m["kv_use_mean"] == 0.3 and m["kv_use_mean_while_waiting"] == 0.5
     assert m["kv_use_series"] == [[0.0, 0.1], [1.0, 0.5]]
     assert server_metrics([]) == {"available": False}
-    assert capacity([(0.5, {"meets_slo": True}), (1.0, {"meets_slo": True}), (2.0, {"meets_slo": False})]) == 1.0
+    assert capacity([(0.5, {"meets_slo": True}), (1.0, {"meets_slo": True}),
+                     (2.0, {"meets_slo": False})]) == 1.0
     assert capacity([(1.0, {"meets_slo": False})]) is None

@@ -22,7 +22,8 @@ def named(text: str, rel: str) -> bool:
 
 def test_every_result_file_is_named_in_the_index():
     text = INDEX.read_text()
-    missing = [rel for p in files() if p != INDEX and not named(text, rel := p.relative_to(RESULTS).as_posix())]
+    missing = [rel for p in files() if p != INDEX and not named(text,
+                                                                rel := p.relative_to(RESULTS).as_posix())]
     assert not missing, f"add these to bench/results/README.md (or remove them): {missing}"
 
 

@@ -1,5 +1,6 @@
-"""bench/sim_calibrate.py's fit: steps priced by a hidden cost model of a CPU faster than the nominal profile are
-fitted closely, which a grid stopping at the nominal figures cannot do (the engine runs are the benchmark's)."""
+"""bench/sim_calibrate.py's fit: steps priced by a hidden cost model of a CPU faster than the nominal profile
+are fitted closely, which a grid stopping at the nominal figures cannot do (the engine runs
+are the benchmark's)."""
 
 from dataclasses import replace
 from pathlib import Path

@@ -1,6 +1,7 @@
-"""bench/sim_fidelity.py --w5: a W5 results file made by the simulator itself (20 s of arrivals) stands in for the
-real engine's, so the comparison must find no difference; the goals come from the file's own numbers; the
-sizing the real engine ran is the one simulated; missing systems and a changed workload stop it with a message."""
+"""bench/sim_fidelity.py --w5: a W5 results file made by the simulator itself (20 s of arrivals) stands in for
+the real engine's, so the comparison must find no difference; the goals come from the file's own numbers; the
+sizing the real engine ran is the one simulated; missing systems and a changed workload
+stop it with a message."""
 
 import json
 from dataclasses import asdict

@@ -23,9 +23,11 @@ from kvloop.engine.bench.workloads import SMOKE, build_w1
 from kvloop.engine.cli import main
 
 LATENCIES = [f"{m}_{s}_s" for m in ("ttft", "tpot", "itl", "e2e") for s in ("mean", "p50", "p90", "p99")]
-CLIENT = ["completed", "failed", "rejections", "duration_s", "request_throughput_req_s", "output_throughput_tok_s",
+CLIENT = ["completed", "failed", "rejections", "duration_s", "request_throughput_req_s",
+          "output_throughput_tok_s",
           "total_token_throughput_tok_s", "goodput_req_s", "meets_slo", *LATENCIES]
-SMALL = ["--scale", "0.5", "--rate", "20", "--think", "0.05", "--threads", "1"]  # 128-token documents, 8-token answers
+# 128-token documents, 8-token answers
+SMALL = ["--scale", "0.5", "--rate", "20", "--think", "0.05", "--threads", "1"]
 
 
 def _check_client(m: dict, n: int) -> None:
@@ -42,7 +44,8 @@ def test_smoke_in_process(tmp_path):
     report = json.loads((tmp_path / "smoke.json").read_text())
     assert set(report["systems"]) == {"codesign", "static"}
     for d in report["systems"].values():
-        for k in ("throughput_tok_s", "ttft_p99_s", "tpot_p99_s", "oom_events", "capacity_req_s", "preemptions",
+        for k in ("throughput_tok_s", "ttft_p99_s", "tpot_p99_s", "oom_events", "capacity_req_s",
+                  "preemptions",
                   "kv_use_mean", "hit_rate_device", "hit_rate_host", "noise_other_cores_mean"):
             assert k in d, k
         assert d["throughput_tok_s"] > 0 and d["failed"] == 0 and d["oom_events"] is not None
@@ -52,7 +55,8 @@ def test_smoke_in_process(tmp_path):
         chain = run["last_chain"]  # W1-smoke's 3 sessions of 2 turns: the one that finished last
         assert len(chain["decode_s"]) == 2 and chain["end_s"] <= chain["makespan_s"] + 1e-3
     cd = report["systems"]["codesign"]
-    assert cd["hit_rate_device"] is not None and cd["hit_rate_total"] > 0  # shared documents and system prompt
+    # shared documents and system prompt
+    assert cd["hit_rate_device"] is not None and cd["hit_rate_total"] > 0
     assert cd["hit_rate_host"] is not None  # codesign has a host tier
     assert report["ratios"]["static"]["throughput_x"] > 0 and report["subject"] == "codesign"
     md = (tmp_path / "smoke.md").read_text()
@@ -60,7 +64,8 @@ def test_smoke_in_process(tmp_path):
     assert "## The last chat session of each run" in md
     for png in report["plots"]:
         assert (tmp_path / png).stat().st_size > 1000
-    # a second subject judged afterwards from the report's own numbers: goals and ratios for both, the run kept
+    # a second subject judged afterwards from the report's own numbers: goals and
+    # ratios for both, the run kept
     assert main(["bench", "--rejudge", str(tmp_path / "smoke.json"), "--subject", "codesign,static"]) == 0
     judged = json.loads((tmp_path / "smoke.json").read_text())
     assert judged["systems"] == report["systems"] and judged["ratios"] == report["ratios"]
@@ -89,7 +94,8 @@ def _free_port() -> int:
 def live_server():
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "kvloop.engine.cli", "serve", "--host", "127.0.0.1", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "kvloop.engine.cli", "serve", "--host", "127.0.0.1",
+                             "--port",
                              str(port), "--kv-cache-tokens", "3072", "--threads", "1"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -1,5 +1,5 @@
-"""The speed probe (engine/bench/speed_probe.py) in the noise guard: the guard times it at its first sample and
-then every probe_every_s; the report summarises the probes (median, min, max, spread) per kind."""
+"""The speed probe (engine/bench/speed_probe.py) in the noise guard: the guard times it at its first sample
+and then every probe_every_s; the report summarises the probes (median, min, max, spread) per kind."""
 
 import pytest
 

@@ -56,10 +56,12 @@ def test_prometheus_to_snapshot_through_the_servers_own_metrics():
 
     from kvloop.engine.server.metrics import EngineMetrics
 
-    stats = KVStats(query_tokens_device=1000, query_tokens_host=600, query_tokens_disk=500, hit_tokens_device=400,
+    stats = KVStats(query_tokens_device=1000, query_tokens_host=600, query_tokens_disk=500,
+                    hit_tokens_device=400,
                     hit_tokens_host=100, hit_tokens_disk=7)
     snap = EngineSnapshot(num_waiting=2, num_running=3, batch_cap=8, num_preemptions=3,
-                          num_preemptions_by_kind={"swap": 1, "recompute": 2}, num_oom_events=4, watermark=0.2,
+                          num_preemptions_by_kind={"swap": 1, "recompute": 2}, num_oom_events=4,
+                          watermark=0.2,
                           kv_usage=0.25, kv_stats=stats)
     text = generate_latest(EngineMetrics("m", lambda: snap).registry).decode()
     got = kvloop_snapshot(parse_prometheus(text))

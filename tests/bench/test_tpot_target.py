@@ -7,15 +7,18 @@ def load_bench():
     return load_script("tpot_target")
 
 
-def run(system: str, mode: str, tput: float, tpot_ms: float, cap: int = 64, target: float | None = None) -> dict:
+def run(system: str, mode: str, tput: float, tpot_ms: float, cap: int = 64,
+        target: float | None = None) -> dict:
     return {"system": system, "mode": mode, "cap": cap, "tpot_target_ms": target, "throughput_tok_s": tput,
             "tpot_p50_s": tpot_ms / 1000}
 
 
 def test_goals_judge_each_target_against_the_best_cap_within_it():
     b = load_bench()
-    runs = [run("codesign@cap16", "codesign", 210.0, 70.0, 16), run("codesign@cap24", "codesign", 230.0, 95.0, 24),
-            run("continuous+lru@cap16", "continuous+lru", 300.0, 60.0, 16),  # another mode's cap: never the reference
+    runs = [run("codesign@cap16", "codesign", 210.0, 70.0, 16),
+            run("codesign@cap24", "codesign", 230.0, 95.0, 24),
+            # another mode's cap: never the reference
+            run("continuous+lru@cap16", "continuous+lru", 300.0, 60.0, 16),
             run("codesign@tpot80", "codesign", 200.0, 86.0, target=80.0),
             run("codesign@tpot60", "codesign", 190.0, 59.0, target=60.0)]
     goals = {g["name"]: g for g in b.goals(runs)}

@@ -1,5 +1,6 @@
-"""W5 across step token budgets (bench/w5.py budget, engine/bench/w5_budget.py): ratios at the same budget and at
-each system's best budget, from the numbers in the file, and the command runs every system at each budget."""
+"""W5 across step token budgets (bench/w5.py budget, engine/bench/w5_budget.py): ratios at the same budget and
+at each system's best budget, from the numbers in the file, and the command runs every
+system at each budget."""
 
 import json
 from pathlib import Path
@@ -20,9 +21,11 @@ def entry(budget: int, lru: dict, codesign: dict) -> dict:
 
 
 def test_goals_at_the_default_budget_and_at_each_systems_best():
-    """continuous+lru gains most from a smaller budget: codesign's lead at the default budget (1.5x) shrinks when
-    each system runs at its own best budget (600 / 500 = 1.2x), and the file says which budgets those were."""
-    entries = [entry(2048, row(400, 30, 200), row(600, 0.8, 40)), entry(256, row(500, 1.0, 20), row(580, 0.5, 8)),
+    """continuous+lru gains most from a smaller budget: codesign's lead at the default budget (1.5x) shrinks
+    when each system runs at its own best budget (600 / 500 = 1.2x), and the file says
+    which budgets those were."""
+    entries = [entry(2048, row(400, 30, 200), row(600, 0.8, 40)),
+               entry(256, row(500, 1.0, 20), row(580, 0.5, 8)),
                entry(512, row(450, 9, 100), row(590, 0.6, 30))]
     meta = {"systems": ["continuous+lru", "codesign"], "default_budget": 2048}
     rep = w5_budget.build(entries, meta, "gpu")
@@ -41,21 +44,24 @@ def test_no_run_at_the_default_budget_is_said_not_run():
     rep = w5_budget.build([entry(256, row(500, 1, 20), row(550, 0.5, 8))],
                           {"systems": ["continuous+lru", "codesign"], "default_budget": 2048}, "gpu")
     same = [g for g in rep["goals"] if "budget 2048" in g["name"]]
-    assert len(same) == 2 and all(g["value"] is None and not g["met"] and g["status"] == "not run" for g in same)
+    assert len(same) == 2 and all(g["value"] is None and not g["met"] and g["status"] == "not run"
+                                  for g in same)
 
 
 def test_the_command_runs_every_system_at_each_budget(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import w5
 
-    assert w5.main(["budget", "--scale", "cpu", "--duration", "20", "--phase", "10", "--phase-rates", "0.4,0.2",
+    assert w5.main(["budget", "--scale", "cpu", "--duration", "20", "--phase", "10", "--phase-rates",
+                    "0.4,0.2",
                     "--budgets", "512,64", "--out", str(tmp_path), "--name", "budget"]) == 0
     rep = json.loads((tmp_path / "budget.json").read_text())
     assert [e["budget"] for e in rep["budgets"]] == [64, 512] and rep["meta"]["budgets"] == [64, 512]
     for e in rep["budgets"]:
         assert set(e["systems"]) == {"continuous+lru", "codesign"}
         assert all(r["completed"] > 0 for r in e["systems"].values())
-    # the budget reached the scheduler: a smaller chunk makes the same prompts take longer to their first token
+    # the budget reached the scheduler: a smaller chunk makes the same prompts take
+    # longer to their first token
     small, large = (e["systems"]["continuous+lru"]["ttft_p50_s"] for e in rep["budgets"])
     assert small > large
     assert len(rep["goals"]) == 4 and (tmp_path / "budget.png").exists()

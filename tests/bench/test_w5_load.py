@@ -1,5 +1,5 @@
-"""W5 under rising load (bench/w5.py load, engine/bench/w5_load.py): the goals are read at the sweep's lowest load
-where both systems fell behind; every load's ratio comes from the numbers in the file; the
+"""W5 under rising load (bench/w5.py load, engine/bench/w5_load.py): the goals are read at the sweep's lowest
+load where both systems fell behind; every load's ratio comes from the numbers in the file; the
 command runs the simulator at each multiple of the base rates and writes the JSON, markdown and plot."""
 
 import json
@@ -22,9 +22,10 @@ def entry(factor: float, lru: dict, codesign: dict) -> dict:
 
 
 def test_goals_at_the_lowest_load_where_both_fell_behind():
-    """x1: both keep up (a tie, shown); x1.5: only continuous+lru fell behind; x2: both did, and the goals read
-    there; x3: both queues full (its ratios are shown, not read)."""
-    loads = [entry(3.0, row(480, 500, 700), row(650, 400, 490)), entry(2.0, row(500, 90, 400), row(700, 40, 120)),
+    """x1: both keep up (a tie, shown); x1.5: only continuous+lru fell behind; x2: both did, and the goals
+    read there; x3: both queues full (its ratios are shown, not read)."""
+    loads = [entry(3.0, row(480, 500, 700), row(650, 400, 490)),
+             entry(2.0, row(500, 90, 400), row(700, 40, 120)),
              entry(1.0, row(400, 0.5, 3), row(410, 0.3, 2)), entry(1.5, row(500, 30, 200), row(600, 0.8, 5))]
     rep = w5_load.build(loads, {})
     assert [e["factor"] for e in rep["loads"]] == [1.0, 1.5, 2.0, 3.0]
@@ -36,7 +37,8 @@ def test_goals_at_the_lowest_load_where_both_fell_behind():
 
 
 def test_no_goal_value_while_a_system_still_keeps_up():
-    """Below codesign's capacity its throughput is the offered load: a ratio there says how far the load went."""
+    """Below codesign's capacity its throughput is the offered load: a ratio there says
+    how far the load went."""
     rep = w5_load.build([entry(1.5, row(500, 30, 200), row(650, 0.8, 5))], {})
     for g in rep["goals"]:
         assert g["value"] is None and not g["met"] and g["status"] == "not saturated"

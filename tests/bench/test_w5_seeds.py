@@ -1,5 +1,5 @@
-"""W5 over seeds (bench/w5.py seeds, engine/bench/w5_seeds.py): per-seed ratios from the numbers in the file, the
-goals read on their median, and the command runs each seed's own workload."""
+"""W5 over seeds (bench/w5.py seeds, engine/bench/w5_seeds.py): per-seed ratios from the numbers in the file,
+the goals read on their median, and the command runs each seed's own workload."""
 
 import json
 import statistics
@@ -21,8 +21,8 @@ def entry(seed: int, lru: dict, codesign: dict) -> dict:
 
 
 def test_goals_read_on_the_median_of_per_seed_ratios():
-    """Three seeds: a tie (both keep up), a clear win (continuous+lru fell behind) and one between: the median is
-    the middle seed's ratio, the spread and the seeds meeting each bound are beside it."""
+    """Three seeds: a tie (both keep up), a clear win (continuous+lru fell behind) and one between: the median
+    is the middle seed's ratio, the spread and the seeds meeting each bound are beside it."""
     entries = [entry(2, row(400, 30, 200), row(500, 0.8, 40)), entry(0, row(400, 0.5, 3), row(404, 0.3, 2.5)),
                entry(1, row(400, 9, 100), row(460, 0.9, 50))]
     rep = w5_seeds.build(entries, {}, "cpu")
@@ -59,7 +59,8 @@ def test_the_command_runs_each_seed_and_writes_its_files(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
     import w5
 
-    assert w5.main(["seeds", "--scale", "cpu", "--duration", "20", "--phase", "10", "--phase-rates", "0.4,0.2",
+    assert w5.main(["seeds", "--scale", "cpu", "--duration", "20", "--phase", "10", "--phase-rates",
+                    "0.4,0.2",
                     "--seeds", "1,0", "--out", str(tmp_path), "--name", "seeds"]) == 0
     rep = json.loads((tmp_path / "seeds.json").read_text())
     assert [e["seed"] for e in rep["seeds"]] == [0, 1] and rep["meta"]["seeds"] == [0, 1]
@@ -76,20 +77,23 @@ def test_the_command_runs_each_seed_and_writes_its_files(tmp_path, monkeypatch):
 
 
 def test_the_coordinator_is_read_against_each_seeds_best_fixed_cap():
-    """Where the coordinator ran beside fixed caps, each seed names its best fixed cap (among those that kept up,
-    else all: w5_report.best_fixed) and the coordinator's whole-run goal is read on the median ratio."""
+    """Where the coordinator ran beside fixed caps, each seed names its best fixed cap (among those that kept
+    up, else all: w5_report.best_fixed) and the coordinator's whole-run goal is read on the median ratio."""
     def run(tok_s, p50, p99, cap=None):
         return {"whole": row(tok_s, p50, p99), "by_kind": {}, "sizing": {"max_num_seqs": cap or 256}}
 
-    seeds = [(0, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80), "codesign@cap32": run(450, 40, 99),
+    seeds = [(0, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80),
+                  "codesign@cap32": run(450, 40, 99),
                   "codesign+coord": run(600, 1.0, 20)}),  # nobody fixed kept up: the best by throughput
-             (1, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80), "codesign@cap32": run(450, 1.5, 9),
+             (1, {"continuous+lru": run(400, 30, 90), "codesign": run(500, 20, 80),
+                  "codesign@cap32": run(450, 1.5, 9),
                   "codesign+coord": run(540, 1.0, 20)})]  # cap 32 alone kept up: it is the reference
     entries = [w5_seeds.seed_entry(s, runs) for s, runs in seeds]
     assert [e["coordinator"]["best_fixed_cap"] for e in entries] == ["codesign", "codesign@cap32"]
     rep = w5_seeds.build(entries, {}, "gpu")
     coord = next(g for g in rep["goals"] if g["name"].startswith("codesign+coord output throughput"))
-    assert coord["value"] == pytest.approx(statistics.median([600 / 500, 540 / 450])) and coord["bound"] == 1.15
+    assert coord["value"] == pytest.approx(statistics.median([600 / 500,
+                                                              540 / 450])) and coord["bound"] == 1.15
     assert coord["seeds"] == 2 and coord["seeds_meeting"] == 2 and coord["met"]
     md = w5_seeds.markdown(rep, [])
     assert "| 1 | codesign+coord | codesign@cap32 | 1.20 |" in md

@@ -1,5 +1,6 @@
 """W5's generator: phases alternate with their own rates and mixes, a quarter of RAG questions are one-offs,
-chat sessions are closed loop, everything is deterministic by seed; the per-phase split and the system names."""
+chat sessions are closed loop, everything is deterministic by seed; the per-phase split
+and the system names."""
 
 from collections import Counter
 
@@ -34,7 +35,8 @@ from kvloop.engine.sim.workload import BenchWorkload
 
 # W5's structure with short sequences, so that thousands of requests build in a blink
 SMALL = W5Params(chat_rate=4.0, rag_rate=2.0, duration_s=2400.0, phase_s=300.0, num_docs=40, doc_tokens=64,
-                 question_tokens=8, answer_tokens=8, num_systems=3, system_tokens=32, user_tokens=8, reply_tokens=8,
+                 question_tokens=8, answer_tokens=8, num_systems=3, system_tokens=32, user_tokens=8,
+                 reply_tokens=8,
                  vocab_high=5000)
 
 
@@ -125,7 +127,8 @@ def test_variant_names():
     assert parse_variant("codesign@cap64") == Variant("codesign", cap=64)
     assert parse_variant("continuous+lru") == Variant("continuous+lru")
     v = parse_variant("codesign+coord@10s+events")
-    assert v == Variant("codesign", coordinator=True, period_s=10.0, events=True) and v.name == "codesign+coord@10s+events"
+    assert v == Variant("codesign", coordinator=True, period_s=10.0,
+                        events=True) and v.name == "codesign+coord@10s+events"
     for bad in ("continuous+lru+coord", "codesign@cap8+coord", "nope@cap3"):
         with pytest.raises(ValueError):
             parse_variant(bad)
@@ -150,7 +153,8 @@ def test_variant_names():
 
 
 def test_the_coordinators_tpot_objective_per_scale():
-    # GPU: the interactive objective steers the step budget; CPU: none, as the sidecar's defaults; 0 switches it off
+    # GPU: the interactive objective steers the step budget; CPU: none, as the sidecar's
+    # defaults; 0 switches it off
     assert tpot_objective("gpu") == 0.05 and tpot_objective("cpu") is None
     assert tpot_objective("gpu", 0) is None and tpot_objective("cpu", 0.2) == 0.2
     fb, _ = coordinator_settings(parse_variant("codesign+coord"), coordinator_base("gpu"), 512)
@@ -163,9 +167,9 @@ def _rec(rid, send, first, end, n=10):
 
 
 def test_a_backlog_is_charged_to_the_phase_whose_requests_waited():
-    """Same traffic, two systems: one serves each phase's requests in it, the other falls behind in phase 0 and
-    finishes them in phase 1. The window throughput credits the latter's phase 1 with its backlog; the served
-    throughput charges phase 0 and leaves phase 1 equal. A failed request adds no tokens."""
+    """Same traffic, two systems: one serves each phase's requests in it, the other falls behind in phase 0
+    and finishes them in phase 1. The window throughput credits the latter's phase 1 with its backlog; the
+    served throughput charges phase 0 and leaves phase 1 equal. A failed request adds no tokens."""
     plan = phase_plan(W5Params(duration_s=20.0, phase_s=10.0))
     kept_up = [_rec("a", 1.0, 1.5, 5.0), _rec("b", 2.0, 2.5, 8.0), _rec("c", 12.0, 12.5, 18.0)]
     behind = [_rec("a", 1.0, 9.0, 12.0), _rec("b", 2.0, 11.0, 15.0), _rec("c", 12.0, 12.5, 18.0)]
@@ -175,7 +179,8 @@ def test_a_backlog_is_charged_to_the_phase_whose_requests_waited():
     assert late[1]["served_tok_s"] == good[1]["served_tok_s"] == pytest.approx(10 / 10)
     failed = [*kept_up[:2], RequestRecord("c", "doc", 12.0, None, None, error="rejected: full")]
     assert split(failed, [], plan)[1]["served_tok_s"] == 0.0
-    back = [RequestRecord(**r.compact()) for r in [*behind, failed[-1]]]  # what a results file keeps reads back
+    # what a results file keeps reads back
+    back = [RequestRecord(**r.compact()) for r in [*behind, failed[-1]]]
     assert split(back[:3], [], plan) == late and not back[3].ok and back[3].error == "rejected: full"
 
 

@@ -17,7 +17,8 @@ def make_engine(fp32_model, tokenizer, checkpoint):
     """Builds an fp32 engine over the shared model; keyword arguments go to EngineConfig/SchedulerConfig."""
 
     def make(**kwargs) -> EngineCore:
-        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in SchedulerConfig.__dataclass_fields__})
+        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs)
+                                   if k in SchedulerConfig.__dataclass_fields__})
         cfg = EngineConfig(dtype="float32", progress=False, scheduler=sched, **kwargs)
         return EngineCore(cfg, model=fp32_model, tokenizer=tokenizer, fingerprint=checkpoint.fingerprint,
                           model_name=checkpoint.name)

@@ -26,7 +26,8 @@ def test_alone_equals_among_sixteen(make_engine, tokenizer):
             busy.add_request("target", target, GREEDY)
         if pending and step % 2 == 0:  # staggered arrivals, some before the target, most after
             rid, ids = pending.pop()
-            busy.add_request(rid, ids, SamplingParams(max_tokens=rng.randrange(4, 20), temperature=0, ignore_eos=True))
+            busy.add_request(rid, ids,
+                             SamplingParams(max_tokens=rng.randrange(4, 20), temperature=0, ignore_eos=True))
         for out in busy.step():
             if out.finished:
                 final[out.request_id] = out

@@ -67,7 +67,8 @@ def test_groups_of_1_2_16_nested_joining_and_finishing(make_engine):
     doc_a = [(f"a{i}", SYSTEM + DOC_A + toks(100 + i, 3 + i % 5), 9 + i % 4 if i < 10 else 2 + i % 3)
              for i in range(16)]
     doc_b = [(f"b{i}", SYSTEM + DOC_B + toks(200 + i, 6), 5) for i in range(2)]
-    schedule = {0: warm, 3: doc_a[:10] + doc_b[:1], 5: [("solo", toks(300, 20), 6)], 6: doc_a[10:] + doc_b[1:]}
+    schedule = {0: warm, 3: doc_a[:10] + doc_b[:1], 5: [("solo", toks(300, 20), 6)],
+                6: doc_a[10:] + doc_b[1:]}
     engine = both(make_engine, schedule, kv=KV, kv_cache_tokens=4096, max_num_batched_tokens=512)
     sizes = engine.runner.cascade_group_sizes
     assert sizes[16] > 0 and sizes[2] > 0, sizes  # the 16 document rows, the 2 others
@@ -88,13 +89,16 @@ def test_preempted_and_resumed_rows(make_engine, kind_host):
 
 @pytest.mark.parametrize("tier", ["host", "disk"])
 def test_shared_prefix_from_a_lower_tier(make_engine, tmp_path, tier):
-    kv = (KVConfig(min_prefix_tokens=16, host_cache_tokens=1024, host_admit_min_requests=1) if tier == "host" else
-          KVConfig(min_prefix_tokens=16, host_cache_tokens=0, disk_dir=str(tmp_path), disk_admit_min_requests=1))
+    kv = (KVConfig(min_prefix_tokens=16, host_cache_tokens=1024,
+                   host_admit_min_requests=1) if tier == "host" else
+          KVConfig(min_prefix_tokens=16, host_cache_tokens=0, disk_dir=str(tmp_path),
+                   disk_admit_min_requests=1))
     rows = [(f"q{i}", SYSTEM + DOC_A + toks(500 + i, 5), 4) for i in range(3)]
     for cascade in ("off", "always"):
         engine = make_engine(cascade=cascade, kv=kv, kv_cache_tokens=256)
         run_schedule(engine, {0: [("warm", SYSTEM + DOC_A + toks(499, 5), 1)]})
-        run_schedule(engine, {0: [("filler", toks(498, 250), 1)]})  # takes the 16-block pool: the prefix goes down
+        # takes the 16-block pool: the prefix goes down
+        run_schedule(engine, {0: [("filler", toks(498, 250), 1)]})
         if tier == "disk":
             engine.kv.flush()
         seqs = [engine.add_request(rid, p, greedy(n)) for rid, p, n in rows]

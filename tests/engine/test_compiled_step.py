@@ -1,9 +1,10 @@
 """The compiled step (runner/compiled_step.py) against eager on a tiny random Llama in fp32: the same greedy
 tokens and logits within float rounding over a mixed schedule (chunked prefill, decode batches of 1 to 6 rows,
-prefill and decode in one step, a shared prefix decoded as a cascade group), with no step needing a second graph
-after warm-up, and a request's tokens the same alone as among the others (batch invariance). The step saved to
-disk (runner/step_artefact.py) loads in a fresh CompiledStep and gives the traced step's bits; a damaged file
-is compiled again. Compiles of a small model only, so this stays a few seconds with warm caches."""
+prefill and decode in one step, a shared prefix decoded as a cascade group), with no step needing a second
+graph after warm-up, and a request's tokens the same alone as among the others (batch invariance). The step
+saved to disk (runner/step_artefact.py) loads in a fresh CompiledStep and gives the traced step's bits; a
+damaged file is compiled again. Compiles of a small model only, so this stays a few
+seconds with warm caches."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from kvloop.engine.scheduler.scheduler import SchedulerConfig
 TINY = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=16, max_position=512)
 SHARED = [random.Random(1).randrange(512) for _ in range(70)]  # 4 blocks and a bit: past min_prefix_tokens
-compiles = pytest.mark.skipif(compiled_step.compiler_missing() is not None, reason="no C++ compiler for inductor")
+compiles = pytest.mark.skipif(compiled_step.compiler_missing() is not None,
+                              reason="no C++ compiler for inductor")
 
 
 def schedule() -> dict[int, list[tuple[str, list[int], int]]]:
@@ -43,15 +45,16 @@ def schedule() -> dict[int, list[tuple[str, list[int], int]]]:
 
 
 def engine(model: LlamaModel, compile: str) -> EngineCore:
-    cfg = EngineConfig(dtype="float32", compile=compile, cascade="always", kv_cache_tokens=1024, progress=False,
+    cfg = EngineConfig(dtype="float32", compile=compile, cascade="always", kv_cache_tokens=1024,
+                       progress=False,
                        scheduler=SchedulerConfig(max_num_batched_tokens=24))
     return EngineCore(cfg, model=model)
 
 
 def run(eng: EngineCore, plan: dict[int, list[tuple[str, list[int], int]]],
         sampled: list[dict[str, list[int]]] | None = None) -> tuple[dict, list[torch.Tensor]]:
-    """Runs the plan: each request's final tokens and every step's logits (all rows); in `sampled`, each step's
-    tokens so far per request."""
+    """Runs the plan: each request's final tokens and every step's logits (all rows); in `sampled`, each
+    step's tokens so far per request."""
     eng.runner.keep_all_logits = True
     final, logits = {}, []
     for step in range(200):
@@ -68,7 +71,8 @@ def run(eng: EngineCore, plan: dict[int, list[tuple[str, list[int], int]]],
 
 
 @compiles
-@torch._dynamo.config.patch(disable=False)  # the suite turns torch.compile off for every other test (conftest)
+# the suite turns torch.compile off for every other test (conftest)
+@torch._dynamo.config.patch(disable=False)
 def test_compiled_step_equals_eager():
     model = LlamaModel(TINY, random_weights(TINY, seed=3, std=0.2), torch.float32)
     compiled = engine(model, "on")
@@ -93,12 +97,15 @@ def test_compiled_step_equals_eager():
 @compiles
 @torch._dynamo.config.patch(disable=False)
 @pytest.mark.parametrize("pairs,tiles", [(False, False), (True, False), (True, True)])
-def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch, pairs, tiles):
-    """Built without bf16 pairs, a bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and torch's GEMM
-    over the dense copy above: two graphs, compiled at warm-up, serve decode steps of 1-6 rows (the kernel's) and
-    24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. So do bf16 pairs with AMX tiles
-    (AMX_DENSE_ABOVE_ROWS). With bf16 pairs (AVX512-BF16) and no AMX the kernel serves both from one graph, and no
-    dense copy is kept."""
+def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_its_branches(monkeypatch,
+                                                                                            pairs, tiles):
+    """Built without bf16 pairs, a bf16 model's linears take the kernel up to DENSE_ABOVE_ROWS rows and
+    torch's GEMM over the dense copy above: two graphs, compiled at warm-up, serve decode steps of
+    1-6 rows (the kernel's) and
+    24-token prefill chunks (the GEMM's) with no other graph, with eager's logits. So do
+    bf16 pairs with AMX tiles
+    (AMX_DENSE_ABOVE_ROWS). With bf16 pairs (AVX512-BF16) and no AMX the kernel serves both from one graph,
+    and no dense copy is kept."""
     from kvloop.engine.kernels.cpu import amx, linear_bf16w
 
     if not linear_bf16w.available() or (pairs and not linear_bf16w.native()):
@@ -110,19 +117,24 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
     # the schedule's decodes (1-6 rows) and chunks (24 tokens) fall on either side
     assert 6 <= linear_bf16w.AMX_DENSE_ABOVE_ROWS < 24 and 6 < linear_bf16w.DENSE_ABOVE_ROWS < 24
     one_graph = pairs and not tiles  # the kernel serves every step: one graph, no dense copy
-    # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the runs
-    # then feed different tokens. So logits compare up to and including the first step whose sampled tokens
-    # differ (within the bound below, a flip there is a tie). Which weight seeds flip depends on the CPU's kernels:
-    # the first seed whose runs share step 0's token (a 5-row prefill, the kernel's branch) compares step 1 too (a
+    # bf16 logits tie often (0.03 apart near 4), and bf16 noise (about 0.06 here) flips such a greedy tie; the
+    # runs then feed different tokens. So logits compare up to and including the first step whose sampled
+    # tokens differ (within the bound below, a flip there is a tie). Which weight seeds flip
+    # depends on the CPU's kernels:
+    # the first seed whose runs share step 0's token (a 5-row prefill, the kernel's
+    # branch) compares step 1 too (a
     # 24-token chunk, the GEMM's branch) and more.
     for seed in (6, 7, 8, 9):
-        model = LlamaModel(TINY, random_weights(TINY, seed=seed, std=0.2), torch.bfloat16, quantization="bf16")
-        assert model.lm_head.fmt == "bf16" and (model.lm_head.weight is None) == one_graph  # a dense copy for oneDNN?
+        model = LlamaModel(TINY, random_weights(TINY, seed=seed, std=0.2), torch.bfloat16,
+                           quantization="bf16")
+        # a dense copy for oneDNN?
+        assert model.lm_head.fmt == "bf16" and (model.lm_head.weight is None) == one_graph
         compiled_logits, eager_logits, parted = compiled_and_eager_bf16(model)
         if parted >= 1:
             break
     assert parted >= 1, "every seed's runs parted at the first token"
-    # inductor fuses the bf16 elementwise ops anew (each op rounded to bf16 in eager, not inside a fused loop):
+    # inductor fuses the bf16 elementwise ops anew (each op rounded to bf16 in eager,
+    # not inside a fused loop):
     # the same tiny model with dense bf16 weights differs from eager as much (mean |diff| 0.011-0.015, max
     # 0.05-0.11); a wrong branch or weight would be off by O(1) almost everywhere
     for a, b in zip(compiled_logits[: parted + 1], eager_logits[: parted + 1], strict=True):
@@ -131,8 +143,8 @@ def test_a_bf16_model_with_the_bf16_weight_kernel_compiles_a_graph_for_each_of_i
 
 
 def compiled_and_eager_bf16(model: LlamaModel) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
-    """The schedule through the compiled step (one graph: any recompile fails) and eager: each run's logits per
-    step, and the first step whose sampled tokens differ (the last step where none does)."""
+    """The schedule through the compiled step (one graph: any recompile fails) and eager: each run's logits
+    per step, and the first step whose sampled tokens differ (the last step where none does)."""
 
     def bf16_engine(compile: str) -> EngineCore:
         cfg = EngineConfig(dtype="bfloat16", compile=compile, kv_cache_tokens=1024, progress=False,
@@ -143,7 +155,9 @@ def compiled_and_eager_bf16(model: LlamaModel) -> tuple[list[torch.Tensor], list
     step = compiled.runner.compiled
     assert step is not None and step.warm, "compiling the tiny model failed (see the log)"
     two = model.lm_head.weight is not None
-    assert (step.dense_above is not None) == two and [g.dense for g in step._graphs] == ([False, True] if two else [None])
+    assert (step.dense_above is not None) == two and [g.dense for g in step._graphs] == ([False,
+                                                                                          True] if two
+                                                                                          else [None])
     step.stance_when_warm = "fail_on_recompile"
     got_tokens: list[dict[str, list[int]]] = []
     try:
@@ -199,7 +213,8 @@ def test_a_saved_step_loads_and_gives_the_traced_steps_bits(saved):
     loaded.warm_up(16, torch.float32)
     assert loaded.loaded
     loaded.stance_when_warm = "fail_on_recompile"  # a step the loaded graph rejects fails the test
-    for got, want, eager in zip(prefill_then_decode(loaded, model), traced_out, prefill_then_decode(model.forward, model),
+    for got, want, eager in zip(prefill_then_decode(loaded, model), traced_out,
+                                prefill_then_decode(model.forward, model),
                                 strict=True):
         assert torch.equal(got, want)
         torch.testing.assert_close(got, eager, rtol=0, atol=1e-4)
@@ -210,7 +225,8 @@ def test_a_saved_step_loads_and_gives_the_traced_steps_bits(saved):
 def test_a_truncated_saved_step_is_compiled_again_with_a_warning(saved, tmp_path: Path, caplog):
     model, artefact, traced_out = saved
     bad = tmp_path / artefact.name
-    bad.write_bytes(artefact.read_bytes()[: artefact.stat().st_size // 2])  # as a crash mid-write would leave it
+    # as a crash mid-write would leave it
+    bad.write_bytes(artefact.read_bytes()[: artefact.stat().st_size // 2])
     step = compiled_step.CompiledStep(model, bad)
     with caplog.at_level(logging.WARNING, "kvloop.compile"):
         step.warm_up(16, torch.float32)
@@ -222,9 +238,9 @@ def test_a_truncated_saved_step_is_compiled_again_with_a_warning(saved, tmp_path
 @compiles
 @torch._dynamo.config.patch(disable=False)
 def test_a_bf16_models_two_graphs_are_saved_apart_and_both_load(tmp_path: Path, monkeypatch):
-    """Built without bf16 pairs: the kernel's graph and the dense graph each go to a file of their own; a fresh
-    CompiledStep loads both (no tracing) and gives the bits of the steps that saved them, for a 3-token prefill and
-    a 1-row decode (the kernel's graph) and a 20-token prefill (the dense graph)."""
+    """Built without bf16 pairs: the kernel's graph and the dense graph each go to a file of their own; a
+    fresh CompiledStep loads both (no tracing) and gives the bits of the steps that saved them, for a 3-token
+    prefill and a 1-row decode (the kernel's graph) and a 20-token prefill (the dense graph)."""
     from kvloop.engine.kernels.cpu import linear_bf16w
 
     if not linear_bf16w.available():
@@ -237,8 +253,10 @@ def test_a_bf16_models_two_graphs_are_saved_apart_and_both_load(tmp_path: Path, 
         kv = model.new_kv_cache(2, 16, torch.bfloat16)
         table = torch.arange(2)
         none = torch.tensor([], dtype=torch.long)
-        short = AttentionMetadata(torch.arange(3), 0, table[:0, None], none, [PrefillChunk(0, 3, 3, table[:1])])
-        decode = AttentionMetadata(torch.tensor([3]), 1, table[None, :1], torch.tensor([4]), max_decode_context=4)
+        short = AttentionMetadata(torch.arange(3), 0, table[:0, None], none,
+                                  [PrefillChunk(0, 3, 3, table[:1])])
+        decode = AttentionMetadata(torch.tensor([3]), 1, table[None, :1], torch.tensor([4]),
+                                   max_decode_context=4)
         long = AttentionMetadata(torch.arange(20), 0, table[:0, None], none, [PrefillChunk(0, 20, 20, table)])
         return [step(torch.tensor([5, 17, 300]), torch.arange(3), short, kv).clone(),
                 step(torch.tensor([42]), torch.tensor([3]), decode, kv).clone(),
@@ -285,7 +303,8 @@ def test_two_models_in_one_process_run_their_own_graphs():
     copy of the step's code, so a second model of another shape runs its own graph, not the first one's."""
     other_cfg = dataclasses.replace(TINY, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=2,
                                     num_kv_heads=1)
-    models = [LlamaModel(cfg, random_weights(cfg, seed=5, std=0.2), torch.float32) for cfg in (TINY, other_cfg)]
+    models = [LlamaModel(cfg, random_weights(cfg, seed=5, std=0.2), torch.float32) for cfg in (TINY,
+                                                                                               other_cfg)]
     plan = {0: [("x", [3, 1, 4, 1, 5, 9, 2, 6], 6)], 1: [("y", [2, 7, 1, 8], 5)]}
     compiled = [engine(m, "on") for m in models]
     for eng in compiled:

@@ -1,4 +1,5 @@
-"""The compiled step over the "cpu" attention backend (runner/compiled_step.py, engine/kernels/cpu/backend.py):
+"""The compiled step over the "cpu" attention backend (runner/compiled_step.py,
+engine/kernels/cpu/backend.py):
 a decode-only step's attention runs in the kernel's C++ kernel for kvloop_step::attention, never calling
 into Python, with the bits of the Python path, under inductor's Python wrapper and its C++ one (cpp_wrapper);
 a prefill step still calls the Python kernel; nothing stays bound after a step, one that raises included."""

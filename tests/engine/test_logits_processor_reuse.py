@@ -25,7 +25,8 @@ def applied(proc, rows: list[SampleRow]) -> torch.Tensor:
 
 def test_penalties_extend_their_counts_and_match_a_fresh_count_every_step():
     kept = Penalties()
-    params = [SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), SamplingParams(frequency_penalty=1.0)]
+    params = [SamplingParams(frequency_penalty=0.5, presence_penalty=0.25),
+              SamplingParams(frequency_penalty=1.0)]
     seqs = [Seq([3]), Seq([1, 1])]
     for step in range(6):
         rows = [SampleRow(f"r{i}", params[i], seqs[i]) for i in range(2)]

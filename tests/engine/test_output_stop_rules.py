@@ -15,7 +15,8 @@ class Letters:
         return "".join(map(chr, ids))
 
 
-def _run(params: SamplingParams, tokens: str, eos: set[int] = frozenset()) -> tuple[str | None, str, list[int]]:
+def _run(params: SamplingParams, tokens: str, eos: set[int] = frozenset()) -> tuple[str | None, str,
+                                                                                    list[int]]:
     """Feeds tokens as the engine does (the scheduler's verdict first); returns (reason, text, output ids)."""
     seq = Sequence("r", [1, 2], params)
     state = OutputState(seq, IncrementalDetokenizer(Letters()))

@@ -27,9 +27,11 @@ def test_invalid_params_raise_clear_errors(kwargs):
 def test_sampler_respects_top_k_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     sampler = Sampler()
-    seen_k = {sampler.sample(logits, [SamplingParams(top_k=2, seed=s)], [f"k{s}"]).tokens[0] for s in range(60)}
+    seen_k = {sampler.sample(logits, [SamplingParams(top_k=2, seed=s)],
+                             [f"k{s}"]).tokens[0] for s in range(60)}
     assert seen_k == {0, 1}
-    seen_p = {sampler.sample(logits, [SamplingParams(top_p=0.7, seed=s)], [f"p{s}"]).tokens[0] for s in range(60)}
+    seen_p = {sampler.sample(logits, [SamplingParams(top_p=0.7, seed=s)],
+                             [f"p{s}"]).tokens[0] for s in range(60)}
     assert seen_p == {0, 1}  # 0.5 < 0.7, so token 1 is kept; 0.8 >= 0.7, so token 2 is not
 
 
@@ -38,7 +40,8 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(make_engine, tokeniz
 
     def run(seed: int) -> list[int]:
         engine = make_engine(kv_cache_tokens=1024)
-        engine.add_request("s", ids, SamplingParams(max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True))
+        engine.add_request("s", ids,
+                           SamplingParams(max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True))
         return engine.drain(max_steps=100)["s"].token_ids
 
     assert run(1) == run(1)
@@ -52,7 +55,8 @@ def test_stop_string_truncates_and_stops(make_engine, tokenizer):
     free_text = engine.drain(max_steps=100)["free"].text
     stop = free_text.strip()[2:4]
     assert stop
-    engine.add_request("stop", ids, SamplingParams(max_tokens=12, temperature=0, stop=[stop], ignore_eos=True))
+    engine.add_request("stop", ids,
+                       SamplingParams(max_tokens=12, temperature=0, stop=[stop], ignore_eos=True))
     out = engine.drain(max_steps=100)["stop"]
     assert out.finish_reason == "stop"
     assert out.text == free_text[: free_text.index(stop)]
@@ -64,7 +68,8 @@ def test_stop_token_ids_max_tokens_and_ignore_eos(make_engine, tokenizer):
     engine.add_request("a", ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     free = engine.drain(max_steps=50)["a"]
     assert free.finish_reason == "length" and len(free.token_ids) == 8
-    engine.add_request("b", ids, SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[free.token_ids[2]]))
+    engine.add_request("b", ids,
+                       SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[free.token_ids[2]]))
     stopped = engine.drain(max_steps=50)["b"]
     assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:2]
 

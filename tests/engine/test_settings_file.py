@@ -11,7 +11,8 @@ from kvloop.operator.render import engine_config
 from kvloop.operator.spec import with_defaults
 
 SAMPLE = {"model": {"source": "embedded"}, "replicas": 1,
-          "engine": {"kvCache": {"devicePoolMiB": 64, "hostPoolMiB": 32, "disk": {"enabled": True, "sizeGiB": 1}}}}
+          "engine": {"kvCache": {"devicePoolMiB": 64, "hostPoolMiB": 32,
+                                 "disk": {"enabled": True, "sizeGiB": 1}}}}
 
 
 def test_operator_rendered_file_maps_to_the_engine_config(tmp_path):

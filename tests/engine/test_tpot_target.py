@@ -1,5 +1,6 @@
 """An engine with a TPOT target: the engine reports each step's wall time to the scheduler's gate, which holds
-admission while steps are slower than the target; every request still finishes, with the tokens it gets alone."""
+admission while steps are slower than the target; every request still finishes, with the
+tokens it gets alone."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_a_target_no_step_meets_admits_one_at_a_time_and_changes_no_token(make_e
         free.add_request(rid, ids, params)
     expected = free.drain(max_steps=200)
     held.add_request("r0", prompts["r0"], params)
-    final = {out.request_id: out for _ in range(2) for out in held.step() if out.finished}  # its prefill, then
+    # its prefill, then
+    final = {out.request_id: out for _ in range(2) for out in held.step() if out.finished}
     # a decode step: the first the gate measures
     for rid, ids in prompts.items():
         if rid != "r0":

@@ -57,10 +57,11 @@ def poisoned_alloc() -> Iterator[None]:
 
 
 def bf16_probs_atol(kv_dtype: torch.dtype, values: torch.Tensor | list[torch.Tensor]) -> float | None:
-    """The absolute tolerance of CPU attention outputs whose probabilities the blocked bf16 routine rounds to bf16
-    for the value product (prefill, and items stacking several rows' queries): each weight off by at most 2^-9
-    relative, so the output by at most 2^-9 of the largest |value|, twice that allowed (NaN, a test cache's
-    unwritten slots, is no value). None where that routine does not run (K/V not bf16, or not built)."""
+    """The absolute tolerance of CPU attention outputs whose probabilities the blocked bf16 routine rounds to
+    bf16 for the value product (prefill, and items stacking several rows' queries): each weight off by at most
+    2^-9 relative, so the output by at most 2^-9 of the largest |value|, twice that allowed (NaN, a test
+    cache's unwritten slots, is no value). None where that routine does not run (K/V
+    not bf16, or not built)."""
     from kvloop.engine.kernels.cpu import build
 
     if kv_dtype != torch.bfloat16 or not build.blocked_bf16():
@@ -73,7 +74,8 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, seed:
     atol, rtol = TOL[dtype]
     assert out.dtype == dtype
     assert not out.isnan().any(), f"NaN in output (seed {seed})"
-    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol,
+                               msg=lambda m: f"seed {seed}: {m}")
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Cascade groups over a paged cache for the stacked-item tests (test_cpu_stacked_flash.py, test_cpu_stacked_tiles.py):
-a pool of bf16 or fp32 blocks handed out in order or scattered, groups of rows sharing documents (nested, ending
-mid-block), and float64 attention of each row over its segments."""
+"""Cascade groups over a paged cache for the stacked-item tests (test_cpu_stacked_flash.py,
+test_cpu_stacked_tiles.py):
+a pool of bf16 or fp32 blocks handed out in order or scattered, groups of rows sharing documents (nested,
+ending mid-block), and float64 attention of each row over its segments."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def stacked_flash(on: bool) -> Iterator[None]:
 
 @contextmanager
 def stacked_tiles(on: bool) -> Iterator[bool]:
-    """The kernel's AMX tile routine for stacked items (csrc/tile_amx.h) switched on or off for the block; yields
-    whether it is on (it stays off where the build or the OS has no tiles)."""
+    """The kernel's AMX tile routine for stacked items (csrc/tile_amx.h) switched on or off for the block;
+    yields whether it is on (it stays off where the build or the OS has no tiles)."""
     before = torch.ops.kvloop_cpu.stacked_tiles()
     try:
         yield torch.ops.kvloop_cpu.set_stacked_tiles(on)
@@ -72,7 +73,8 @@ def reference_rows(q, pool: Pool, parts, rows: int) -> torch.Tensor:
 
 def group_parts(pool: Pool, rows: int, layout: str) -> list:
     """A document shared by rows 0-15 (1,000 tokens, ending mid-block) laid out as `layout`, a nested section
-    shared by rows 0-7 (1,100 tokens in one run), a group of 3 (too small for flash) and each row's own tokens."""
+    shared by rows 0-7 (1,100 tokens in one run), a group of 3 (too small for flash) and
+    each row's own tokens."""
     doc = {"adjacent": lambda: pool.adjacent(63),
            "runs": lambda: pool.adjacent(35) + pool.scattered(3) + pool.adjacent(25),
            "scattered": lambda: pool.scattered(63)}[layout]()
@@ -91,13 +93,16 @@ def group_case(layout: str, rows: int = 20) -> tuple[int, Pool, list, torch.Tens
 
 
 def held_to_bf16_error(out: torch.Tensor, ref: torch.Tensor, pool: Pool, seed: int) -> None:
-    """out within a few 2^-9 of |v| of the float64 reference: bf16 probabilities (or outputs) before the merge."""
+    """out within a few 2^-9 of |v| of the float64 reference: bf16 probabilities (or
+    outputs) before the merge."""
     bound = 2.0**-7 * pool.v.float().abs().max().item()
-    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0, msg=lambda m: f"seed {seed}: {m}")
+    torch.testing.assert_close(out.double(), ref.double(), atol=bound, rtol=0,
+                               msg=lambda m: f"seed {seed}: {m}")
 
 
 def fp32_cases(gen: torch.Generator) -> Iterator[tuple[Pool, list, torch.Tensor]]:
-    """group_parts with fp32 K/V and queries, then bf16 K/V and fp32 queries: where no bf16-only routine applies."""
+    """group_parts with fp32 K/V and queries, then bf16 K/V and fp32 queries: where no
+    bf16-only routine applies."""
     for kv_dtype, q_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32)):
         pool = Pool(400, kv_dtype, gen)
         parts = group_parts(pool, 20, "adjacent")

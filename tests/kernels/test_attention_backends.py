@@ -48,7 +48,8 @@ class Step:
         self.tables = [doc + more + take(1), doc + more + take(1), doc + take(1), take(3)]
         self.lens = [50, 61, 40, 37]
         self.chunks = [(20, 9, take(2)), (0, 17, take(2))]  # (cached tokens, new tokens, blocks)
-        self.plan = build_plan(self.tables, self.lens, BS, lambda members, tokens: members > 1) if cascade else None
+        self.plan = build_plan(self.tables, self.lens, BS, lambda members,
+                               tokens: members > 1) if cascade else None
         if cascade:
             assert self.plan is not None and sorted(len(g.rows) for g in self.plan.groups) == [2, 3]
         rows = len(self.lens) + sum(n for _, n, _ in self.chunks)
@@ -146,7 +147,8 @@ def test_auto_takes_the_first_default_that_runs(monkeypatch):
     from kvloop.engine.kernels import backend as registry
 
     monkeypatch.setattr(registry, "_REGISTRY", {})
-    registry.register_backend("fast", lambda device: "fast", available=lambda device: False, default_for=("cpu",))
+    registry.register_backend("fast", lambda device: "fast", available=lambda device: False,
+                              default_for=("cpu",))
     registry.register_backend("plain", lambda device: "plain", default_for=("cpu",))
     assert registry.resolve_backend_name("auto", "cpu") == "plain"
     with pytest.raises(ValueError, match=r"'fast' cannot run on cpu.*available there: \['plain'\]"):
@@ -188,8 +190,8 @@ def test_triton_on_cpu_without_interpreter_raises(tmp_path):
     """A fresh process without TRITON_INTERPRET (this one has it set before triton's import): asking for
     triton on the CPU is an error naming what is available, never the torch path in disguise."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cfg = ("CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, "
-           "num_kv_heads=1, head_dim=16)\n")
+    cfg = ("CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, "
+           "num_heads=2, num_kv_heads=1, head_dim=16)\n")
     code = NO_INTERPRETER.replace("\nassert available", "\n" + cfg + "assert available", 1)
     proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)

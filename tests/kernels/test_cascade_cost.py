@@ -24,8 +24,8 @@ from kvloop.engine.cascade.cost import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-# the CPU kernel's calibrations: its one-query routine (AVX2 machines), its blocked bf16 routine (AVX512-BF16), the
-# latter with AMX tiles for stacked rows
+# the CPU kernel's calibrations: its one-query routine (AVX2 machines), its blocked bf16 routine
+# (AVX512-BF16), the latter with AMX tiles for stacked rows
 VARIANTS = (BLOCKED_BF16, AMX_TILES)
 CPU_RESULTS = [ROOT / "bench" / "results" / f"cascade_calibration_{stem}.json"
                for stem in ("cpu", *(f"cpu_{v}" for v in VARIANTS))]
@@ -57,9 +57,9 @@ def test_each_backend_gets_its_own_entry_or_a_named_stand_in():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_kernel_variant_prices_its_own_dtypes_and_its_backends_others(variant: str):
-    """The blocked bf16 routine (and the tile routine beside it) reads bf16 K/V only: its cost name gets its own bf16
-    entry, and the cpu backend's entries for the dtypes it leaves to the other routine. A variant nobody measured is
-    an error."""
+    """The blocked bf16 routine (and the tile routine beside it) reads bf16 K/V only: its cost name gets its
+    own bf16 entry, and the cpu backend's entries for the dtypes it leaves to the other routine. A variant
+    nobody measured is an error."""
     name = f"cpu/{variant}"
     assert cost_for("bfloat16", name) is COSTS[name]["bfloat16"] is not COSTS["cpu"]["bfloat16"]
     assert cost_for("torch.bfloat16", name) is COSTS[name]["bfloat16"]
@@ -114,11 +114,12 @@ def test_every_entry_is_consistent_with_itself(backend: str, dtype: str):
         assert cost.group_gain_us(members, 2048) > cost.group_gain_us(members, 1024)
 
 
-@pytest.mark.parametrize(("backend", "head_dim", "dtype"), [("torch", 16, torch.float32), ("cpu", 16, torch.float32),
+@pytest.mark.parametrize(("backend", "head_dim", "dtype"),
+                         [("torch", 16, torch.float32), ("cpu", 16, torch.float32),
                                                            ("cpu", 64, torch.bfloat16)])
 def test_runner_prices_with_the_backend_its_model_runs(backend: str, head_dim: int, dtype: torch.dtype):
-    """The runner prices with the entry of the path its model's decodes take: on the cpu backend that depends on
-    the model's head_dim and dtype too (the AMX tile routine takes bf16 queries of head_dim 64 only)."""
+    """The runner prices with the entry of the path its model's decodes take: on the cpu backend that depends
+    on the model's head_dim and dtype too (the AMX tile routine takes bf16 queries of head_dim 64 only)."""
     from kvloop.engine.kernels.backend import available_backends
     from kvloop.engine.model.config import ModelConfig
     from kvloop.engine.model.llama import LlamaModel
@@ -136,7 +137,8 @@ def test_runner_prices_with_the_backend_its_model_runs(backend: str, head_dim: i
         from kvloop.engine.kernels.cpu import amx, build
 
         tiles = amx.available() and head_dim == 64 and dtype == torch.bfloat16
-        # bf16 K/V take the blocked routine where built, a group's stacked rows the tile routine where it applies
+        # bf16 K/V take the blocked routine where built, a group's stacked rows the tile
+        # routine where it applies
         name = "cpu" if not build.blocked_bf16() else f"cpu/{AMX_TILES if tiles else BLOCKED_BF16}"
     assert runner.attention_cost_name == name
     assert runner.attention_cost is COSTS[name]["bfloat16"]
@@ -154,7 +156,8 @@ def load_calibration():
 def test_cpu_fit_recovers_the_coefficients_it_was_given():
     """Samples made from a known model (plus the kernel call's fixed cost) give that model back."""
     cc = load_calibration()
-    true = AttentionCost(call_us=0.5, row_us=0.4, token_us=0.1, token_row_us=0.05, merge_us=1.5, group_us=60.0,
+    true = AttentionCost(call_us=0.5, row_us=0.4, token_us=0.1, token_row_us=0.05, merge_us=1.5,
+                         group_us=60.0,
                          token_stack_us=0.03)
     fixed = 9.0
     rows, tokens = [1, 2, 4, 8, 16, 32], [64, 256, 1024, 2048]
@@ -172,7 +175,8 @@ def test_cpu_fit_recovers_the_coefficients_it_was_given():
 
 
 def test_a_margin_refuses_groups_whose_modelled_gain_is_small():
-    base = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0, group_us=5.0,
+    base = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0,
+                         group_us=5.0,
                          token_stack_us=0.014)
     share = base.group_gain_us(4, 400) / (4 * 400 * base.token_cost_us(1))  # the share of plain reading saved
     assert 0 < share < 1 and base.worth(4, 400)
@@ -183,7 +187,8 @@ def test_a_margin_refuses_groups_whose_modelled_gain_is_small():
 
 def test_the_fitted_margin_excludes_every_decode_measured_slower_and_no_more():
     cc = load_calibration()
-    cost = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0, group_us=5.0,
+    cost = AttentionCost(call_us=2.0, row_us=0.5, token_us=0.07, token_row_us=0.05, merge_us=2.0,
+                         group_us=5.0,
                          token_stack_us=0.014)
     faster, slower, close = (16, 1888, 900.0, 300.0), (4, 400, 100.0, 104.0), (3, 96, 50.0, 49.0)
     assert cc.fit_margin(cost, [faster, close]) == 0.0  # nothing measured slower: no margin

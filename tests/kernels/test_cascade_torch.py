@@ -40,7 +40,8 @@ def rows_from(cache: Cache, spec: list[tuple[list[int], int]]) -> list[list[int]
     return tables
 
 
-def float64_ref(q: torch.Tensor, cache: Cache, tables: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
+def float64_ref(q: torch.Tensor, cache: Cache, tables: list[list[int]], lens: list[int],
+                scale: float) -> torch.Tensor:
     return reference.paged_decode(q, cache.k, cache.v, run_tables(tables), lens, scale)
 
 
@@ -194,7 +195,8 @@ def test_long_rows_are_read_in_place_and_short_ones_bucketed(monkeypatch):
     monkeypatch.setattr(torch_decode, "gathered_attention", spy)
     q = torch.randn(len(lens), HEADS, HD, generator=gen)
     out = run(q, cache, tables, lens, HD ** -0.5, None)
-    torch.testing.assert_close(out.double(), float64_ref(q, cache, tables, lens, HD ** -0.5), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(out.double(), float64_ref(q, cache, tables, lens, HD ** -0.5), atol=2e-6,
+                               rtol=2e-6)
     flat = sorted(n for bucket in copied for n in bucket)
     assert flat == sorted(n for n in lens if n <= limit)
     for bucket in copied:

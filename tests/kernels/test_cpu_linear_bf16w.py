@@ -71,11 +71,13 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16)
     from kvloop.engine import engine_core
     from kvloop.engine.core import host_memory
 
-    monkeypatch.setattr(engine_core, "cpu_capabilities", lambda: parse_cpuinfo(NATIVE_BF16 if native_bf16 else ""))
+    monkeypatch.setattr(engine_core, "cpu_capabilities",
+                        lambda: parse_cpuinfo(NATIVE_BF16 if native_bf16 else ""))
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**40)
     # with native bf16 too: the kernel for decode-sized steps, oneDNN over a dense copy for the rest
     assert engine_core.resolve_quantization("auto", "auto", "cpu") == "bf16"
-    assert engine_core.resolve_quantization("auto", "float32", "cpu") == "none"  # explicit fp32: the exact path
+    # explicit fp32: the exact path
+    assert engine_core.resolve_quantization("auto", "float32", "cpu") == "none"
     assert engine_core.resolve_quantization("auto", "bfloat16", "cpu") == "none"
     assert engine_core.resolve_quantization("int8", "auto", "cpu") == "int8"
     assert engine_core.resolve_quantization("bf16", "auto", "cpu") == "bf16"
@@ -84,8 +86,10 @@ def test_auto_picks_bf16_weights_only_under_dtype_auto(monkeypatch, native_bf16)
 
 
 @pytest.mark.parametrize("available_gib", [None, 1.01, 0.99])
-def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memory(monkeypatch, available_gib):
-    """A kernel without bf16 pairs keeps a dense copy for oneDNN: packed + dense bf16 copies of 134.5M linear weights
+def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memory(monkeypatch,
+                                                                                   available_gib):
+    """A kernel without bf16 pairs keeps a dense copy for oneDNN: packed + dense bf16 copies
+    of 134.5M linear weights
     (the embedded model), 0.501 GiB. Kept only while that is at most half of the available memory (1.002 GiB);
     where /proc/meminfo cannot be read, kept. With bf16 pairs there is one copy, and no rule."""
     from kvloop.engine import engine_core
@@ -96,7 +100,8 @@ def test_with_native_bf16_the_second_copy_of_the_weights_must_fit_the_hosts_memo
     monkeypatch.setattr(amx, "available", lambda: False)
     monkeypatch.setattr(host_memory, "available_bytes", lambda: 2**20)
     assert engine_core.resolve_quantization("auto", "auto", "cpu", 134_479_872) == "bf16"
-    monkeypatch.setattr(amx, "available", lambda: True)  # AMX tiles: oneDNN's copy is kept, under the same rule
+    # AMX tiles: oneDNN's copy is kept, under the same rule
+    monkeypatch.setattr(amx, "available", lambda: True)
     assert engine_core.resolve_quantization("auto", "auto", "cpu", 134_479_872) == "none"
     monkeypatch.setattr(amx, "available", lambda: False)
     monkeypatch.setattr(linear_bf16w, "native", lambda: False)
@@ -117,13 +122,14 @@ def test_meminfo_available_is_read_in_bytes():
 
 # ---- a bf16 model, bf16 pairs (AVX512-BF16): the kernel for every step ----------------------------
 
-needs_pairs = pytest.mark.skipif("not linear_bf16w.native()", reason="the kernel was built without AVX512-BF16")
+needs_pairs = pytest.mark.skipif("not linear_bf16w.native()",
+                                 reason="the kernel was built without AVX512-BF16")
 
 
 @pytest.fixture(params=["pairs", "tiles"])
 def bf16_path(request) -> str:
-    """linear_bf16's routine for the test: the bf16 pairs, or AMX tiles where the kernel has them (csrc/linear_amx.h);
-    the process-wide setting is restored after."""
+    """linear_bf16's routine for the test: the bf16 pairs, or AMX tiles where the kernel has them
+    (csrc/linear_amx.h); the process-wide setting is restored after."""
     before = linear_bf16w.tiles()
     want = request.param == "tiles"
     if linear_bf16w.set_tiles(want) != want:
@@ -134,20 +140,22 @@ def bf16_path(request) -> str:
 
 
 def bf16_output_slack(x: torch.Tensor, wb: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
-    """Rounding the output to bf16 (half an ulp, 2^-8 relative) plus the fp32 sums, and a little for results near 0."""
+    """Rounding the output to bf16 (half an ulp, 2^-8 relative) plus the fp32 sums, and a
+    little for results near 0."""
     return 2.0**-8 * exact.abs() + 2 * fp32_error_bound(x.float(), wb.float(), None) + 1e-6
 
 
 def test_the_tiles_are_on_where_amx_is_available():
-    """Loading the kernel switches its tile path on where this process holds AMX's tile state (a build for a CPU with
-    AMX has the tiles); the tests that switch it restore it."""
+    """Loading the kernel switches its tile path on where this process holds AMX's tile state (a build for a
+    CPU with AMX has the tiles); the tests that switch it restore it."""
     assert linear_bf16w.tiles() == (linear_bf16w.native() and amx.available())
 
 
 @needs_pairs
 # tiles: 16 rows a tile, 64 a pass over the weights, 32 k's a step (54, 130, 8: a partial last step)
 @pytest.mark.parametrize("m", [1, 7, 12, 13, 33, 64, 70])
-@pytest.mark.parametrize("n,k", [(37, 54), (100, 130), (16, 8), (70, 53), (40, 96)])  # 53: odd K, the fp32 tiles
+# 53: odd K, the fp32 tiles
+@pytest.mark.parametrize("n,k", [(37, 54), (100, 130), (16, 8), (70, 53), (40, 96)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_activations_match_float64_within_bf16_rounding(bf16_path, m, n, k, with_bias):
     w, x32, bias = kernel_ref.linear_case(m, n, k, with_bias)
@@ -182,9 +190,9 @@ def test_bf16_layer_keeps_no_dense_copy_and_takes_the_kernel_at_every_row_count(
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_with_amx_a_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_onednn_above(monkeypatch, bf16_path,
                                                                                       with_bias):
-    """On a CPU with AMX tiles oneDNN's bf16 GEMM outruns the pairs past AMX_DENSE_ABOVE_ROWS rows, and the kernel's
-    own tiles past TILES_DENSE_ABOVE_ROWS: the layer keeps a dense copy for it. Each branch gives its own routine's
-    bits."""
+    """On a CPU with AMX tiles oneDNN's bf16 GEMM outruns the pairs past AMX_DENSE_ABOVE_ROWS rows, and the
+    kernel's own tiles past TILES_DENSE_ABOVE_ROWS: the layer keeps a dense copy for it. Each branch gives its
+    own routine's bits."""
     monkeypatch.setattr(amx, "available", lambda: True)
     bound = linear_bf16w.TILES_DENSE_ABOVE_ROWS if bf16_path == "tiles" else linear_bf16w.AMX_DENSE_ABOVE_ROWS
     assert linear_bf16w.dense_above_rows() == bound
@@ -207,7 +215,8 @@ def test_with_amx_a_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_onednn_a
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_bf16_layer_takes_the_kernel_up_to_its_row_bound_and_torch_above(monkeypatch, with_bias):
     """Where the kernel has no bf16 pairs. Both branches against float64 over the same bf16 operands, within
-    rounding the output to bf16 plus the fp32 sums; the kernel's branch is the fp32 kernel's bits rounded to bf16."""
+    rounding the output to bf16 plus the fp32 sums; the kernel's branch is the fp32 kernel's
+    bits rounded to bf16."""
     monkeypatch.setattr(linear_bf16w, "native", lambda: False)
     n, k = 70, 130
     w, x32, bias = kernel_ref.linear_case(2 * linear_bf16w.DENSE_ABOVE_ROWS, n, k, with_bias)

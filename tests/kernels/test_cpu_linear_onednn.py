@@ -1,7 +1,7 @@
-"""kvloop_cpu::linear_onednn (kernels/cpu/linear_onednn): F.linear bit for bit over bf16 weights packed once for
-oneDNN; the packed copy follows its weight (a freed weight's copy goes, a new weight at the same address gets its
-own); its fake gives torch.compile the output's shape; and a bf16 model's dense layers take it behind a key (no
-second dense copy), also when read back from the weight cache."""
+"""kvloop_cpu::linear_onednn (kernels/cpu/linear_onednn): F.linear bit for bit over bf16 weights packed once
+for oneDNN; the packed copy follows its weight (a freed weight's copy goes, a new weight at the same address
+gets its own); its fake gives torch.compile the output's shape; and a bf16 model's dense layers take it behind
+a key (no second dense copy), also when read back from the weight cache."""
 
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def test_a_bf16_layers_dense_weights_live_only_in_onednns_copy_also_from_the_cac
     xb = x.bfloat16().repeat(rows // x.shape[0] + 1, 1)[:rows]
     want = F.linear(xb, dense, layer.dense_bias)
     assert torch.equal(layer(xb), want)
-    # read back (a new key tensor, as in a fresh process): its packed copy is made anew from the kernel's weights
+    # read back (a new key tensor, as in a fresh process): its packed copy is made anew
+    # from the kernel's weights
     again = pickle.loads(pickle.dumps(layer))
     assert again.weight.data_ptr() != layer.weight.data_ptr() and linear_onednn.is_key(again.weight)
     assert torch.equal(again(xb), want)

@@ -54,12 +54,15 @@ def reference_lse(q, paged, tables, lens, scale) -> tuple[torch.Tensor, torch.Te
 
 def check(out, ref, seed, atol=ATOL, rtol=RTOL) -> None:
     assert not out.isnan().any(), f"NaN in output (seed {seed})"
-    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol, msg=lambda m: f"seed {seed}: {m}")
+    torch.testing.assert_close(out.double(), ref.double(), atol=atol, rtol=rtol,
+                               msg=lambda m: f"seed {seed}: {m}")
 
 
 def stacked_tolerance(values: torch.Tensor, atol: float = ATOL, rtol: float = RTOL) -> dict[str, float]:
-    """The tolerance of outputs whose items stack several rows' queries (a group's shared prefix) over `values`:
-    kernel_ref.bf16_probs_atol's where the blocked bf16 routine rounds their probabilities, else the given one."""
+    """The tolerance of outputs whose items stack several rows' queries (a group's
+    shared prefix) over `values`:
+    kernel_ref.bf16_probs_atol's where the blocked bf16 routine rounds their
+    probabilities, else the given one."""
     bound = bf16_probs_atol(values.dtype, values)
     return {"atol": atol, "rtol": rtol} if bound is None else {"atol": max(atol, bound), "rtol": rtol}
 
@@ -78,7 +81,8 @@ def test_plain_decode_matches_float64(kv_dtype, heads, kv_heads, head_dim):
     paged = make_paged(LENS, BS, kv_heads, head_dim, dtype, gen)  # unused slots NaN: a stray read shows
     q = strided_rows(len(LENS), heads, head_dim, torch.float32, gen)  # a view of a wider projection
     scale = head_dim ** -0.5
-    out, lse = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
+    out, lse = pd.attend(q, paged.k_cache, paged.v_cache,
+                         pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
                          scale)
     ref_out, ref_lse = reference_lse(q, paged, paged.block_tables, LENS, scale)
     assert out.dtype == lse.dtype == torch.float32 and out.shape == q.shape and lse.shape == q.shape[:2]
@@ -91,7 +95,8 @@ def test_16bit_queries(q_dtype):
     gen, seed = new_generator()
     paged = make_paged(LENS, BS, 2, 64, torch.bfloat16, gen)
     q = strided_rows(len(LENS), 6, 64, q_dtype, gen)
-    out, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
+    out, _ = pd.attend(q, paged.k_cache, paged.v_cache,
+                       pd.plain_segments(paged.block_tables, torch.tensor(LENS)),
                        0.125)
     check(out, reference_lse(q, paged, paged.block_tables, LENS, 0.125)[0], seed)
 
@@ -134,7 +139,8 @@ def test_prefix_and_suffix_merged_in_the_kernel_equal_full_attention(kv_dtype, s
     cut = len(prefix) * BS
     q = strided_rows(len(lens), 6, 64, torch.float32, gen)
     segs = pd.pack_segments([(list(range(members)), prefix, cut)]
-                            + [([r], tables[r, len(prefix):].tolist(), n - cut) for r, n in enumerate(lens[:members])]
+                            + [([r], tables[r, len(prefix):].tolist(),
+                                n - cut) for r, n in enumerate(lens[:members])]
                             + [([members], tables[members].tolist(), lens[members])])
     with poisoned_alloc():  # an output the kernel forgets to write would hold NaN
         out, lse = pd.decode(q, paged.k_cache, paged.v_cache, segs, 0.125, split_tokens)
@@ -151,10 +157,12 @@ def test_prefix_and_suffix_merged_in_the_kernel_equal_full_attention(kv_dtype, s
     check(lse, acc_lse, seed)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 128)], ids=["smollm2", "gqa8_hd128"])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 128)],
+                         ids=["smollm2", "gqa8_hd128"])
 @pytest.mark.parametrize("members", [1, 2, 3, 5, 7])
 def test_stacked_queries_of_any_count_equal_full_attention(heads, kv_heads, head_dim, members):
-    """bf16 K/V with bf16 queries, the engine's case on CPUs with native bf16 (where the kernel scores a tile's
+    """bf16 K/V with bf16 queries, the engine's case on CPUs with native bf16 (where
+    the kernel scores a tile's
     16 tokens for blocks of up to 6 queries, 3 at head_dim 128): every count of queries per KV head, a block's
     remainder included (3 to 21 at the embedded model's 3-query groups, 8 to 56 at 8), over a shared prefix
     ending mid-block and each row's own tokens, equal float64 attention over the same values."""
@@ -174,7 +182,8 @@ def test_stacked_queries_of_any_count_equal_full_attention(heads, kv_heads, head
 
 
 def test_the_kernel_reports_the_blocked_bf16_path_where_the_cpu_has_it():
-    """Built with -march=native: on a CPU with AVX-512 and AVX512-BF16 the bf16 K/V path is the blocked one."""
+    """Built with -march=native: on a CPU with AVX-512 and AVX512-BF16 the bf16 K/V
+    path is the blocked one."""
     assert build.blocked_bf16() == cpu_capabilities().avx512_bf16, build.simd()
 
 
@@ -236,8 +245,8 @@ def test_decode_step_with_and_without_cascade(kv_dtype):
 
 def test_cpu_backend_runs_a_mixed_step():
     """The "cpu" backend: decode rows (in cascade groups) through the kernel, a prefill chunk over a cached
-    prefix through the kernel's causal segments (bf16 K/V with the blocked bf16 path; else the torch backend it
-    composes, as for the K/V writes)."""
+    prefix through the kernel's causal segments (bf16 K/V with the blocked bf16 path; else the torch backend
+    it composes, as for the K/V writes)."""
     gen, seed = new_generator()
     k_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
     v_cache = torch.randn(200, BS, 2, 64, generator=gen).to(torch.bfloat16)
@@ -268,7 +277,8 @@ def test_rows_do_not_depend_on_the_batch_or_threads():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        two, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, lens), 0.125)
+        two, _ = pd.attend(q, paged.k_cache, paged.v_cache, pd.plain_segments(paged.block_tables, lens),
+                           0.125)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(batch, two)
@@ -313,7 +323,8 @@ def test_operator_traces_with_fake_tensors():
     paged = make_paged(LENS, BS, 2, 64, torch.bfloat16, gen)
     q = torch.randn(len(LENS), 6, 64, generator=gen)
     segs = pd.plain_segments(paged.block_tables, torch.tensor(LENS))
-    args = (q, paged.k_cache, paged.v_cache, segs.blocks, segs.block_start, segs.tokens, segs.rows_ptr, segs.rows,
+    args = (q, paged.k_cache, paged.v_cache, segs.blocks, segs.block_start, segs.tokens, segs.rows_ptr,
+            segs.rows,
             0.125, 512)
     for op in (torch.ops.kvloop_cpu.paged_attention, torch.ops.kvloop_cpu.paged_decode):
         torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor"))
@@ -374,7 +385,8 @@ def test_decode_layer_equals_the_composed_write_and_decode(kv_dtype, q_dtype, ca
     plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1) if cascade else None
     assert (plan is not None) == cascade
     meta = meta_for(tables, lens, plan)
-    meta.slot_mapping = torch.tensor([t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens, strict=True)])
+    meta.slot_mapping = torch.tensor([t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens,
+                                                                                           strict=True)])
     qk = torch.randn(len(lens), heads + kv_heads, hd, generator=gen).to(q_dtype)
     wide = torch.randn(len(lens), 3 * kv_heads, hd, generator=gen).to(q_dtype)
     q, k, v = qk[:, :heads], qk[:, heads:], wide[:, kv_heads: 2 * kv_heads]
@@ -386,7 +398,8 @@ def test_decode_layer_equals_the_composed_write_and_decode(kv_dtype, q_dtype, ca
     assert not torch.equal(fused_cache, kv_cache)  # something was written
     assert fused.dtype == q_dtype and fused.shape == q.shape and fused.is_contiguous()
     assert torch.equal(fused, composed), f"seed {seed}: the outputs differ"
-    ref = reference.paged_decode(q.float(), fused_cache[1, 0], fused_cache[1, 1], meta.decode_block_tables, lens, 0.125)
+    ref = reference.paged_decode(q.float(), fused_cache[1, 0], fused_cache[1, 1], meta.decode_block_tables,
+                                 lens, 0.125)
     tol = {"atol": ATOL, "rtol": RTOL} if q_dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     check(fused.float(), ref, seed, **(stacked_tolerance(fused_cache[1, 1], **tol) if cascade else tol))
 
@@ -401,5 +414,6 @@ def test_decode_layer_refuses_a_slot_outside_the_cache_and_writes_nothing():
     for slot in (4 * BS, -1):
         with pytest.raises(RuntimeError, match="slot"):
             torch.ops.kvloop_cpu.decode_layer(q, k, v, kv_cache, 0, torch.tensor([slot]), work.blocks,
-                                              work.block_start, work.tokens, work.rows_ptr, work.rows, 0.125, 512)
+                                              work.block_start, work.tokens, work.rows_ptr, work.rows, 0.125,
+                                              512)
     assert torch.equal(kv_cache, before)

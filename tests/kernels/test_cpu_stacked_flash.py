@@ -1,7 +1,8 @@
-"""Stacked flash (csrc/stacked_flash.h): a large cascade group's shared prefix over runs of adjacent blocks through
-ATen's CPU flash attention, its partial results merged with the kernel's. Against float64 attention over the
-same bf16 values (its outputs are rounded to bf16 before the merge: held to bf16 error), pieces mixed with the
-kernel's (scattered blocks, short runs, nested groups, a prefix ending mid-block); and where it must not run
+"""Stacked flash (csrc/stacked_flash.h): a large cascade group's shared prefix over runs of adjacent blocks
+through ATen's CPU flash attention, its partial results merged with the kernel's. Against float64 attention
+over the same bf16 values (its outputs are rounded to bf16 before the merge: held to bf16 error), pieces mixed
+with the kernel's (scattered blocks, short runs, nested groups, a prefix ending mid-block);
+and where it must not run
 (fp32 K/V, fp32 queries, small groups, switched off) the kernel's results bit for bit."""
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def kernel() -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def no_stacked_tiles(kernel) -> None:
-    """Where the AMX tile routine serves stacked items flash never runs (test_cpu_stacked_tiles.py): off here."""
+    """Where the AMX tile routine serves stacked items flash never runs
+    (test_cpu_stacked_tiles.py): off here."""
     with stacked_tiles(False):
         yield
 

@@ -1,9 +1,10 @@
-"""The AMX tile routine for stacked items (csrc/tile_amx.h): a cascade group's shared prefix scored and weighted
-as tile products, 16 queries at a time. Against float64 attention over the same bf16 values, held to bf16 error
-(the probabilities are rounded to bf16 for the values' product): groups of 2 to 16 members (queries past 16 take a
-second block of lanes), nested, ending mid-block (a partial last tile), over adjacent, split and scattered blocks,
-with every KV head in one item or one head an item; where it must not run (fp32 K/V or queries, a split that
-is not a multiple of 16 tokens) the other routines' results bit for bit."""
+"""The AMX tile routine for stacked items (csrc/tile_amx.h): a cascade group's shared prefix scored and
+weighted as tile products, 16 queries at a time. Against float64 attention over the same bf16
+values, held to bf16 error
+(the probabilities are rounded to bf16 for the values' product): groups of 2 to 16 members (queries past 16
+take a second block of lanes), nested, ending mid-block (a partial last tile), over adjacent, split and
+scattered blocks, with every KV head in one item or one head an item; where it must not run (fp32 K/V or
+queries, a split that is not a multiple of 16 tokens) the other routines' results bit for bit."""
 
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def test_groups_of_every_size_with_and_without_their_own_tokens(members, tokens)
 
 
 def test_one_kv_head_an_item_gives_the_same_results():
-    """A lone group spreads over the threads by KV head (one head an item) where it has too few splits for them: the
-    tiles' lanes and the merge come out the same as with every head in one item."""
+    """A lone group spreads over the threads by KV head (one head an item) where it has too few splits for
+    them: the tiles' lanes and the merge come out the same as with every head in one item."""
     gen, seed = new_generator()
     pool = Pool(200, torch.bfloat16, gen)
     parts = [(list(range(8)), pool.adjacent(125), 2000)]

@@ -1,6 +1,6 @@
 """kvloop_step::attention's C++ kernel for CPU tensors (engine/kernels/cpu/csrc/paged_decode.cpp): with a
-decode-only step bound (the "cpu" backend's LayerFn.native_step) it runs decode_layer itself, bit for bit as the
-Python kernel's path does, without calling into Python; with none bound it calls the Python kernel
+decode-only step bound (the "cpu" backend's LayerFn.native_step) it runs decode_layer itself, bit for bit as
+the Python kernel's path does, without calling into Python; with none bound it calls the Python kernel
 (step_attention, whatever the backend bound). The operator's Python definition and the kernel's library may be
 loaded in either order."""
 
@@ -33,8 +33,8 @@ class Recording:
 
 
 def decode_step(gen: torch.Generator, kv_dtype: torch.dtype, cascade: bool):
-    """A 5-row decode step over a 3-layer cache (rows 2-4 sharing 2 blocks) and one layer's q, k, v as the model
-    hands them over (strided views)."""
+    """A 5-row decode step over a 3-layer cache (rows 2-4 sharing 2 blocks) and one layer's q, k, v as the
+    model hands them over (strided views)."""
     layers, heads, kv_heads, hd = 3, 6, 2, 64
     kv_cache = torch.randn(layers, 2, 120, BS, kv_heads, hd, generator=gen).to(kv_dtype)
     free = (torch.randperm(119, generator=gen) + 1).tolist()
@@ -44,7 +44,8 @@ def decode_step(gen: torch.Generator, kv_dtype: torch.dtype, cascade: bool):
     tables += [shared + [free.pop() for _ in range(-(-n // BS) - 2)] for n in lens[2:]]
     plan = build_plan(tables, lens, BS, lambda members, tokens: members > 1) if cascade else None
     meta = meta_for(tables, lens, plan)
-    meta.slot_mapping = torch.tensor([t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens, strict=True)])
+    meta.slot_mapping = torch.tensor([t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens,
+                                                                                           strict=True)])
     qk = torch.randn(len(lens), heads + kv_heads, hd, generator=gen)
     wide = torch.randn(len(lens), 3 * kv_heads, hd, generator=gen)
     return kv_cache, meta, qk[:, :heads], qk[:, heads:], wide[:, kv_heads: 2 * kv_heads]
@@ -61,7 +62,8 @@ def attention(attend, q, k, v, layer: int) -> torch.Tensor:
 
 def test_the_dispatcher_has_a_cpu_kernel_for_the_operator():
     assert torch._C._dispatch_has_kernel_for_dispatch_key("kvloop_step::attention", "CPU")
-    assert torch._C._dispatch_has_kernel_for_dispatch_key("kvloop_step::attention", "CompositeExplicitAutograd")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("kvloop_step::attention",
+                                                          "CompositeExplicitAutograd")
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -92,7 +94,8 @@ def test_a_bound_decode_step_runs_in_cpp_with_the_python_paths_bits(kv_dtype, ca
 
 
 def test_steps_that_bind_nothing_go_through_python():
-    """A prefill or mixed step of the "cpu" backend and every step of the torch backend carry no native step."""
+    """A prefill or mixed step of the "cpu" backend and every step of the torch backend
+    carry no native step."""
     gen, _ = new_generator()
     kv_cache, meta, q, k, v = decode_step(gen, torch.float32, False)
     meta.prefills = [object()]  # only its truth is read here
@@ -125,7 +128,8 @@ print("ok")
 
 @pytest.mark.parametrize("library_first", [True, False], ids=["library_first", "definition_first"])
 def test_either_load_order_serves_both_paths(library_first):
-    """The C++ kernel is registered before or after the Python definition, and either way serves both paths."""
+    """The C++ kernel is registered before or after the Python definition, and either
+    way serves both paths."""
     load, define = "assert build.load()", "from kvloop.engine.runner import compiled_step"
     first, second = (load, define) if library_first else (define, load)
     script = LOAD_ORDER.format(first=first, second=second)

@@ -23,7 +23,8 @@ SYSTEM = list(range(40, 60))  # 20 tokens: one full shared block, then the docum
 DOC_A = [(7 * i) % 90 + 3 for i in range(40)]
 DOC_B = [(11 * i) % 90 + 5 for i in range(37)]
 FIRST = {"a1": SYSTEM + DOC_A + [1, 2, 3], "b1": SYSTEM + DOC_B + [4]}
-THEN = {"a2": SYSTEM + DOC_A + [9, 8], "b2": SYSTEM + DOC_B + [6, 6, 6], "s": SYSTEM + [77, 78], "x": [5, 6, 7]}
+THEN = {"a2": SYSTEM + DOC_A + [9, 8], "b2": SYSTEM + DOC_B + [6, 6, 6], "s": SYSTEM + [77, 78],
+        "x": [5, 6, 7]}
 
 
 def record_plans(engine: EngineCore, plans: list[CascadePlan]) -> None:

@@ -1,4 +1,5 @@
-"""The engine gives the same greedy tokens through the Triton kernels (interpreter) as through the torch path."""
+"""The engine gives the same greedy tokens through the Triton kernels (interpreter) as
+through the torch path."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from kvloop.engine.model.llama import LlamaModel
 from kvloop.engine.model.random_weights import random_weights
 from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
-TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=6, num_kv_heads=2,
+TINY = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=6,
+                   num_kv_heads=2,
                    head_dim=16 * 2, rope_theta=10000.0, max_position=256)
 PROMPTS = [[5, 17, 3, 88, 41, 9, 60, 2, 33], [70, 1, 1, 4], list(range(10, 47)), [91]]
 

@@ -26,6 +26,7 @@ def test_aot_compile_sm90_sm80(tmp_path):
     arches = {r["arch"] for r in report["results"]}
     assert arches == {"sm_90", "sm_80"}
     kernels = {r["kernel"].split("/")[0] for r in report["results"]}
-    assert kernels == {"write_kv", "decode", "decode_merge", "extend", "copy_blocks", "rms_norm", "cascade_shared"}
+    assert kernels == {"write_kv", "decode", "decode_merge", "extend", "copy_blocks", "rms_norm",
+                       "cascade_shared"}
     for r in report["results"]:
         assert {"ttgir", "llir", "ptx", "cubin"} <= set(r["stages"]), r

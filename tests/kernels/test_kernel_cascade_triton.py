@@ -50,7 +50,8 @@ def build(name: str):
     dtype = DTYPES[dtype_name]
     gen, seed = new_generator()
     paged = make_cascade_paged(lens, segments, bs, n_kv, hd, dtype, gen)
-    q = strided_rows(len(lens), n_kv * group, hd, dtype, gen)  # as the runner hands it: a fused-projection slice
+    # as the runner hands it: a fused-projection slice
+    q = strided_rows(len(lens), n_kv * group, hd, dtype, gen)
     return paged, q, torch.tensor(lens, dtype=torch.int32), dtype, seed
 
 
@@ -93,7 +94,8 @@ def test_shared_partials_and_lse(name):
     paged, q, ctx, dtype, seed = build(name)
     _, _, _, _, hd, lens, segments, splits, shared_splits = CASES[name]
     with poisoned_alloc():
-        part_out, part_lse, packed = cascade_partials(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx,
+        part_out, part_lse, packed = cascade_partials(q, paged.k_cache, paged.v_cache, paged.block_tables,
+                                                      ctx,
                                                       hd**-0.5, segments, splits, shared_splits)
     for seg in segments:
         for r in seg.rows:
@@ -106,8 +108,10 @@ def test_shared_partials_and_lse(name):
             weights = (lse - merged_lse[:, None]).exp().nan_to_num(0.0)
             data = part_out[r, :, slots].double().nan_to_num(0.0)  # empty splits may hold anything
             merged = (weights[..., None] * data).sum(1)
-            torch.testing.assert_close(merged_lse, ref_lse[0], atol=1e-4, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
-            torch.testing.assert_close(merged, ref[0], atol=1e-5, rtol=1e-5, msg=lambda m: f"seed {seed}: {m}")
+            torch.testing.assert_close(merged_lse, ref_lse[0], atol=1e-4, rtol=1e-5,
+                                       msg=lambda m: f"seed {seed}: {m}")
+            torch.testing.assert_close(merged, ref[0], atol=1e-5, rtol=1e-5,
+                                       msg=lambda m: f"seed {seed}: {m}")
 
 
 def test_packed_plan_reused_across_layers(launches):
@@ -116,7 +120,8 @@ def test_packed_plan_reused_across_layers(launches):
     segments = CASES["two_documents"][6]
     packed = pack_segments(segments, q.shape[0], paged.k_cache.shape[2], 16, q.device)
     out = tk.cascade_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, 0.125, packed)
-    again = tk.cascade_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, 0.125, segments)
+    again = tk.cascade_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, 0.125,
+                                        segments)
     assert torch.equal(out, again)
     launches("cascade_shared", times=2)
 

@@ -56,7 +56,8 @@ def test_decode_matches_reference(dtype_name, block_size, group, head_dim, split
         assert planned == splits, "the forced split count must take effect for this case to mean anything"
     launches("decode_merge", times=int(planned > 1))  # the split path really ran (or really did not)
 
-    ref = torch.cat([reference.attention(q[b : b + 1], paged.keys[b], paged.values[b], scale, None) for b in range(len(lens))])
+    ref = torch.cat([reference.attention(q[b : b + 1], paged.keys[b], paged.values[b], scale,
+                                         None) for b in range(len(lens))])
     assert_close(out, ref, dtype, seed)
 
 
@@ -76,7 +77,8 @@ def test_decode_empty_context_gives_zeros(splits, launches):
     q = torch.randn(2, N_KV * 3, 64, generator=gen).to(torch.float16)
     with poisoned_alloc():
         out = tk.paged_decode_attention(
-            q, paged.k_cache, paged.v_cache, paged.block_tables, torch.tensor([0, 40], dtype=torch.int32), 0.125,
+            q, paged.k_cache, paged.v_cache, paged.block_tables, torch.tensor([0, 40], dtype=torch.int32),
+            0.125,
             num_splits=splits,
         )
     launches("decode")

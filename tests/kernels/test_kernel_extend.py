@@ -40,7 +40,8 @@ def _run(dtype_name, block_size, group, head_dim, seqs):
     scale = head_dim**-0.5
     with poisoned_alloc():
         out = tk.paged_extend_attention(
-            q, paged.k_cache, paged.v_cache, paged.block_tables, qsl, torch.tensor(seq_lens, dtype=torch.int32), scale
+            q, paged.k_cache, paged.v_cache, paged.block_tables, qsl,
+            torch.tensor(seq_lens, dtype=torch.int32), scale
         )
     refs = [
         reference.attention(q[qsl[s] : qsl[s + 1]], paged.keys[s], paged.values[s], scale, first_pos=prefix)

@@ -23,7 +23,8 @@ def test_gpu_check_dry_run(tmp_path):
     report = json.loads(out.read_text())
     assert report["meta"]["interpreted"] is True
     assert report["summary"]["all_checks_ok"] is True
-    assert {c["kernel"] for c in report["checks"]} == {"decode", "extend", "write_kv", "copy_blocks", "rms_norm",
+    assert {c["kernel"] for c in report["checks"]} == {"decode", "extend", "write_kv", "copy_blocks",
+                                                       "rms_norm",
                                                          "cascade"}
     for name in ("ceilings", "decode_bandwidth", "decode_sweep", "cascade_timing", "timings"):
         assert "error" not in report[name], report[name]

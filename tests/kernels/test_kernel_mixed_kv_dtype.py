@@ -36,7 +36,8 @@ def test_decode_and_cascade_fp32_queries(kv, launches):
     with poisoned_alloc():
         plain = tk.paged_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, HD**-0.5,
                                           num_splits=2)
-        cascade = tk.cascade_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx, HD**-0.5,
+        cascade = tk.cascade_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, ctx,
+                                              HD**-0.5,
                                               segments)
     launches("cascade_shared")
     assert_close(plain, ref, torch.float32, seed)

@@ -22,7 +22,9 @@ def _prompts(rng: random.Random) -> list[list[int]]:
     shared = [[rng.randrange(50_000) for _ in range(rng.randrange(0, 300))] for _ in range(4)]
     blocks = [[rng.randrange(50_000) for _ in range(BS)] for _ in range(3)]
     reordered = [sum((blocks[i] for i in rng.choices(range(3), k=6)), []) for _ in range(10)]
-    return ([rng.choice(shared) + [rng.randrange(50_000) for _ in range(rng.randrange(0, 80))] for _ in range(60)]
+    return ([rng.choice(shared) + [rng.randrange(50_000) for _ in range(rng.randrange(0,
+                                                                                      80))]
+                                                                                      for _ in range(60)]
             + [blocks[0] * 8] + reordered)
 
 
@@ -58,8 +60,8 @@ def test_chain_hasher_gives_chain_hashes():
 
 
 def test_tuple_keys_are_the_same_in_every_process():
-    """str and bytes hash differently per process (PYTHONHASHSEED); tuples of ints do not: the simulator's runs
-    repeat exactly."""
+    """str and bytes hash differently per process (PYTHONHASHSEED); tuples of ints do not: the simulator's
+    runs repeat exactly."""
     code = ("from kvloop.engine.kv.hashing import TupleChainKeys; "
             "print(TupleChainKeys(16, b'llama')(list(range(7, 300))))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

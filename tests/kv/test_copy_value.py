@@ -27,7 +27,8 @@ def test_share_counts_asks_per_class_once_per_eviction_and_decides_by_the_prices
     assert cv.share(1) == 1 / 3 and cv.share(2) is None and cv.share(9) is None  # class 2: too few evictions
     assert not cv.pays(1, BS, BREAK_EVEN_HALF) and cv.pays(1, BS, CHEAP_LOADS)
     assert cv.pays(1, BS, Prices({"host": 1.0}, token_s=None))  # recomputing has no price yet: copy
-    assert not cv.pays(1, BS, Prices({"host": 4.0}, token_s=3.0 / BS))  # a load dearer than recomputing: never
+    # a load dearer than recomputing: never
+    assert not cv.pays(1, BS, Prices({"host": 4.0}, token_s=3.0 / BS))
 
 
 def test_asks_count_only_within_the_window_and_counts_halve_every_window():

@@ -109,16 +109,19 @@ def test_the_host_copy_is_lazy_and_takes_every_block_while_the_host_has_room():
 def test_under_host_pressure_blocks_offered_once_only_displace_each_other():
     kv = make(blocks=16, host_cache_tokens=12 * BS)  # a host of 12 slots
     serve(kv, "flood", one_off(1, 16 * BS))
-    serve(kv, "flood2", one_off(2, 16 * BS))  # 16 blocks offered once go down: 12 fit, the last 4 displace others
+    # 16 blocks offered once go down: 12 fit, the last 4 displace others
+    serve(kv, "flood2", one_off(2, 16 * BS))
     assert kv.host.num_used == 12 and kv.host.policy.num_earned == 0 and kv.stats.demotions_host == 16
     serve(kv, "twice-a", HOT + [1])
     serve(kv, "twice-b", HOT + [2])
-    serve(kv, "flood3", one_off(3, 16 * BS))  # HOT (offered twice) goes down and pushes out 8 blocks offered once
+    # HOT (offered twice) goes down and pushes out 8 blocks offered once
+    serve(kv, "flood3", one_off(3, 16 * BS))
     assert kv.host.num_used == 12 and kv.host.policy.num_earned == 8
     used = kv.stats.demotions_host
     serve(kv, "flood4", one_off(4, 16 * BS))  # 16 blocks offered once churn through the 4 slots of their kind
     assert kv.host.policy.num_earned == 8 and kv.stats.demotions_host == used + 16 and kv.host.num_used == 12
-    assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)  # one-offs did not flush it
+    # one-offs did not flush it
+    assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)
     kv.check_integrity([])
 
 
@@ -129,11 +132,12 @@ def test_a_host_full_of_earned_copies_refuses_blocks_offered_once_and_counts_the
     serve(kv, "flood", one_off(1, 16 * BS))  # HOT (offered twice) goes down and fills the host
     assert kv.host.policy.num_earned == kv.host.num_used == kv.stats.demotions_host == 8
     assert kv.stats.host_copies_refused == 0
-    serve(kv, "flood2", one_off(2, 16 * BS))  # flood's 16 blocks (offered once) leave the device: no room for them
+    # flood's 16 blocks (offered once) leave the device: no room for them
+    serve(kv, "flood2", one_off(2, 16 * BS))
     assert kv.stats.host_copies_refused == 16 and kv.stats.demotions_host == 8
     assert kv.stats.evictions == kv.stats.demotions_host + kv.stats.host_copies_refused
-    # HOT comes back whole: promoting its chain (each take evicts a flood2 block, refused by the host) does not
-    # cool the chain's own later copies into probation, where those refused blocks could displace them
+    # HOT comes back whole: promoting its chain (each take evicts a flood2 block, refused by the host) does
+    # not cool the chain's own later copies into probation, where those refused blocks could displace them
     assert serve(kv, "again", HOT + [3]) == len(HOT) and kv.stats.hit_tokens_host == len(HOT)
     kv.check_integrity([])
 
@@ -154,7 +158,8 @@ def test_host_tier_classes_follow_the_hash_as_of_now_and_unused_copies_cool():
     offers[11] = 2
     host.hit(host.slot_of(11))  # used again: it has earned its place now
     assert host.policy.num_earned == 2
-    assert host.acquire(lambda s, old: gone.append(old), earned=False) is None  # no room for a block offered once
+    # no room for a block offered once
+    assert host.acquire(lambda s, old: gone.append(old), earned=False) is None
     assert put(13) is not None and len(gone) == 2  # an earned block may push out an earned one
     for _ in range(4):  # 11 keeps being used; 13, unused, spends its credit and cools back to probation
         host.hit(host.slot_of(11))
@@ -190,4 +195,5 @@ def test_a_request_looked_up_again_while_it_waits_counts_its_hit_once():
         seq.num_computed_tokens = seq.num_cached_tokens = 0
         seq.cached_tokens_by_tier = {}
     st = kv.stats
-    assert st.hit_tokens_device == len(HOT) <= st.query_tokens_device == 2 * (len(HOT) + 1)  # doc's and waiting's
+    # doc's and waiting's
+    assert st.hit_tokens_device == len(HOT) <= st.query_tokens_device == 2 * (len(HOT) + 1)

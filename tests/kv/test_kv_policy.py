@@ -156,12 +156,14 @@ def test_bulk_forms_match_one_at_a_time():
         counts = getattr(getattr(bulk, "order", bulk), "counts", None)
         assert counts in (None, dict.fromkeys([5, 3, 9, 1, 7], 2))  # hit 2 or 4 times each: capped at 2
         assert counts == getattr(getattr(one, "order", one), "counts", None)
-        assert [one.victim(lambda s: True) for _ in range(5)] == [bulk.victim(lambda s: True) for _ in range(5)]
+        assert [one.victim(lambda s: True) for _ in range(5)] == [bulk.victim(lambda s: True)
+                                                                  for _ in range(5)]
     pool = BlockPool(4)
     taken = [pool.allocate() for _ in range(3)]
     assert pool.incref_all([taken[1]]) == []  # referenced already
     assert pool.decref_all([taken[2], taken[1], taken[0]]) == [taken[2], taken[0]]
-    assert pool.incref_all([taken[2], taken[2], taken[1]]) == [taken[2]]  # the second reference is not a first
+    # the second reference is not a first
+    assert pool.incref_all([taken[2], taken[2], taken[1]]) == [taken[2]]
     assert [pool.ref_counts[b] for b in taken] == [0, 2, 2]
     with pytest.raises(RuntimeError, match="released more often"):
         pool.decref_all([taken[0]])
@@ -172,7 +174,8 @@ def test_bulk_forms_match_one_at_a_time():
     index = PrefixIndex()
     index.add(3, 30, ROOT)
     index.add(1, 10, 30)
-    assert index.hashes_of([1, 2, 3]) == [index.hash_of(1), index.hash_of(2), index.hash_of(3)] == [10, None, 30]
+    assert index.hashes_of([1, 2, 3]) == [index.hash_of(1), index.hash_of(2), index.hash_of(3)] == [10, None,
+                                                                                                    30]
 
 
 def test_ghost_table_is_bounded():

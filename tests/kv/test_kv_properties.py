@@ -27,7 +27,8 @@ STATS: Counter = Counter()  # what the long runs exercised (printed by the cover
 
 
 class KVMachine(RuleBasedStateMachine):
-    @initialize(mode=st.sampled_from(cache_policy_names()), pool=st.integers(5, 14), host=st.sampled_from([0, 3, 12]),
+    @initialize(mode=st.sampled_from(cache_policy_names()), pool=st.integers(5, 14),
+                host=st.sampled_from([0, 3, 12]),
                 disk=st.booleans(), admit=st.integers(1, 3), min_prefix=st.sampled_from([0, 8]),
                 watermark=st.sampled_from([0.0, 0.25, 0.6]))
     def setup(self, mode, pool, host, disk, admit, min_prefix, watermark):
@@ -195,7 +196,8 @@ def test_long_random_runs(seed, mode):
         op = rng.random()
         pick = rng.randrange(50)
         if op < 0.2:
-            m.new_request(prefix=rng.randrange(len(PREFIXES)), tail=[rng.randint(60, 63) for _ in range(rng.randrange(17))])
+            m.new_request(prefix=rng.randrange(len(PREFIXES)),
+                          tail=[rng.randint(60, 63) for _ in range(rng.randrange(17))])
         elif op < 0.4 and m.waiting:
             m.admit(pick=pick, chunk=rng.randint(4, 24))
         elif op < 0.75 and m.running:
@@ -222,7 +224,8 @@ def test_long_runs_exercised_every_path():
     if not STATS:
         test_long_random_runs()
     for key in ("hit_tokens_device", "hit_tokens_host", "hit_tokens_disk", "evictions", "host_evictions",
-                "demotions_host", "demotions_disk", "promotions_host", "promotions_disk", "swaps_out", "swaps_in",
+                "demotions_host", "demotions_disk", "promotions_host", "promotions_disk", "swaps_out",
+                "swaps_in",
                 "disk_bad_files", "disk_writes_dropped", "admissions_refused", "eviction_regret",
                 "peek_agreed_device", "peek_agreed_host", "peek_agreed_disk"):
         assert STATS[key] > 0, f"the random runs never exercised {key}: {dict(STATS)}"

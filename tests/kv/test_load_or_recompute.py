@@ -19,7 +19,8 @@ HOT = list(range(1000, 1000 + 8 * BS))
 
 def test_device_blocks_are_always_used_and_unknown_recompute_cost_loads():
     assert blocks_to_use(["device"] * 3, BS, Prices({"host": 1.0}, token_s=1e-9)) == 3
-    assert blocks_to_use(["device", "host", "disk"], BS, Prices({"host": 1.0, "disk": 1.0})) == 3  # token_s None
+    # token_s None
+    assert blocks_to_use(["device", "host", "disk"], BS, Prices({"host": 1.0, "disk": 1.0})) == 3
     assert blocks_to_use([], BS, Prices(token_s=1.0)) == 0
 
 

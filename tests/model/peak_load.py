@@ -35,7 +35,8 @@ def shapes() -> dict[str, tuple[int, ...]]:
 
 _GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+               "post_attention_layernorm": "ffn_norm"}
 
 
 def _gguf_name(hf: str) -> str:
@@ -61,7 +62,8 @@ def write_gguf(path: Path) -> None:
     w.add_context_length(256)
     w.add_vocab_size(VOCAB)
     for name, shape in shapes().items():
-        w.add_tensor(_gguf_name(name), np.full(shape, 0.01, dtype=np.float16 if len(shape) == 2 else np.float32))
+        w.add_tensor(_gguf_name(name),
+                     np.full(shape, 0.01, dtype=np.float16 if len(shape) == 2 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -115,7 +117,8 @@ def main() -> None:
     model = LlamaModel(ckpt.config, weights, torch.bfloat16)
     numel = [int(np.prod(s)) for s in shapes().values()]
     files = [path] if path.is_file() else list(path.iterdir())
-    print(json.dumps({"before": before, "after": peak_rss(), "file_bytes": sum(f.stat().st_size for f in files),
+    print(json.dumps({"before": before, "after": peak_rss(),
+                      "file_bytes": sum(f.stat().st_size for f in files),
                       "model_bytes": sum(numel) * 2, "largest_fp32_bytes": max(numel) * 4,
                       "all_fp32_bytes": sum(numel) * 4, "dtype": str(model.embed.dtype)}))
 

@@ -36,7 +36,8 @@ def test_reads_what_gguf_reader_reads(tmp_path):
     rng = np.random.default_rng(0)
     writer.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float32))
     writer.add_tensor("blk.0.ffn_up.weight", rng.standard_normal((3, 64)).astype(np.float16))
-    for name, kind in (("token_embd.weight", GGMLQuantizationType.Q8_0), ("blk.0.attn_q.weight", GGMLQuantizationType.Q4_1)):
+    for name, kind in (("token_embd.weight", GGMLQuantizationType.Q8_0),
+                       ("blk.0.attn_q.weight", GGMLQuantizationType.Q4_1)):
         data = quantize(rng.standard_normal((5, 64)).astype(np.float32), kind)
         writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
     writer.write_header_to_file()
@@ -45,7 +46,8 @@ def test_reads_what_gguf_reader_reads(tmp_path):
     writer.close()
 
     ours, theirs = GGUFFile(path), GGUFReader(path)
-    assert ours.fields == {key: reader_value(f) for key, f in theirs.fields.items() if not key.startswith("GGUF.")}
+    assert ours.fields == {key: reader_value(f) for key, f in theirs.fields.items()
+                           if not key.startswith("GGUF.")}
     assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
     for a, b in zip(ours.tensors, theirs.tensors, strict=True):
         assert a.tensor_type == b.tensor_type and list(a.shape) == list(b.shape)

@@ -14,7 +14,8 @@ from kvloop.engine.model.llama import LlamaModel
 
 def test_embedded_config(checkpoint):
     cfg = checkpoint.config
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3,
+                                                                                                64)
     assert cfg.vocab_size == 49152 and cfg.rope_theta == 100000.0 and cfg.tie_embeddings
     assert len(checkpoint.fingerprint) == 32
 
@@ -27,7 +28,8 @@ def test_fingerprint_is_stable(checkpoint):
 def test_unpermute_inverts_llama_cpp_permutation():
     n_head, rows, cols = 3, 12, 5
     w = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
-    permuted = w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)  # llama.cpp's
+    # llama.cpp's
+    permuted = w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)
     assert np.array_equal(unpermute_rotary(permuted, n_head), w)
 
 

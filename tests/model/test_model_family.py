@@ -31,7 +31,8 @@ def logits_of(model: LlamaModel, ids: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("arch", ["Llama", "Mistral", "Qwen2"])
 def test_hf_family_matches_transformers(tmp_path, arch):
     torch.manual_seed(0)
-    config = getattr(transformers, f"{arch}Config")(**TINY, rope_theta=5000.0, tie_word_embeddings=arch == "Qwen2")
+    config = getattr(transformers, f"{arch}Config")(**TINY, rope_theta=5000.0,
+                                                    tie_word_embeddings=arch == "Qwen2")
     reference = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
     reference.save_pretrained(tmp_path, safe_serialization=True)
     checkpoint = load_checkpoint(tmp_path, progress=False)
@@ -54,5 +55,6 @@ def test_registry_knows_both_formats_names():
 def test_unknown_architecture_is_a_clear_error():
     cfg = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=16, architecture="GemmaForCausalLM")
-    with pytest.raises(ValueError, match=r"unknown model architecture 'GemmaForCausalLM'; known: LlamaForCausalLM"):
+    with pytest.raises(ValueError,
+                       match=r"unknown model architecture 'GemmaForCausalLM'; known: LlamaForCausalLM"):
         build_model(cfg, random_weights(cfg, 0), torch.float32)

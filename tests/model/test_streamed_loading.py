@@ -34,7 +34,8 @@ def test_fp32_model_is_bit_identical_to_an_eager_load(checkpoint, fp32_model, to
     """Everything read into a dict first (the loaders' old behaviour) gives the same model, bit for bit."""
     eager = {name: checkpoint.weights[name] for name in checkpoint.weights}
     model = LlamaModel(checkpoint.config, eager, torch.float32)
-    assert torch.equal(model.embed, fp32_model.embed) and torch.equal(model.lm_head.weight, fp32_model.lm_head.weight)
+    assert torch.equal(model.embed, fp32_model.embed) and torch.equal(model.lm_head.weight,
+                                                                      fp32_model.lm_head.weight)
     for ours, theirs in zip(fp32_model.layers, model.layers, strict=True):
         for part in ("qkv", "o", "gate_up", "down"):
             assert torch.equal(getattr(ours, part).weight, getattr(theirs, part).weight), part

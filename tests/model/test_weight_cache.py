@@ -17,7 +17,8 @@ from kvloop.engine.model.random_weights import random_weights
 from kvloop.engine.model.registry import build_model
 from kvloop.engine.model.weight_cache import ENV, UNUSED_DAYS
 
-CFG = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+CFG = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                  num_kv_heads=2,
                   head_dim=16, tie_embeddings=True, max_position=64, attention_bias=True)
 FINGERPRINT = "test-weights-0"
 

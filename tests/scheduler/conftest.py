@@ -18,6 +18,7 @@ def make_engine(fp32_model, checkpoint):
         sched_keys = set(SchedulerConfig.__dataclass_fields__) - {"mode"}
         sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in sched_keys})
         cfg = EngineConfig(dtype="float32", progress=False, scheduler=sched, **kwargs)
-        return EngineCore(cfg, model=fp32_model, fingerprint=checkpoint.fingerprint, model_name=checkpoint.name)
+        return EngineCore(cfg, model=fp32_model, fingerprint=checkpoint.fingerprint,
+                          model_name=checkpoint.name)
 
     return make

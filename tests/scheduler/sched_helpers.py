@@ -26,7 +26,8 @@ def kv_config(mode: str = "codesign", **kw) -> KVConfig:
     return KVConfig(mode=mode, **{**base, **kw})
 
 
-def make(num_blocks: int = 64, block_size: int = 4, kv: KVConfig | None = None, clock: FakeClock | None = None,
+def make(num_blocks: int = 64, block_size: int = 4, kv: KVConfig | None = None,
+         clock: FakeClock | None = None,
          **cfg) -> Scheduler:
     cfg.setdefault("max_num_batched_tokens", 4096)
     return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, block_size, kv), clock=clock)
@@ -63,4 +64,5 @@ def run_all(s: Scheduler, max_steps: int = 5000, clock: FakeClock | None = None,
         s.check_integrity()
         if clock is not None:
             clock.t += dt
-    raise AssertionError(f"work left after {max_steps} steps: {len(s.waiting)} waiting, {len(s.running)} running")
+    raise AssertionError(f"work left after {max_steps} steps: {len(s.waiting)} waiting, {len(s.running)} "
+                         "running")

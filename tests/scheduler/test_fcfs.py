@@ -20,9 +20,11 @@ def seq(rid: str, n: int, max_tokens: int = 4) -> Sequence:
 
 
 def fake_step(s: Scheduler, token: int = 7) -> None:
-    """A step without a model: every sampling sequence gets `token`; the scheduler's bookkeeping applies it."""
+    """A step without a model: every sampling sequence gets `token`; the scheduler's
+    bookkeeping applies it."""
     batch = s.schedule()
-    s.update_from_output(batch, StepResult({item.seq.request_id: token for item in batch.items if item.samples}))
+    s.update_from_output(batch,
+                         StepResult({item.seq.request_id: token for item in batch.items if item.samples}))
 
 
 def test_running_first_and_token_budget():

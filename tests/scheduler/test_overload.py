@@ -17,13 +17,15 @@ DOCS = [toks(50 + d, 48) for d in range(3)]
 def test_tiny_pool_nothing_lost_nothing_hangs(mode):
     rng = random.Random(mode)
     clock = FakeClock()
-    kv = kv_config("continuous" if mode == "static" else mode, host_cache_tokens=64 if mode == "codesign" else 0)
+    kv = kv_config("continuous" if mode == "static" else mode,
+                   host_cache_tokens=64 if mode == "codesign" else 0)
     s = make(num_blocks=40, kv=kv, clock=clock, mode=mode, max_waiting=12, max_num_batched_tokens=64,
              aging_s=0.5)
     seqs, rejected = [], {}
     for _tick in range(200):
         for _ in range(rng.choice([0, 0, 1, 2, 3])):  # bursts
-            prompt = rng.choice(DOCS) + toks(1000 + len(seqs), rng.randint(2, 12)) if rng.random() < 0.6 else \
+            prompt = rng.choice(DOCS) + toks(1000 + len(seqs),
+                                             rng.randint(2, 12)) if rng.random() < 0.6 else \
                 toks(2000 + len(seqs), rng.randint(4, 60))
             q = req(f"r{len(seqs)}", prompt, rng.randint(1, 40))
             seqs.append(q)

@@ -47,7 +47,8 @@ def test_forced_preemption_gives_the_same_tokens(make_engine, reference, kind):
 
 @pytest.mark.parametrize("host", [1024, 0])
 def test_preemption_under_a_small_pool_gives_the_same_tokens(make_engine, reference, host):
-    # 7 blocks: two requests start (3 blocks each) and cannot both grow to 4; no decode reserve, so growth preempts
+    # 7 blocks: two requests start (3 blocks each) and cannot both grow to 4; no decode
+    # reserve, so growth preempts
     eng = make_engine(kv_cache_tokens=112, decode_reserve_tokens=0,
                       kv=KVConfig(mode="codesign", host_cache_tokens=host, watermark=0.0))
     for i, p in enumerate(PROMPTS):

@@ -12,7 +12,8 @@ from kvloop.engine.scheduler.scheduler import RequestRejected
 
 
 def _static(clock: FakeClock, num_blocks: int = 64, **kw):
-    return make(num_blocks=num_blocks, kv=kv_config("continuous"), clock=clock, mode="static", static_batch_size=4,
+    return make(num_blocks=num_blocks, kv=kv_config("continuous"), clock=clock, mode="static",
+                static_batch_size=4,
                 static_fill_timeout_s=0.5, **kw)
 
 
@@ -59,7 +60,8 @@ def test_static_oom_fails_requests_whose_reservation_does_not_fit():
     s.schedule()
     assert s.num_oom_events == 2
     failed = s.take_failed()
-    assert failed == seqs[2:] and all(q.finish_reason == "error" and "out of memory" in q.error for q in failed)
+    assert failed == seqs[2:] and all(q.finish_reason == "error" and "out of memory" in q.error
+                                      for q in failed)
     run_all(s)
     assert [q.finish_reason for q in seqs] == ["length", "length", "error", "error"]
 

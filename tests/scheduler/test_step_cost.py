@@ -42,7 +42,9 @@ def test_join_saving_follows_the_group_gain():
     a = sc.attention
     assert sc.join_saving_us(0, 2000) == 0.0 and sc.join_saving_us(16, 0) == 0.0
     assert sc.join_saving_us(1, 32) == 0.0  # a pair over 32 tokens does not pay on this machine
-    assert sc.join_saving_us(16, 1904) == pytest.approx(2 * (a.group_gain_us(17, 1904) - a.group_gain_us(16, 1904)))
+    assert sc.join_saving_us(16,
+                             1904) == pytest.approx(2 * (a.group_gain_us(17, 1904) - a.group_gain_us(16,
+                                                                                                     1904)))
 
 
 def sched(mode: str = "codesign", clock: FakeClock | None = None, **cfg) -> Scheduler:

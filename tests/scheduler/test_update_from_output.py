@@ -49,7 +49,8 @@ def test_stop_tokens_and_eos_finish_with_stop():
         s.add(q)
     batch = s.schedule()
     out = s.update_from_output(batch, StepResult({"stop": 5, "eos": 2, "ignored": 2}), eos_token_ids={2})
-    assert {x.seq.request_id: x.finish_reason for x in out} == {"stop": "stop", "eos": "stop", "ignored": None}
+    assert {x.seq.request_id: x.finish_reason for x in out} == {"stop": "stop", "eos": "stop",
+                                                                "ignored": None}
     assert s.running == [ignored] and stop.output_token_ids == [5]
 
 

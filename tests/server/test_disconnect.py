@@ -37,7 +37,8 @@ def test_deadline_aborts_and_answers_408(server, http):
     old = settings.request_timeout_s
     settings.request_timeout_s = 0.3
     try:
-        resp = http.post(COMP, json=comp(prompt="Write an essay.", max_tokens=400, temperature=0, ignore_eos=True))
+        resp = http.post(COMP,
+                         json=comp(prompt="Write an essay.", max_tokens=400, temperature=0, ignore_eos=True))
         assert resp.status_code == 408, resp.text
         assert resp.json()["error"]["code"] == "timeout"
     finally:

@@ -1,5 +1,6 @@
 """The engine thread (engine/server/engine_thread.py): the thread that builds the engine is the one that steps
-it (one OpenMP pool), jobs run in order, a job's exception reaches its caller, and the thread ends on finish."""
+it (one OpenMP pool), jobs run in order, a job's exception reaches its caller, and the
+thread ends on finish."""
 
 from __future__ import annotations
 

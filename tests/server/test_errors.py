@@ -1,4 +1,5 @@
-"""Malformed and hostile requests: each gets its status and an OpenAI-shaped error; the server keeps serving."""
+"""Malformed and hostile requests: each gets its status and an OpenAI-shaped error; the
+server keeps serving."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ CASES = [
     ("unknown_role", "POST", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400),
     ("content_is_int", "POST", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400),
     ("image_part", "POST", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url",
-                                                                             "image_url": {"url": "x"}}]}]), 400),
+                                                                             "image_url": {"url": "x"}}]}]),
+                                                                             400),
     ("max_tokens_negative", "POST", CHAT, chat(max_tokens=-5), 400),
     ("max_tokens_zero", "POST", CHAT, chat(max_tokens=0), 400),
     ("max_tokens_huge", "POST", CHAT, chat(max_tokens=10**6), 400),
@@ -62,13 +64,15 @@ CASES = [
     ("presence_penalty_out_of_range", "POST", CHAT, chat(presence_penalty=-2.5), 400),
     ("frequency_penalty_out_of_range", "POST", CHAT, chat(frequency_penalty=9), 400),
     ("body_not_json", "POST", CHAT, b"{bad json", 400),
-    ("body_invalid_utf8", "POST", CHAT, b'{"model": "default", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+    ("body_invalid_utf8", "POST", CHAT,
+     b'{"model": "default", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
      400),
     ("body_json_array", "POST", CHAT, [1, 2], 400),
     ("body_empty", "POST", CHAT, b"", 400),
     ("body_deeply_nested", "POST", CHAT, nested(100_000), 400),
     ("body_10_MB", "POST", CHAT, b'{"model": "default", "x": "' + b"a" * (10 << 20) + b'"}', 413),
-    ("prompt_over_context", "POST", CHAT, chat(messages=[{"role": "user", "content": "hello " * 2 * MAX_MODEL_LEN}]),
+    ("prompt_over_context", "POST", CHAT,
+     chat(messages=[{"role": "user", "content": "hello " * 2 * MAX_MODEL_LEN}]),
      400),
     ("completion_prompt_missing", "POST", COMP, {"model": "default"}, 400),
     ("completion_prompt_empty_list", "POST", COMP, comp(prompt=[]), 400),
@@ -119,7 +123,8 @@ def test_malformed_request(http, name, method, path, body, status):
 
 @pytest.mark.parametrize("path,body", [
     (CHAT, b'{"model": "default", "messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 2}'),
-    (COMP, b'{"model": "default", "prompt": ["ok", "a\\udfffb"], "max_tokens": 2}')], ids=["chat", "completion"])
+    (COMP, b'{"model": "default", "prompt": ["ok", "a\\udfffb"], "max_tokens": 2}')],
+    ids=["chat", "completion"])
 def test_lone_surrogate_is_a_client_error(http, path, body):
     assert_openai_error(send(http, "POST", path, body), 400)
 
@@ -133,7 +138,8 @@ def test_still_serving_after_hostile_requests(http, server):
 
 
 def test_overload_gets_429_with_retry_after(http, server):
-    body = comp(prompt="Tell me a long story.", max_tokens=200, n=16, stream=True, temperature=0, ignore_eos=True)
+    body = comp(prompt="Tell me a long story.", max_tokens=200, n=16, stream=True, temperature=0,
+                ignore_eos=True)
     with http.stream("POST", COMP, json=body) as first:
         assert first.status_code == 200
         lines = first.iter_lines()  # keep a reference: a dropped iterator closes the connection
@@ -156,13 +162,15 @@ def test_api_key_and_not_ready(server, core_engine):
     async def run():
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             assert_openai_error(await c.post(CHAT, json=chat()), 401)
-            assert_openai_error(await c.post(CHAT, json=chat(), headers={"Authorization": "Bearer wrong"}), 401)
+            assert_openai_error(await c.post(CHAT, json=chat(), headers={"Authorization": "Bearer wrong"}),
+                                401)
             ok = {"Authorization": "Bearer s3cret"}
             assert (await c.get("/v1/models", headers=ok)).status_code == 200
             assert_openai_error(await c.post(CHAT, json=chat(), headers=ok), 503)
             assert_openai_error(await c.get("/ready"), 503)
             assert (await c.get("/health")).status_code == 200  # alive, just not ready
-            assert "access-control-allow-origin" not in (await c.get("/health", headers={"Origin": "http://x"})).headers
+            assert "access-control-allow-origin" not in (await c.get("/health",
+                                                                     headers={"Origin": "http://x"})).headers
 
     asyncio.run(run())
 

@@ -44,7 +44,8 @@ def bad_request(call) -> dict:
 ], ids=["seed_2_64", "seed_below_int64", "temperature_1e-40", "temperature_below_0.01"])
 def test_engine_killers_are_400s_that_name_the_parameter(oai, http, server, kw, param):
     reference = greedy_text(oai)
-    body = bad_request(lambda: oai.chat.completions.create(model="default", messages=MESSAGES, max_tokens=2, **kw))
+    body = bad_request(lambda: oai.chat.completions.create(model="default", messages=MESSAGES, max_tokens=2,
+                                                           **kw))
     assert body["param"] == param and param in body["message"]
     assert_still_serving(http, oai, server, reference)
 
@@ -146,7 +147,8 @@ def test_a_request_failing_in_the_step_fails_alone(oai, http, server, injected_f
 
 
 def test_raw_stream_ends_with_error_event_and_done(http, server, injected_fault):
-    body = {"model": "default", "prompt": PROMPT, "max_tokens": 6, "seed": 4242, "stream": True, "ignore_eos": True}
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 6, "seed": 4242, "stream": True,
+            "ignore_eos": True}
     with http.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200  # a stream has begun before the step fails it
         events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
@@ -186,7 +188,8 @@ def test_logit_bias_is_applied(oai, server):
 
 def test_frequency_and_presence_penalties_change_a_repetitive_answer(oai, server):
     prompt = "one one one one one one one one"
-    plain = oai.completions.create(model="default", prompt=prompt, max_tokens=16, temperature=0).choices[0].text
+    plain = oai.completions.create(model="default", prompt=prompt, max_tokens=16,
+                                   temperature=0).choices[0].text
     ids = server.engine.tokenizer.encode(plain)
     assert len(set(ids)) < len(ids)  # the model repeats itself without a penalty
     for kw in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
@@ -204,7 +207,8 @@ def test_text_parts_equal_the_joined_string(oai):
 
 def test_safety_identifier_and_defaults_are_accepted(oai):
     out = oai.chat.completions.create(model="default", messages=MESSAGES, max_tokens=2, temperature=0,
-                                      service_tier="auto", store=False, modalities=["text"], tool_choice="none",
+                                      service_tier="auto", store=False, modalities=["text"],
+                                      tool_choice="none",
                                       extra_body={"safety_identifier": "tenant-a", "prompt_cache_key": "k"})
     assert out.choices[0].message.content is not None
 
@@ -234,7 +238,8 @@ CHAT_REFUSED = [
                                                                                         "format": "wav"}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [{"role": "assistant", "content": None,
-                    "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                    "tool_calls": [{"id": "1", "type": "function",
+                                    "function": {"name": "f", "arguments": "{}"}}]},
                    {"role": "user", "content": "hi"}]}, "messages[0].tool_calls"),
     ({"seed": 2**63}, "seed"),
     ({"extra_body": {"top_k": 2**31}}, "top_k"),

@@ -9,16 +9,21 @@ from kvloop.engine.server.metrics import build_registry
 
 VLLM = ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
-        "vllm:request_queue_time_seconds", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"]
+        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
+        "vllm:request_success"]
 KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
           "kvloop:prefix_cache_queries", "kvloop:prefix_cache_hits", "kvloop:prefix_cache_tier_queries",
-          "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events", "kvloop:time_to_first_token_seconds",
+          "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
+          "kvloop:time_to_first_token_seconds",
           "kvloop:inter_token_latency_seconds", "kvloop:e2e_request_latency_seconds",
           "kvloop:request_queue_time_seconds", "kvloop:batch_cap", "kvloop:retention_watermark",
           "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-          "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_host_copies_skipped",
-          "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:tpot_target_seconds", "kvloop:decode_step_seconds",
+          "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused",
+          "kvloop:cache_host_copies_skipped",
+          "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:tpot_target_seconds",
+          "kvloop:decode_step_seconds",
           "kvloop:admission_tpot_holds", "kvloop:cache_config_info"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds"]
@@ -74,10 +79,12 @@ def test_metrics_read_the_engine_snapshot():
     from kvloop.engine.server.metrics import EngineMetrics
 
     stats = KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=50, hit_tokens_device=40,
-                    hit_tokens_host=10, evictions=7, demotions_host=4, promotions_disk=2, admissions_refused=5,
+                    hit_tokens_host=10, evictions=7, demotions_host=4, promotions_disk=2,
+                    admissions_refused=5,
                     host_copies_refused=6, host_copies_skipped=8, eviction_regret=1)
     snap = EngineSnapshot(num_waiting=2, kv_usage=0.5, kv_host_blocks_used=16, kv_host_blocks_total=64,
-                          num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2}, watermark=0.3,
+                          num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2},
+                          watermark=0.3,
                           kv_mode="codesign", step_failures=1, kv_stats=stats, tpot_target_s=0.08,
                           decode_step_s=0.095, tpot_holds=4)
     reg = EngineMetrics("m", lambda: snap).registry

@@ -1,4 +1,5 @@
-"""The official openai client against the live server: chat, completions, streaming, usage, n, stop, logprobs."""
+"""The official openai client against the live server: chat, completions, streaming,
+usage, n, stop, logprobs."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def test_chat_n_greater_than_one(oai):
 
 def test_stop_string_cuts_text(oai):
     prompt = "Count: 1, 2, 3, 4, 5, 6,"
-    free = oai.completions.create(model="default", prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+    free = oai.completions.create(model="default", prompt=prompt, max_tokens=10,
+                                  temperature=0).choices[0].text
     assert "," in free, free
     stop = free[free.index(",") :][:2] if free.index(",") > 0 else ","
     out = oai.completions.create(model="default", prompt=prompt, max_tokens=10, temperature=0, stop=[stop])
@@ -100,7 +102,8 @@ def test_chat_logprobs(oai):
     assert len(content) == out.usage.completion_tokens or len(content) == out.usage.completion_tokens - 1
     for entry in content:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
-        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5  # greedy: the sampled token is the top one
+        # greedy: the sampled token is the top one
+        assert entry.top_logprobs[0].logprob >= entry.logprob - 1e-5
     assert "".join(e.token for e in content).startswith(out.choices[0].message.content[:1])
 
 
@@ -114,7 +117,8 @@ def test_completion_logprobs(oai):
 
 
 def test_max_completion_tokens_and_user(oai):
-    out = oai.chat.completions.create(model="default", messages=MESSAGES, max_completion_tokens=3, temperature=0,
+    out = oai.chat.completions.create(model="default", messages=MESSAGES, max_completion_tokens=3,
+                                      temperature=0,
                                       user="tenant-a")
     assert out.usage.completion_tokens <= 3
 

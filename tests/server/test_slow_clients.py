@@ -21,7 +21,8 @@ from .conftest import _serve_args, serve_in_thread
 
 TIMEOUT_S = 1.0  # header and body deadlines in these tests
 SLACK_S = 1.5  # a loaded 2-core machine: timer, close and the client's read
-CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "temperature": 0}
 HALF_HEADERS = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le"
 HALF_BODY = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
              b"Content-Length: 1000\r\n\r\n" b'{"model": "de')
@@ -110,7 +111,8 @@ def get_health(sock: socket.socket) -> bytes:
         data += sock.recv(65536) or b"<closed>"
         assert not data.endswith(b"<closed>"), data
     head, _, body = data.partition(b"\r\n\r\n")
-    sizes = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+    sizes = [line.split(b":")[1] for line in head.split(b"\r\n")
+             if line.lower().startswith(b"content-length")]
     length = int(sizes[0])
     while len(body) < length:
         chunk = sock.recv(65536)

@@ -21,7 +21,8 @@ MAX_TOKENS = 40
 
 
 def chat(oai, **kw):
-    return oai.chat.completions.create(model="default", messages=ASK, max_tokens=MAX_TOKENS, temperature=0, **kw)
+    return oai.chat.completions.create(model="default", messages=ASK, max_tokens=MAX_TOKENS, temperature=0,
+                                       **kw)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,8 @@ def test_among_32_concurrent_unconstrained_requests(oai, server, alone, monkeypa
 
 
 @pytest.mark.parametrize("fmt, words", [
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}, "cannot be compiled"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}},
+     "cannot be compiled"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 3,
                                                                      "maxLength": 1}}}, "cannot be compiled"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "https://example.com/s.json"}}},

@@ -20,7 +20,8 @@ import openai
 import pytest
 
 BLOCK = 16
-DOC = " ".join(f"Paragraph {i}: the tier mover copies block {i * 7 % 31} to slot {i * 3 % 17}." for i in range(24))
+DOC = " ".join(f"Paragraph {i}: the tier mover copies block {i * 7 % 31} to slot {i * 3 % 17}."
+               for i in range(24))
 PROMPT = DOC + "\nSummary:"
 
 
@@ -32,7 +33,8 @@ def _free_port() -> int:
 
 def _settings(tmp_path: Path, disk: Path) -> Path:
     path = tmp_path / "engine.yaml"
-    path.write_text(f"dtype: float32\nmax_model_len: 1024\nkv_cache:\n  device_pool_mib: 48\n  host_pool_mib: 48\n"
+    path.write_text("dtype: float32\nmax_model_len: 1024\nkv_cache:\n  device_pool_mib: 48\n  "
+                    "host_pool_mib: 48\n"
                     f"  disk_dir: {disk}\n")
     return path
 

@@ -53,8 +53,10 @@ def test_step_token_budget_steered_to_the_tpot_objective(simulate):
     settings = replace(Settings(period_s=2.0), tpot_p50_s=1e-4, step_token_budget=Bounds(16, 4096, 64, None))
     wl = bw.w1(0.25, num_doc_questions=30, num_sessions=0, rate=50.0)
     sim, res = simulate("codesign", wl=wl, feedback=settings)
-    budgets = [d for d in res["feedback"]["changes"] if d["knob"] == "step_token_budget" and d["trigger"] != "start"]
-    assert budgets and {d["reason"] for d in budgets} <= {"tpot_objective", "nothing_decoding", "decode_floor"}
+    budgets = [d for d in res["feedback"]["changes"] if d["knob"] == "step_token_budget"
+               and d["trigger"] != "start"]
+    assert budgets and {d["reason"] for d in budgets} <= {"tpot_objective", "nothing_decoding",
+                                                          "decode_floor"}
     assert any(d["reason"] == "tpot_objective" and d["new"] < d["old"] for d in budgets)
     assert all(abs(d["new"] - d["old"]) <= 64 for d in budgets)
     assert sim.scheduler.step_token_budget == sim.coord.law.step_token_budget < 256  # SMOKE_SIZING's budget

@@ -98,7 +98,8 @@ def test_gpu_attention_from_the_roofline():
     prof = get_profile("h200")
     a = roofline_attention(prof.model, prof.hw, prof.eff)
     bw = prof.hw.mem_bw * prof.eff.bw
-    assert a.token_us == pytest.approx(1e6 * 8 * 128 * 2 * 2 / bw)  # K and V of 8 heads x 128 in bf16, per layer
+    # K and V of 8 heads x 128 in bf16, per layer
+    assert a.token_us == pytest.approx(1e6 * 8 * 128 * 2 * 2 / bw)
     assert a.call_us == a.row_us == 0.0
     # reading a 2,000-token document once for 16 rows instead of 16 times: nearly 16x fewer K/V bytes
     assert a.group_gain_us(16, 2000) == pytest.approx(15 * 2000 * a.token_us, rel=0.01)

@@ -30,7 +30,8 @@ def walk_plan(tables, context_lens, block_size, worth, nested=True):
         end = depth
         if len(rows) > 1:
             first = rows[0]
-            while all(end < full[r] for r in rows) and all(tables[r][end] == tables[first][end] for r in rows):
+            while all(end < full[r] for r in rows) and all(tables[r][end] == tables[first][end]
+                                                           for r in rows):
                 end += 1
         if end > covered and len(rows) > 1 and worth(len(rows), (end - covered) * block_size):
             ids = tuple(int(b) for b in tables[rows[0]][covered:end])
@@ -165,7 +166,8 @@ def test_the_planner_without_distinct_identities(nested):
 def run_both(simulate, mode, **cfg):
     results = []
     for fast in (True, False):
-        _, res = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0), fast_forward=fast,
+        _, res = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
+                          fast_forward=fast,
                           **cfg)
         results.append(res)
     return results
@@ -188,7 +190,8 @@ def test_fast_forward_is_exact_under_pressure(simulate, mode):
 
 @pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
 def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
-    """The coordinator samples and decides between steps (fast-forward hands back for each) and moves the knobs."""
+    """The coordinator samples and decides between steps (fast-forward hands back for
+    each) and moves the knobs."""
     fast, slow = run_both(simulate, mode, feedback=Settings(period_s=2.0))
     assert fast["sim"]["steps"] == slow["sim"]["steps"]
     assert fast["client"].pop("itl_mean_s") == pytest.approx(slow["client"].pop("itl_mean_s"), rel=1e-12)
@@ -199,8 +202,8 @@ def test_fast_forward_is_exact_with_the_coordinator(simulate, mode):
 
 @pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
 def test_fast_forward_is_exact_with_a_tpot_target(simulate, smoke_sizing, mode):
-    """The TPOT gate reads every step's time (windows hand theirs over at their end) and holds admission in the
-    steps fast-forward takes itself: the same run as step by step, held as often."""
+    """The TPOT gate reads every step's time (windows hand theirs over at their end) and holds admission in
+    the steps fast-forward takes itself: the same run as step by step, held as often."""
     sizing = dataclasses.replace(smoke_sizing, tpot_target_ms=100.0)
     runs = []
     for fast in (True, False):
@@ -227,8 +230,8 @@ def test_output_tokens_split_into_base_and_position_as_called():
 
 @pytest.mark.parametrize("mode", ["continuous+lru", "codesign"])
 def test_tuple_keys_simulate_as_the_engine_keys(simulate, monkeypatch, mode):
-    """The simulator's block keys (Python's tuple hash) stand in for the engine's blake2b keys: the same run, under
-    pressure (evictions, host copies, preemptions) and with the coordinator moving the knobs."""
+    """The simulator's block keys (Python's tuple hash) stand in for the engine's blake2b keys: the same run,
+    under pressure (evictions, host copies, preemptions) and with the coordinator moving the knobs."""
     sizing = Sizing(kv_cache_tokens=1536, host_cache_tokens=2048, disk_cache_tokens=0, max_num_seqs=12,
                     max_num_batched_tokens=96, static_batch=4)
     tuple_sim, with_tuples = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),

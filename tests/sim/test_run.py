@@ -63,7 +63,8 @@ def test_fast_forward_is_exact(simulate, mode, profile, monkeypatch):
     monkeypatch.setattr(fastforward.FastForward, "_window", spy)
     _, fast = simulate(mode, wl=wl, fast_forward=True, profile=prof)
     monkeypatch.undo()
-    _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0), fast_forward=False,
+    _, slow = simulate(mode, wl=bw.w1(0.25, num_doc_questions=12, num_sessions=3, rate=2.0),
+                       fast_forward=False,
                        profile=prof)
     assert sum(finished_in_windows) > 0  # windows ran through to requests' last tokens
     assert fast["sim"]["steps"] == slow["sim"]["steps"]

@@ -34,7 +34,8 @@ def run(name: str, tpot_objective_s: float = 0):
     prof = get_profile("h200-70b-fp8")
     v = parse_variant(name)
     fb, events = coordinator_settings(v, coordinator_base("gpu", tpot_objective_s), cap_max=512)
-    sim = Simulator(prof, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing_for(prof)), feedback=fb))
+    sim = Simulator(prof, BenchWorkload(wl),
+                    SimConfig(mode=v.mode, sizing=sized(v, sizing_for(prof)), feedback=fb))
     res = sim.run()
     from kvloop.engine.bench.w5_workload import phases_of
 
@@ -44,7 +45,8 @@ def run(name: str, tpot_objective_s: float = 0):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {n: run(n)[0] for n in ("continuous+lru", "codesign", "codesign@cap16", "codesign+coord@5s+events")}
+    return {n: run(n)[0] for n in ("continuous+lru", "codesign", "codesign@cap16",
+                                   "codesign+coord@5s+events")}
 
 
 def test_w5_runs_with_phases(runs):
@@ -57,13 +59,15 @@ def test_w5_runs_with_phases(runs):
         assert r["by_kind"]["chat"]["throughput_tok_s"] > 0
         tl = r["timeline"]
         assert len(tl["t"]) == len(tl["batch_cap"]) == len(tl["kv_use"]) > 3
-    assert set(runs["codesign@cap16"]["timeline"]["batch_cap"]) == {16}  # the fixed cap holds (no coordinator)
+    # the fixed cap holds (no coordinator)
+    assert set(runs["codesign@cap16"]["timeline"]["batch_cap"]) == {16}
     assert runs["codesign+coord@5s+events"]["feedback"]["period_s"] == 5.0
 
 
 def test_a_tpot_objective_steers_the_step_budget():
-    """The coordinator's TPOT objective moves the step token budget in the simulator: one below the weight-read
-    floor (no step is that fast) cuts it to the decode floor, never under it; without one the budget holds."""
+    """The coordinator's TPOT objective moves the step token budget in the simulator: one below the
+    weight-read floor (no step is that fast) cuts it to the decode floor, never under it; without
+    one the budget holds."""
     steered = run("codesign+coord@5s+events", tpot_objective_s=0.005)[0]
     budget = [b for b in steered["timeline"]["step_token_budget"] if b is not None]
     cuts = [d for d in steered["feedback"]["changes"]
@@ -72,7 +76,8 @@ def test_a_tpot_objective_steers_the_step_budget():
     assert all(d["new"] >= d["inputs"]["decode_floor"] and d["inputs"]["tpot_p50_s"] > 0.005 for d in cuts)
     assert steered["whole"]["failed"] == 0
     md = w5_report.markdown(w5_report.build({"codesign+coord@5s+events": steered}, {}, "gpu"), [])
-    assert f"| {min(budget):g} / " in md and "step budget min / median / max" in md  # the report shows the knob
+    # the report shows the knob
+    assert f"| {min(budget):g} / " in md and "step budget min / median / max" in md
     held = run("codesign+coord@5s+events")[0]
     assert {b for b in held["timeline"]["step_token_budget"] if b is not None} == {2048}
 
@@ -97,8 +102,10 @@ def test_simulate_cli_w5(tmp_path, capsys):
     from kvloop.engine.cli import main
 
     out = tmp_path / "w5.json"
-    assert main(["simulate", "--workload", "w5-gpu", "--profile", "h200-70b-fp8", "--duration", "20", "--phase", "10",
-                 "--phase-rates", "1,0.5", "--modes", "continuous+lru,codesign@cap32", "--out", str(out)]) == 0
+    assert main(["simulate", "--workload", "w5-gpu", "--profile", "h200-70b-fp8", "--duration", "20",
+                 "--phase", "10",
+                 "--phase-rates", "1,0.5", "--modes", "continuous+lru,codesign@cap32", "--out",
+                 str(out)]) == 0
     data = json.loads(out.read_text())
     assert [r["system"] for r in data["runs"]] == ["continuous+lru", "codesign@cap32"]
     assert all(len(r["phases"]) == 2 and "by_kind" in r and "timeline" in r for r in data["runs"])
@@ -106,13 +113,14 @@ def test_simulate_cli_w5(tmp_path, capsys):
 
 
 def test_a_cap_that_fell_behind_is_not_a_phase_best():
-    """A cap whose median request waited past the SLO is not a phase's best while another cap kept up, even where
-    its throughput there is higher."""
+    """A cap whose median request waited past the SLO is not a phase's best while another cap kept up, even
+    where its throughput there is higher."""
     def fixed(tput: float, rag_tput: float, rag_p50: float) -> dict:
         phase = {"kind": "rag", "index": 0, "served_tok_s": rag_tput, "ttft_p99_s": 3 * rag_p50,
                  "ttft_p50_s": rag_p50}
         return {"whole": {"output_throughput_tok_s": tput, "ttft_p99_s": 5.0, "ttft_p50_s": 0.5},
-                "by_kind": {"rag": {k: v for k, v in phase.items() if k not in ("kind", "index")}}, "phases": [phase]}
+                "by_kind": {"rag": {k: v for k, v in phase.items() if k not in ("kind", "index")}},
+                "phases": [phase]}
 
     runs = {"codesign@cap16": fixed(470.0, 477.0, 115.0), "codesign@cap64": fixed(521.0, 354.0, 0.6)}
     assert w5_report.best_fixed(runs)["rag"]["system"] == "codesign@cap64"
@@ -122,8 +130,9 @@ def test_a_cap_that_fell_behind_is_not_a_phase_best():
 
 
 def test_the_plain_mode_counts_as_its_default_cap():
-    """`codesign` with the coordinator off is `codesign@cap64` where 64 is its recorded max_num_seqs: the sweep
-    counts it as that cap instead of running the same engine twice; a run at that cap takes precedence."""
+    """`codesign` with the coordinator off is `codesign@cap64` where 64 is its recorded max_num_seqs: the
+    sweep counts it as that cap instead of running the same engine twice; a run at that
+    cap takes precedence."""
     def run(tput: float, cap: int | None = None) -> dict:
         return {"whole": {"output_throughput_tok_s": tput, "ttft_p99_s": 5.0, "ttft_p50_s": 0.5},
                 **({"sizing": {"max_num_seqs": cap}} if cap else {})}
@@ -143,10 +152,12 @@ def test_capacity_goals():
     rates = {"chat": 2.7, "rag": 1.09}
     base = w5_report.capacity_goals("continuous+lru", {"chat": 3.0, "rag": 1.2}, rates, None)
     assert [(g["value"], g["op"], g["bound"], g["met"]) for g in base] == [(0.9, "<=", 1.0, True),
-                                                                           (pytest.approx(1.09 / 1.2), "<=", 1.0, True)]
+                                                                           (pytest.approx(1.09 / 1.2), "<=",
+                                                                            1.0, True)]
     other = w5_report.capacity_goals("codesign", {"chat": 3.9, "rag": 1.3}, rates, {"chat": 3.0, "rag": 1.2})
     assert [g["met"] for g in other] == [True, False] and other[0]["value"] == pytest.approx(1.3)
-    assert w5_report.capacity_goals("codesign", {"chat": 3.9}, rates, None)[0]["value"] is None  # no baseline file
+    # no baseline file
+    assert w5_report.capacity_goals("codesign", {"chat": 3.9}, rates, None)[0]["value"] is None
 
 
 def test_a_coordinator_variant_stands_for_the_coordinator_in_the_goals():
@@ -157,9 +168,11 @@ def test_a_coordinator_variant_stands_for_the_coordinator_in_the_goals():
                             "rag": {"served_tok_s": tput / 2, "ttft_p99_s": 5.0, "ttft_p50_s": 0.5}},
                 **({"sizing": {"max_num_seqs": cap}} if cap else {})}
 
-    runs = {"codesign": run(100.0, 64), "codesign@cap8": run(80.0, 8), "codesign+coord@5s+events": run(95.0, 9)}
+    runs = {"codesign": run(100.0, 64), "codesign@cap8": run(80.0, 8),
+            "codesign+coord@5s+events": run(95.0, 9)}
     assert w5_report.coordinator_run(runs) == "codesign+coord@5s+events"
     chat = next(g for g in w5_report.goals(runs, "cpu") if g["name"].startswith("codesign+coord chat"))
-    assert chat["systems"] == ["codesign+coord@5s+events", "codesign"] and chat["value"] == pytest.approx(0.95)
+    assert chat["systems"] == ["codesign+coord@5s+events",
+                               "codesign"] and chat["value"] == pytest.approx(0.95)
     runs["codesign+coord"] = run(90.0)
     assert w5_report.coordinator_run(runs) == "codesign+coord"

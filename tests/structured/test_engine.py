@@ -16,7 +16,8 @@ MAX_TOKENS = 40
 
 
 def prompt(tokenizer, who: str = "a person") -> list[int]:
-    text = tokenizer.render_chat([{"role": "user", "content": f"Describe {who} as JSON with name, age and city."}])
+    text = tokenizer.render_chat([{"role": "user",
+                                   "content": f"Describe {who} as JSON with name, age and city."}])
     return tokenizer.encode(text)
 
 
@@ -48,7 +49,8 @@ def test_a_constrained_request_returns_schema_valid_json_and_stops(alone):
     assert alone.finish_reason == "stop" and alone.num_output_tokens < MAX_TOKENS
 
 
-def test_unconstrained_rows_are_untouched_and_the_constrained_row_is_unchanged_among_them(make_engine, tokenizer,
+def test_unconstrained_rows_are_untouched_and_the_constrained_row_is_unchanged_among_them(make_engine,
+                                                                                          tokenizer,
                                                                                         alone):
     others = [prompt(tokenizer, w) for w in ("a cat", "the sea", "a house")]
     ref = make_engine(kv=KVConfig(mode="continuous"))
@@ -99,7 +101,8 @@ def test_json_object_returns_an_object(make_engine, tokenizer):
     from kvloop.engine.core.grammar_spec import parse_response_format
 
     eng = make_engine(kv=KVConfig(mode="continuous"))
-    params = SamplingParams(max_tokens=60, temperature=0, grammar=parse_response_format({"type": "json_object"}))
+    params = SamplingParams(max_tokens=60, temperature=0,
+                            grammar=parse_response_format({"type": "json_object"}))
     eng.add_request("o", prompt(tokenizer), params)
     out = eng.drain(max_steps=200)["o"]
     if out.finish_reason == "stop":

@@ -20,7 +20,8 @@ def test_json_object_is_any_object():
 
 def test_json_schema_key_is_the_schema_alone_in_its_key_order():
     def spec(name, schema, **extra):
-        return parse_response_format({"type": "json_schema", "json_schema": {"name": name, "schema": schema, **extra}})
+        return parse_response_format({"type": "json_schema",
+                                      "json_schema": {"name": name, "schema": schema, **extra}})
 
     a = spec("p", {"type": "object", "required": []}, strict=True)
     assert a.kind == "json_schema" and a.key == spec("q", {"type": "object", "required": []}).key
@@ -36,7 +37,8 @@ def test_json_schema_key_is_the_schema_alone_in_its_key_order():
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "json_schema.schema"),
     ({"type": "json_schema", "json_schema": {"name": 3, "schema": {}}}, "json_schema.name"),
-    ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes", "schema": {}}}, "json_schema.strict"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes", "schema": {}}},
+     "json_schema.strict"),
     ({"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * MAX_SCHEMA_CHARS]}}}, "at most"),
 ])
 def test_bad_shapes_name_response_format(value, words):

@@ -45,7 +45,8 @@ def test_every_special_token_in_system_content_and_names_is_text(tokenizer):
     messages = [{"role": "system", "content": every}, {"role": "user", "content": "x" + every, "name": every}]
     ids = tokenizer.encode_chat(messages)
     plain = tokenizer.encode_chat([{"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
-    assert sorted(t for t in ids if t in specials.values()) == sorted(t for t in plain if t in specials.values())
+    assert sorted(t for t in ids if t in specials.values()) == sorted(t for t in plain
+                                                                      if t in specials.values())
     assert tokenizer.backend.decode(ids, skip_special_tokens=False) == tokenizer.render_chat(messages)
 
 

@@ -53,7 +53,8 @@ def kvloop_snapshot(metrics: dict[str, float]) -> EngineSnapshot | None:
         return int(get(name, labels))
 
     tier = {t: f'{{tier="{t}"}}' for t in TIERS}
-    stats = KVStats(**{f"query_tokens_{t}": count("kvloop:prefix_cache_tier_queries", tier[t]) for t in TIERS},
+    stats = KVStats(**{f"query_tokens_{t}": count("kvloop:prefix_cache_tier_queries",
+                                                  tier[t]) for t in TIERS},
                     **{f"hit_tokens_{t}": count("kvloop:prefix_cache_hits", tier[t]) for t in TIERS})
     kinds = {k: count("kvloop:num_preemptions", f'{{kind="{k}"}}') for k in ("swap", "recompute")}
     return EngineSnapshot(
@@ -83,7 +84,8 @@ class HTTPTarget(Target):
         """OpenAI servers require `model`: take the first one /v1/models lists when none was given."""
         if self.flavor == "openai" and not self.model:
             try:
-                self.model = self._client.get(self.base_url + "/v1/models", timeout=10).json()["data"][0]["id"]
+                self.model = self._client.get(self.base_url + "/v1/models",
+                                              timeout=10).json()["data"][0]["id"]
             except (httpx.HTTPError, KeyError, IndexError, ValueError):
                 self.model = "default"
 
@@ -94,9 +96,11 @@ class HTTPTarget(Target):
 
     def _body(self, prompt: list[int], max_tokens: int) -> tuple[str, dict]:
         if self.flavor == "llamacpp":
-            return "/completion", {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            return "/completion", {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0,
+                                   "ignore_eos": True,
                                    "stream": True, "cache_prompt": True, "return_tokens": True}
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                "stream": True,
                 "stream_options": {"include_usage": True}}
         if self.model:
             body["model"] = self.model
@@ -174,7 +178,8 @@ class HTTPTarget(Target):
         if not self.scrape_metrics:
             return None
         try:
-            return kvloop_snapshot(parse_prometheus(self._client.get(self.base_url + "/metrics", timeout=5).text))
+            return kvloop_snapshot(parse_prometheus(self._client.get(self.base_url + "/metrics",
+                                                                     timeout=5).text))
         except httpx.HTTPError:
             return None
 

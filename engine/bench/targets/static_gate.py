@@ -13,7 +13,8 @@ from kvloop.engine.core.snapshot import EngineSnapshot
 
 
 class StaticBatchGate(Target):
-    def __init__(self, inner: Target, batch_size: int = 16, fill_timeout_s: float = 0.5, name: str | None = None):
+    def __init__(self, inner: Target, batch_size: int = 16, fill_timeout_s: float = 0.5,
+                 name: str | None = None):
         self.inner = inner
         self.batch_size = batch_size
         self.fill_timeout_s = fill_timeout_s
@@ -55,7 +56,8 @@ class StaticBatchGate(Target):
         return snap
 
     def info(self) -> dict:
-        return {**self.inner.info(), "static_batch_size": self.batch_size, "fill_timeout_s": self.fill_timeout_s}
+        return {**self.inner.info(), "static_batch_size": self.batch_size,
+                "fill_timeout_s": self.fill_timeout_s}
 
     def close(self) -> None:
         self.inner.close()

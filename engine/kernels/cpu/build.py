@@ -89,9 +89,9 @@ def library_path(kernel: str = ATTENTION) -> Path:
 
 
 def load(kernel: str = ATTENTION, build: bool = False) -> bool:
-    """Registers the kernel's operators (torch.ops.kvloop_cpu) from its cached build, and their fakes (ON_LOAD);
-    True when available. build=True compiles a missing build first (the install step and the tests); the engine
-    passes False and is told once, in the log, why a kernel is unavailable."""
+    """Registers the kernel's operators (torch.ops.kvloop_cpu) from its cached build, and their fakes
+    (ON_LOAD); True when available. build=True compiles a missing build first (the install step and the
+    tests); the engine passes False and is told once, in the log, why a kernel is unavailable."""
     state = _states.setdefault(kernel, _State())
     if state.loaded:
         return True
@@ -140,7 +140,8 @@ def _compile(kernel: str, target: Path) -> float:
     log.info("compiling CPU kernel %s into %s", kernel, target)
     # loads the library when done; a file lock in `target` keeps concurrent builds of it apart
     cpp_extension.load(library_name(kernel), [str(CSRC / f"{kernel}.cpp")], extra_cflags=list(CFLAGS),
-                       extra_ldflags=list(LDFLAGS), extra_include_paths=[str(CSRC)], build_directory=str(target),
+                       extra_ldflags=list(LDFLAGS), extra_include_paths=[str(CSRC)],
+                       build_directory=str(target),
                        is_python_module=False, verbose=False)
     took = time.perf_counter() - started
     log.info("CPU kernel %s built in %.1f s", kernel, took)
@@ -151,12 +152,14 @@ def _compile(kernel: str, target: Path) -> float:
 
 
 def main() -> int:
-    """Builds every kernel; exit status 1 when one could not be built (the engine then uses the torch path)."""
+    """Builds every kernel; exit status 1 when one could not be built (the engine then
+    uses the torch path)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     failed = 0
     for kernel in kernels():
         if not load(kernel, build=True):
-            print(f"kvloop: CPU kernel {kernel} not built ({unavailable_reason(kernel)}); the torch path serves")
+            print(f"kvloop: CPU kernel {kernel} not built ({unavailable_reason(kernel)}); the torch path "
+                  "serves")
             failed += 1
             continue
         took = _states[kernel].build_seconds

@@ -12,9 +12,10 @@ beats the pairs past AMX_DENSE_ABOVE_ROWS rows; there the kernel multiplies in t
 csrc/linear_amx.h) and oneDNN takes only the steps past TILES_DENSE_ABOVE_ROWS rows (`dense_above_rows`).
 The measurements behind these bounds: docs/engine_history.md.
 
-The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16 values
-one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original [N, K]
-matrix back out of a packed one, so a tied embedding is looked up from the head's weights (no second copy).
+The kernel reads weights packed by `pack`: [ceil(N/16), K, 16], 16 output columns per block, each k's 16
+values one 32-byte load, in the slot order the kernel's unpacking expects. `rows` reads rows of the original
+[N, K] matrix back out of a packed one, so a tied embedding is looked up from the head's
+weights (no second copy).
 
 Loading goes through build.load, which never compiles: without a build the caller keeps dense weights."""
 
@@ -26,11 +27,13 @@ from kvloop.engine.kernels.cpu import amx, build
 
 KERNEL = "linear_bf16w"  # csrc/linear_bf16w.cpp
 BLOCK = 16
-# Column c of a block is stored at slot SLOT_OF_COL[c]: the kernel widens a 16-value load with per-128-bit-lane
-# interleaves, which take slots 0-3 and 8-11 into one register and 4-7 and 12-15 into the other.
+# Column c of a block is stored at slot SLOT_OF_COL[c]: the kernel widens a 16-value load with
+# per-128-bit-lane interleaves, which take slots 0-3 and 8-11 into one register and 4-7
+# and 12-15 into the other.
 SLOT_OF_COL = (0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15)
 _SLOTS = torch.tensor(SLOT_OF_COL)
-DENSE_ABOVE_ROWS = 12  # without bf16 pairs, a bf16 model's larger steps take torch's GEMM (crossover 8-12 rows)
+# without bf16 pairs, a bf16 model's larger steps take torch's GEMM (crossover 8-12 rows)
+DENSE_ABOVE_ROWS = 12
 # With AMX tiles oneDNN's bf16 GEMM outruns the bf16 pairs past this many rows (docs/engine_history.md).
 AMX_DENSE_ABOVE_ROWS = 6
 # The kernel's own AMX tile path (csrc/linear_amx.h) keeps up with oneDNN's GEMM up to this many rows, which
@@ -44,15 +47,15 @@ def available() -> bool:
 
 
 def on_load() -> None:
-    """build.load's hook once the library is loaded: the operators' fakes, and the tile path switched on where this
-    process holds AMX's tile state (amx.available asks the OS for it)."""
+    """build.load's hook once the library is loaded: the operators' fakes, and the tile path switched on where
+    this process holds AMX's tile state (amx.available asks the OS for it)."""
     register_fakes()
     set_tiles(amx.available())
 
 
 def set_tiles(on: bool) -> bool:
-    """Whether linear_bf16 multiplies in AMX tiles (csrc/linear_amx.h); returns the setting, which stays off where
-    the kernel was built without them. Process-wide: the tests switch it to compare both paths."""
+    """Whether linear_bf16 multiplies in AMX tiles (csrc/linear_amx.h); returns the setting, which stays off
+    where the kernel was built without them. Process-wide: the tests switch it to compare both paths."""
     return bool(torch.ops.kvloop_cpu.linear_bf16w_set_tiles(on))
 
 
@@ -79,10 +82,10 @@ def native() -> bool:
 
 def dense_above_rows() -> int | None:
     """Steps of more rows than this take oneDNN's bf16 GEMM over a dense copy of a bf16 model's weights (the
-    kernel serves the smaller ones); None: the kernel serves every step and no dense copy is kept. Without bf16
-    pairs the kernel multiplies in fp32 and oneDNN wins past DENSE_ABOVE_ROWS rows; with them it beats oneDNN at
-    every row count on an AVX512-BF16 CPU without AMX, and loses past AMX_DENSE_ABOVE_ROWS rows to oneDNN's
-    AMX tiles (docs/engine_history.md)."""
+    kernel serves the smaller ones); None: the kernel serves every step and no dense copy is kept. Without
+    bf16 pairs the kernel multiplies in fp32 and oneDNN wins past DENSE_ABOVE_ROWS rows; with them it beats
+    oneDNN at every row count on an AVX512-BF16 CPU without AMX, and loses past AMX_DENSE_ABOVE_ROWS rows to
+    oneDNN's AMX tiles (docs/engine_history.md)."""
     if not native():
         return DENSE_ABOVE_ROWS
     if not amx.available():
@@ -112,7 +115,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | N
     return torch.ops.kvloop_cpu.linear_bf16w(x, packed, n, bias)
 
 
-def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] bfloat16 @ W[N, K]^T + bias (fp32) → [M, N] bfloat16, rounded once from the fp32 result; each output
-    one fp32 chain over k in order (k pairs with AVX512-BF16), so a row's result is the same in any batch."""
+def linear_bf16(x: torch.Tensor, packed: torch.Tensor, n: int,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] bfloat16 @ W[N, K]^T + bias (fp32) → [M, N] bfloat16, rounded once from the fp32 result; each
+    output one fp32 chain over k in order (k pairs with AVX512-BF16), so a row's result is
+    the same in any batch."""
     return torch.ops.kvloop_cpu.linear_bf16w_bf16(x, packed, n, bias)

@@ -1,7 +1,7 @@
-"""A bf16 linear through oneDNN with its weights packed once (csrc/linear_onednn.cpp): F.linear's arithmetic and
-outputs, without F.linear's reorder of the weight into oneDNN's layout on every call (about 40% of a decode
-step's linear time at 8-32 rows here). model/linear.py takes it for a bf16 layer's dense copy, which it keeps
-only as oneDNN's packed copy (behind a key: `keyed`).
+"""A bf16 linear through oneDNN with its weights packed once (csrc/linear_onednn.cpp): F.linear's arithmetic
+and outputs, without F.linear's reorder of the weight into oneDNN's layout on every call (about 40% of a
+decode step's linear time at 8-32 rows here). model/linear.py takes it for a bf16 layer's dense copy, which it
+keeps only as oneDNN's packed copy (behind a key: `keyed`).
 
 Loading goes through build.load, which never compiles: without a build the caller keeps F.linear."""
 
@@ -22,7 +22,8 @@ def available() -> bool:
 
 
 def register_fakes() -> None:
-    """The operator's output shape for torch.compile's tracing; build.load calls this once the library is loaded."""
+    """The operator's output shape for torch.compile's tracing; build.load calls this once
+    the library is loaded."""
     torch.library.register_fake("kvloop_cpu::linear_onednn")(_linear_shape)
 
 
@@ -31,14 +32,15 @@ def _linear_shape(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for bf16 x and a contiguous bf16 weight that lives on (its packed copy is kept),
-    or a key from `keyed` (its weight's packed copy)."""
+    """F.linear(x, weight, bias) for bf16 x and a contiguous bf16 weight that lives on (its packed copy is
+    kept), or a key from `keyed` (its weight's packed copy)."""
     return torch.ops.kvloop_cpu.linear_onednn(x, weight, bias)
 
 
 def keyed(weight: torch.Tensor) -> torch.Tensor:
     """A key standing in for a contiguous bf16 `weight` (its shape and dtype, a stride-0 view of one element):
-    `linear` over the key multiplies by the weight's packed copy, made here, so the caller can drop the weight."""
+    `linear` over the key multiplies by the weight's packed copy, made here, so the
+    caller can drop the weight."""
     key = weight.new_zeros(1).expand(weight.shape)
     torch.ops.kvloop_cpu.linear_onednn_register(key, weight)
     return key

@@ -47,7 +47,8 @@ def _long(values) -> torch.Tensor:
 def plain_segments(block_tables: torch.Tensor, context_lens: torch.Tensor) -> Segments:
     """Row b over its first context_lens[b] tokens through block_tables[b] (tables used in place)."""
     batch, width = block_tables.shape
-    return Segments(_long(block_tables).view(-1), torch.arange(batch, dtype=torch.long) * width, _long(context_lens),
+    return Segments(_long(block_tables).view(-1), torch.arange(batch, dtype=torch.long) * width,
+                    _long(context_lens),
                     torch.arange(batch + 1, dtype=torch.long), torch.arange(batch, dtype=torch.long))
 
 
@@ -83,8 +84,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segmen
 def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, segments: Segments, scale: float,
             split_tokens: int = SPLIT_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
     """decode with causal segments: a segment's rows are consecutive positions ending at its last token (a
-    prefill chunk whose K/V are already in the cache), so its j-th of m rows sees its first tokens - (m - 1 - j)
-    tokens. Rows of several segments are merged as in decode (a chunk's context split into runs, say)."""
+    prefill chunk whose K/V are already in the cache), so its j-th of m rows sees its first tokens - (m - 1 -
+    j) tokens. Rows of several segments are merged as in decode (a chunk's context split into runs, say)."""
     return _run(torch.ops.kvloop_cpu.paged_prefill, q, k_cache, v_cache, segments, scale, split_tokens)
 
 
@@ -126,7 +127,8 @@ def decode_work(meta: AttentionMetadata, block_size: int) -> Segments:
         return plain_segments(meta.decode_block_tables[:n], meta.decode_context_lens[:n])
     tables = meta.decode_block_tables.tolist()
     lens = meta.decode_context_lens.tolist()
-    parts: list[tuple[Sequence[int], Sequence[int], int]] = [(g.rows, g.block_ids, g.num_tokens) for g in plan.groups]
+    parts: list[tuple[Sequence[int], Sequence[int], int]] = [(g.rows, g.block_ids,
+                                                              g.num_tokens) for g in plan.groups]
     for r in range(n):
         start = plan.suffix_start[r]
         parts.append(([r], tables[r][start // block_size: -(-lens[r] // block_size)], lens[r] - start))
@@ -138,7 +140,8 @@ def prefill_work(meta: AttentionMetadata, block_size: int) -> Segments:
     prefill row (extend's q holds the prefill rows only)."""
     first = meta.num_decode
     return pack_segments([(range(c.q_start - first, c.q_start - first + c.q_len),
-                           c.block_table[: -(-c.seq_len // block_size)].tolist(), c.seq_len) for c in meta.prefills])
+                           c.block_table[: -(-c.seq_len // block_size)].tolist(),
+                           c.seq_len) for c in meta.prefills])
 
 
 class _StepKernel:

@@ -46,7 +46,8 @@ __all__ = [
 
 
 def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
 ) -> None:
     """k, v [N, n_kv, hd] into the caches at slot_mapping (int64 [N]; negative = skip), in place."""
     require_triton(k.device)

@@ -54,10 +54,11 @@ def dot_config(dtype: torch.dtype) -> tuple[tl.dtype, str]:
 
 def require_triton(device: torch.device) -> None:
     """Triton runs on CUDA tensors, and on CPU tensors only when the kernels are interpreted; anything else
-    is an error (and the backend registry, engine/kernels/backend.py, refuses "triton" where it cannot run)."""
+    is an error (and the backend registry, engine/kernels/backend.py, refuses "triton"
+    where it cannot run)."""
     if device.type != "cuda" and not (device.type == "cpu" and is_interpreted()):
-        raise RuntimeError(f"Triton kernels cannot run on {device} tensors: CPU tensors need TRITON_INTERPRET=1 "
-                           "set before triton's first import")
+        raise RuntimeError(f"Triton kernels cannot run on {device} tensors: CPU tensors need "
+                           "TRITON_INTERPRET=1 set before triton's first import")
 
 
 def next_pow2(n: int) -> int:

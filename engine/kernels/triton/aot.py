@@ -52,7 +52,8 @@ class Spec:
     constexprs: dict[str, Any]
     num_warps: int = 4
     num_stages: int = 2
-    io_dtype: torch.dtype | None = None  # these pointers' dtype when it differs from the cache's (fp32 model, 16-bit KV)
+    # these pointers' dtype when it differs from the cache's (fp32 model, 16-bit KV)
+    io_dtype: torch.dtype | None = None
     io_ptrs: tuple[str, ...] = ("q_ptr", "out_ptr")
 
 
@@ -101,14 +102,16 @@ def specs() -> list[Spec]:
     ]:
         dot_t, prec = dot_config(dtype)
         block_m, block_n, warps = shared_tiles(members, group, hd, dtype)
-        out.append(Spec(f"cascade_shared/{NAMES[dtype]}/g{group}/hd{hd}/m{block_m}", cascade_shared_kernel, dtype,
+        out.append(Spec(f"cascade_shared/{NAMES[dtype]}/g{group}/hd{hd}/m{block_m}", cascade_shared_kernel,
+                        dtype,
                         dict(GROUP=group, BLOCK_SIZE=bs, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_D=next_pow2(hd),
                              BLOCK_N=block_n, DOT_T=dot_t, PREC=prec), num_warps=warps))
     # An fp32 model over a bf16 KV cache: fp32 queries, outputs and new K/V, bf16 pages.
     bf16, fp32 = torch.bfloat16, torch.float32
     dot_t, prec = dot_config(bf16)
     out.append(Spec("write_kv/fp32-into-bf16/hd128", write_kv_kernel, bf16, dict(
-        N_KV=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=8, BLOCK_D=128), io_dtype=fp32, io_ptrs=("k_ptr", "v_ptr")))
+        N_KV=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=8, BLOCK_D=128), io_dtype=fp32,
+        io_ptrs=("k_ptr", "v_ptr")))
     out.append(Spec("decode/fp32q-bf16kv/g4/hd128/split0/start1", decode_split_kernel, bf16, dict(
         GROUP=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_H=16, BLOCK_D=128, BLOCK_N=tile_tokens(128, bf16),
         DOT_T=dot_t, PREC=prec, SPLIT=False, HAS_START=True), num_warps=decode_warps(bf16), io_dtype=fp32))
@@ -123,7 +126,8 @@ def specs() -> list[Spec]:
     for row_slots in (False, True):  # plain split-K, and cascade's per-row slots
         out.append(Spec(f"decode_merge/hd128/rows{int(row_slots)}", decode_merge_kernel, torch.bfloat16, dict(
             HEAD_DIM=128, BLOCK_D=128, BLOCK_S=8 if not row_slots else 32, HAS_ROW_SLOTS=row_slots)))
-    for dtype, group, hd, bs in [(torch.bfloat16, 4, 128, 16), (torch.float16, 3, 64, 32), (torch.float32, 1, 128, 16)]:
+    for dtype, group, hd, bs in [(torch.bfloat16, 4, 128, 16), (torch.float16, 3, 64, 32),
+                                 (torch.float32, 1, 128, 16)]:
         dot_t, prec = dot_config(dtype)
         block_m, block_n, warps = extend_tiles(hd, dtype)
         out.append(Spec(f"extend/{NAMES[dtype]}/g{group}/hd{hd}", extend_kernel, dtype, dict(
@@ -133,7 +137,8 @@ def specs() -> list[Spec]:
         out.append(Spec(f"rms_norm/{NAMES[dtype]}/res{int(has_res)}", rmsnorm_kernel, dtype, dict(
             HAS_RES=has_res, BLOCK=block), num_warps=min(block // 256, 16)))
     for dtype in (torch.bfloat16, torch.float32):
-        out.append(Spec(f"copy_blocks/{NAMES[dtype]}", copy_blocks_kernel, dtype, dict(BLOCK=COPY_BLOCK), num_stages=1))
+        out.append(Spec(f"copy_blocks/{NAMES[dtype]}", copy_blocks_kernel, dtype, dict(BLOCK=COPY_BLOCK),
+                        num_stages=1))
     return out
 
 
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in results:
             detail = r.get("error") or ", ".join(r["problems"]) or (
-                f"reg {r.get('reg', '?')}  shared {r['shared_bytes']} B  {'+'.join(r['stages'])}  {r['seconds']} s")
+                f"reg {r.get('reg', '?')}  shared {r['shared_bytes']} B  {'+'.join(r['stages'])}  "
+                f"{r['seconds']} s")
             print(f"{'ok ' if r['ok'] else 'BAD'} {r['arch']} {r['kernel']:<36} {detail}")
     return 0 if ok else 1
 

@@ -43,7 +43,8 @@ def inner_contiguous(t: torch.Tensor) -> bool:
     return t.stride(5) == 1 and t.stride(4) == hd and t.stride(3) == n_kv * hd
 
 
-def copy_blocks_triton(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
+def copy_blocks_triton(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor,
+                       dst_ids: torch.Tensor) -> None:
     check_dtype(src, dst)
     num_layers = src.shape[0]
     block_numel = src[0, 0, 0].numel()

@@ -100,7 +100,8 @@ def cascade_shared_kernel(
 
     start = tok_lo + split * partition
     end = tl.minimum(start + partition, tok_hi)
-    end = tl.where(m_tile * BLOCK_M < (mem_hi - mem_lo) * GROUP, end, start)  # a tile past the members: no work
+    # a tile past the members: no work
+    end = tl.where(m_tile * BLOCK_M < (mem_hi - mem_lo) * GROUP, end, start)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -217,10 +218,12 @@ def pack_segments(
 
 
 def pack_for(
-    segments: Sequence[CascadeSegment], q: torch.Tensor, k_cache: torch.Tensor, shared_splits: int | None = None,
+    segments: Sequence[CascadeSegment], q: torch.Tensor, k_cache: torch.Tensor,
+    shared_splits: int | None = None,
 ) -> PackedCascade:
     """pack_segments for decode queries q [B, H, D] over this cache (tile sizes follow dtype and head dim)."""
-    _, block_n, _ = shared_tiles(1, q.shape[1] // k_cache.shape[2], q.shape[2], k_cache.dtype)  # not member-dependent
+    # not member-dependent
+    _, block_n, _ = shared_tiles(1, q.shape[1] // k_cache.shape[2], q.shape[2], k_cache.dtype)
     return pack_segments(segments, q.shape[0], k_cache.shape[2], block_n, q.device, shared_splits)
 
 
@@ -233,7 +236,8 @@ def cascade_partials(
     q, group = check_decode_shapes(q, k_cache, v_cache)
     batch, n_heads, head_dim = q.shape
     n_kv, block_size = k_cache.shape[2], k_cache.shape[1]
-    packed = segments if isinstance(segments, PackedCascade) else pack_for(segments, q, k_cache, shared_splits)
+    packed = segments if isinstance(segments, PackedCascade) else pack_for(segments, q, k_cache,
+                                                                           shared_splits)
     # Host-side checks only (no sync): that each segment's rows hold its tokens is the plan's contract.
     if packed.row_start.shape[0] != batch:
         raise ValueError(f"cascade plan packed for {packed.row_start.shape[0]} rows, called with {batch}")

@@ -161,7 +161,8 @@ def plan_splits(
     return max(1, triton.cdiv(max_tokens, partition)), partition
 
 
-def check_decode_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+def check_decode_shapes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                int]:
     """q with a unit inner stride, and the GQA group size; raises on shapes the kernels cannot take."""
     check_attention_dtypes(q, k_cache, v_cache)
     n_heads, n_kv = q.shape[1], k_cache.shape[2]
@@ -237,11 +238,13 @@ def decode_triton(
     if batch == 0:
         return out
 
-    max_tokens = block_tables.shape[1] * k_cache.shape[1]  # an upper bound on context_lens, known without a sync
+    # an upper bound on context_lens, known without a sync
+    max_tokens = block_tables.shape[1] * k_cache.shape[1]
     block_n = tile_tokens(head_dim, k_cache.dtype)
     splits, partition = plan_splits(batch, k_cache.shape[2], max_tokens, block_n, q.device, num_splits)
     if splits == 1:
-        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, 1, partition, block_n, out, None, None)
+        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, 1, partition, block_n, out, None,
+                     None)
         return out
     part_out = torch.empty(batch, n_heads, splits, head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(batch, n_heads, splits, device=q.device, dtype=torch.float32)
