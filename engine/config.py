@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvloop.engine.core import defaults as D
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import get_policy, policy_names
 from kvloop.engine.kernels.backend import backend_choices
@@ -21,13 +22,15 @@ class EngineConfig:
     # Fields declared with option() are also `kvloop` flags and engine.yaml keys (engine/core/config_options.py).
     model: str | None = option(None, flag="--model", setting="model.path",
                                help="a .gguf file or HF directory (default: the embedded SmolLM2-135M)")
-    dtype: str = option("auto", flag="--dtype", setting="dtype", choices=DTYPES,
+    dtype: str = option(D.DTYPE, flag="--dtype", setting="dtype", choices=DTYPES,
                         help="model dtype; auto: bf16 on GPUs and on CPUs with native bf16 (AVX512-BF16/AMX), "
                              "else float32")
-    device: str = option("cpu", flag="--device", setting="device",
+    device: str = option(D.DEVICE, flag="--device", setting="device",
                          help="cpu, cuda, or auto (the GPU when there is one)")
-    block_size: int = option(16, flag="--block-size", setting="block_size", help="KV block size in tokens")
-    kv_cache_tokens: int = option(65536, flag="--kv-cache-tokens", help="device KV pool size in tokens")
+    block_size: int = option(D.BLOCK_SIZE, flag="--block-size", setting="block_size",
+                             help="KV block size in tokens")
+    kv_cache_tokens: int = option(D.DEVICE_POOL_TOKENS, flag="--kv-cache-tokens",
+                                  help="device KV pool size in tokens")
     # Pool sizes in memory units (the operator's spec); when set they override the token counts, converted
     # with the model's KV bytes per token once the model is known (EngineCore.apply_pool_sizes).
     device_pool_mib: float | None = option(None, setting="kv_cache.device_pool_mib",
@@ -68,7 +71,7 @@ class EngineConfig:
     control_file: str | None = option(None, flag="--control-file", setting="control.path",
                                       help="shared-memory control block with the sidecar (the feedback loop; "
                                            "default: none, no feedback loop)")
-    control_stale_after_s: float = option(120.0, flag="--control-stale-after",
+    control_stale_after_s: float = option(D.CONTROL_STALE_AFTER_S, flag="--control-stale-after",
                                           setting="control.targets_stale_after_s",
                                           help="seconds after which sidecar targets give way to the configured "
                                                "values")

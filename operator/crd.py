@@ -3,7 +3,8 @@
     python -m kvloop.operator.crd > manifests/base/crd.yaml   (and charts/kvloop/crds/)
 
 Tests check that both files equal this output, validate custom resources against the schema
-(converted to JSON Schema) and evaluate its CEL rules.
+(converted to JSON Schema) and evaluate its CEL rules. Every default in the schema is read from
+spec.DEFAULTS (`_d`), the one place the operator writes them.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from typing import Any
 
 import yaml
 
-from kvloop.engine.core.policy import DEFAULT_POLICY, policy_names
+from kvloop.engine.core.policy import policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
 from kvloop.operator import step_budget as SB
+from kvloop.operator.spec import DEFAULTS
+
+
+def _d(path: str) -> Any:
+    """The default at a dotted path of spec.DEFAULTS."""
+    value: Any = DEFAULTS
+    for key in path.split("."):
+        value = value[key]
+    return value
 
 
 def _p(kind: str, desc: str, **kw: Any) -> dict[str, Any]:
@@ -145,8 +155,8 @@ def spec_schema() -> dict[str, Any]:
     model = o("Which model to serve.", {
         "source": s("embedded: the SmolLM2-135M-Instruct GGUF inside the image; pvc: a path on a "
                     "PersistentVolumeClaim; uri: a file fetched by an init container.",
-                    ["embedded", "pvc", "uri"], "embedded"),
-        "name": s("Model name served on /v1/models.", default=C.EMBEDDED_MODEL_NAME, maxLength=128,
+                    ["embedded", "pvc", "uri"], _d("model.source")),
+        "name": s("Model name served on /v1/models.", default=_d("model.name"), maxLength=128,
                   pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"),
         "format": s("Weights format; detected from the path when unset.", ["gguf", "hf"]),
         "path": s("For source pvc: file or Hugging Face directory inside the claim.", maxLength=1024),
@@ -163,38 +173,52 @@ def spec_schema() -> dict[str, Any]:
         ("self.source == 'uri' || !has(self.uri)", "uri is only used with source uri"),
     ])
     disk = o("Disk tier: a directory of KV block files.", {
-        "enabled": b("Keep a disk tier.", False),
-        "storage": s("emptyDir (node-local, lost with the pod) or pvc (an existing claim).", ["emptyDir", "pvc"], "emptyDir"),
-        "sizeGiB": i("Size limit of the tier in GiB.", 1, 10000, 10),
+        "enabled": b("Keep a disk tier.", _d("engine.kvCache.disk.enabled")),
+        "storage": s("emptyDir (node-local, lost with the pod) or pvc (an existing claim).",
+                     ["emptyDir", "pvc"], _d("engine.kvCache.disk.storage")),
+        "sizeGiB": i("Size limit of the tier in GiB.", 1, 10000, _d("engine.kvCache.disk.sizeGiB")),
         "claimName": s("For storage pvc: the claim to use.", maxLength=253),
     }, default={}, rules=[("self.storage != 'pvc' || has(self.claimName)", "disk storage pvc needs claimName")])
     kv = o("Paged, tiered KV cache.", {
-        "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB.", 16, 1048576, 512),
-        "hostPoolMiB": i("Host (CPU memory) pool in MiB; 0 disables the tier.", 0, 1048576, 0),
+        "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB (default: the engine's 65,536 tokens "
+                           "of the embedded model's bf16 KV).", 16, 1048576,
+                           _d("engine.kvCache.devicePoolMiB")),
+        "hostPoolMiB": i("Host (CPU memory) pool in MiB; 0 disables the tier.", 0, 1048576,
+                         _d("engine.kvCache.hostPoolMiB")),
         "disk": disk,
         "admitMinRequests": i("Distinct requests a block needs to earn its place in the device pool (under "
-                              "pressure, blocks that have not earned it are evicted first).", 1, 64, 3),
+                              "pressure, blocks that have not earned it are evicted first).", 1, 64,
+                              _d("engine.kvCache.admitMinRequests")),
         "hostAdmitMinRequests": i("Distinct requests a block needs to keep its place in the host pool under "
                                   "pressure (blocks evicted from the device are copied there lazily; while "
                                   "it has room, all of them; when full, blocks below this displace only "
-                                  "each other and leave first).", 1, 64, 2),
-        "minPrefixTokens": i("Shorter prefix matches are treated as misses.", 0, 65536, 64),
-        "retentionWatermark": n("Initial share of the device pool kept for cached blocks.", 0.0, 1.0, 0.3, True),
+                                  "each other and leave first).", 1, 64,
+                                  _d("engine.kvCache.hostAdmitMinRequests")),
+        "minPrefixTokens": i("Shorter prefix matches are treated as misses.", 0, 65536,
+                             _d("engine.kvCache.minPrefixTokens")),
+        "retentionWatermark": n("Share of the device pool kept for cached blocks: the engine's configured "
+                                "value, where the coordinator starts and what stale targets fall back to.",
+                                0.0, 1.0, _d("engine.kvCache.retentionWatermark"), True),
     }, default={}, rules=[("self.hostAdmitMinRequests <= self.admitMinRequests",
                            "hostAdmitMinRequests must not exceed admitMinRequests"),
                           ("self.retentionWatermark < 1.0", "retentionWatermark must be below 1")])
     engine = o("Engine settings (restart the pods when changed).", {
-        "device": s("Where the model runs.", ["auto", "cpu", "cuda"], "auto"),
-        "dtype": s("Compute dtype.", ["auto", "float32", "bfloat16", "float16"], "auto"),
-        "blockSize": {**i("Tokens per KV block.", default=16), "enum": [8, 16, 32, 64, 128]},
-        "maxModelLen": i("Maximum context length in tokens.", 128, 1048576, 2048),
+        "device": s("Where the model runs (auto: the GPU when there is one).", ["auto", "cpu", "cuda"],
+                    _d("engine.device")),
+        "dtype": s("Compute dtype.", ["auto", "float32", "bfloat16", "float16"], _d("engine.dtype")),
+        "blockSize": {**i("Tokens per KV block.", default=_d("engine.blockSize")),
+                      "enum": [8, 16, 32, 64, 128]},
+        "maxModelLen": i("Maximum context length in tokens (the model's own, if smaller).", 128, 1048576,
+                         _d("engine.maxModelLen")),
         "scheduler": o("Continuous batching.", {
-            "mode": s("Scheduler mode.", list(policy_names()), DEFAULT_POLICY),
-            "maxNumSeqs": i("Initial batch cap (running requests).", 1, 4096, 32),
+            "mode": s("Scheduler mode.", list(policy_names()), _d("engine.scheduler.mode")),
+            "maxNumSeqs": i("Batch cap (running requests): the engine's configured value, where it starts "
+                            "and what stale targets fall back to; the coordinator moves the live cap within "
+                            "feedback.batchCap.", 1, 4096, _d("engine.scheduler.maxNumSeqs")),
             "maxNumBatchedTokens": i("Token budget per step: where the engine starts and the ceiling of the "
                                      "live budget the coordinator moves within feedback.stepTokenBudget.",
-                                     SB.FLOOR, 1048576, 2048),
-            "chunkedPrefill": b("Split long prompts into chunks.", True),
+                                     SB.FLOOR, 1048576, _d("engine.scheduler.maxNumBatchedTokens")),
+            "chunkedPrefill": b("Split long prompts into chunks.", _d("engine.scheduler.chunkedPrefill")),
             "tpotTargetMs": n("Time per output token (ms) the engine holds: while its recent decode steps are "
                               "slower, waiting requests wait (running ones are never preempted for it). Unset: "
                               "no target, the batch cap alone bounds the running requests.", 1.0, 600000.0),
@@ -202,13 +226,15 @@ def spec_schema() -> dict[str, Any]:
         "kvCache": kv,
     }, default={})
     bound_cap = o("Batch cap bounds and step.", {
-        "min": i("Lowest batch cap.", 1, 4096, 1), "max": i("Highest batch cap.", 1, 4096, 64),
-        "maxStep": i("Largest change per period.", 1, 4096, 8)},
+        "min": i("Lowest batch cap.", 1, 4096, _d("feedback.batchCap.min")),
+        "max": i("Highest batch cap.", 1, 4096, _d("feedback.batchCap.max")),
+        "maxStep": i("Largest change per period.", 1, 4096, _d("feedback.batchCap.maxStep"))},
         default={}, rules=[("self.min <= self.max", "batchCap.min must be <= batchCap.max"),
                            ("self.maxStep <= self.max", "batchCap.maxStep must be <= batchCap.max")])
     bound_w = o("Retention watermark bounds and step.", {
-        "min": n("Lowest watermark.", 0.0, 1.0, 0.0, True), "max": n("Highest watermark.", 0.0, 1.0, 0.9, True),
-        "maxStep": n("Largest change per period.", 0.001, 1.0, 0.1)},
+        "min": n("Lowest watermark.", 0.0, 1.0, _d("feedback.watermark.min"), True),
+        "max": n("Highest watermark.", 0.0, 1.0, _d("feedback.watermark.max"), True),
+        "maxStep": n("Largest change per period.", 0.001, 1.0, _d("feedback.watermark.maxStep"))},
         default={}, rules=[("self.min <= self.max", "watermark.min must be <= watermark.max"),
                            ("self.max < 1.0", "watermark.max must be below 1")])
     bound_step = o(
@@ -219,28 +245,34 @@ def spec_schema() -> dict[str, Any]:
         "to fix it. Without chunked prefill it stays where the engine puts it (at least maxModelLen).", {
             "min": i(f"Lowest budget (default {SB.DEFAULT_MIN}, or max when smaller).", SB.FLOOR, 1048576),
             "max": i("Highest budget (default and ceiling: engine.scheduler.maxNumBatchedTokens).", SB.FLOOR, 1048576),
-            "maxStep": i("Largest change per decision, in tokens.", 1, 1048576, SB.DEFAULT_MAX_STEP)},
+            "maxStep": i("Largest change per decision, in tokens.", 1, 1048576,
+                         _d("feedback.stepTokenBudget.maxStep"))},
         default={}, rules=SB.bounds_rules())
     feedback = o("The sidecar's feedback coordinator (reloaded without a restart).", {
         "mode": s("off: no coordinator; observe: decide and log only; enforce: write targets.",
-                  ["off", "observe", "enforce"], "enforce"),
-        "intervalSeconds": i("Coordinator period.", 1, 3600, 30),
-        "staleAfterSeconds": i("Feedback older than this is stale (engine falls back to defaults).", 2, 86400, 120),
+                  ["off", "observe", "enforce"], _d("feedback.mode")),
+        "intervalSeconds": i("Coordinator period.", 1, 3600, _d("feedback.intervalSeconds")),
+        "staleAfterSeconds": i("Feedback older than this is stale (engine falls back to defaults).", 2, 86400,
+                               _d("feedback.staleAfterSeconds")),
         "batchCap": bound_cap,
         "watermark": bound_w,
         "stepTokenBudget": bound_step,
         "eventPath": o("Between periodic decisions, react within a second to a preemption burst or a fast-growing "
-                       "queue.", {"enabled": b("React between periods.", True)}, default={}),
-        "targets": o("Objectives the coordinator steers towards.", {
-            "ttftP99Seconds": n("P99 time-to-first-token objective.", 0.001, 600.0, 2.0),
+                       "queue.", {"enabled": b("React between periods.", _d("feedback.eventPath.enabled"))},
+                       default={}),
+        "targets": o("Objectives the coordinator steers towards (none by default: the measured default runs "
+                     "had none; engine/core/defaults.py).", {
+            "ttftP99Seconds": n("P99 time-to-first-token objective (unset: none).", 0.001, 600.0),
             "tpotP50Seconds": n("P50 time-per-output-token objective (after the first token) the step token "
-                                "budget is steered to.", 0.001, 60.0, 0.2),
-            "maxQueueDepth": i("Waiting requests tolerated before the cap grows.", 0, 100000, 16)}, default={}),
+                                "budget is steered to (unset: none, the budget holds the engine's).",
+                                0.001, 60.0),
+            "maxQueueDepth": i("Waiting requests tolerated before the cap grows.", 0, 100000,
+                               _d("feedback.targets.maxQueueDepth"))}, default={}),
     }, default={}, rules=[("self.staleAfterSeconds >= 2 * self.intervalSeconds",
                            "staleAfterSeconds must be at least twice intervalSeconds")])
     toleration = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     props = {
-        "replicas": i("Number of engine pods.", 0, 256, 1),
+        "replicas": i("Number of engine pods.", 0, 256, _d("replicas")),
         "model": model,
         "images": o("Image overrides (default: the operator's image).", {
             "engine": image("engine", "Engine image."),
@@ -257,25 +289,28 @@ def spec_schema() -> dict[str, Any]:
         "engine": engine,
         "feedback": feedback,
         "observability": o("Monitoring.", {
-            "logLevel": s("Log level of engine and sidecar.", ["debug", "info", "warning", "error"], "info"),
+            "logLevel": s("Log level of engine and sidecar.", ["debug", "info", "warning", "error"],
+                          _d("observability.logLevel")),
             "serviceMonitor": o("Create a Prometheus Operator ServiceMonitor.", {
-                "enabled": b("Create it.", False),
-                "interval": s("Scrape interval.", default="30s", pattern=r"^[0-9]+(ms|s|m|h)$"),
+                "enabled": b("Create it.", _d("observability.serviceMonitor.enabled")),
+                "interval": s("Scrape interval.", default=_d("observability.serviceMonitor.interval"),
+                              pattern=r"^[0-9]+(ms|s|m|h)$"),
                 "labels": {"type": "object", "description": "Extra labels (to match a Prometheus selector).",
                            "additionalProperties": {"type": "string"}}}, default={})}, default={}),
         "routing": o("Routing integrations.", {
             "inferencePool": o("Create an InferencePool (Gateway API Inference Extension).", {
-                "enabled": b("Create it.", False),
+                "enabled": b("Create it.", _d("routing.inferencePool.enabled")),
                 "endpointPicker": o("The endpoint picker service that routes by prefix cache and load.", {
                     "name": s("Service name of the endpoint picker.", minLength=1, maxLength=253),
                     "port": i("Its gRPC port.", 1, 65535, 9002),
                     "failureMode": s("What the gateway does when the picker is down.", ["FailOpen", "FailClose"], "FailOpen")}),
             }, default={})}, default={}),
         "service": o("The Service in front of the pods.", {
-            "type": s("Service type.", ["ClusterIP", "NodePort", "LoadBalancer"], "ClusterIP"),
-            "port": i("Service port for the OpenAI API.", 1, 65535, 8000)}, default={}),
+            "type": s("Service type.", ["ClusterIP", "NodePort", "LoadBalancer"], _d("service.type")),
+            "port": i("Service port for the OpenAI API.", 1, 65535, _d("service.port"))}, default={}),
         "podDisruptionBudget": o("Created when replicas > 1.", {
-            "maxUnavailable": i("Pods that may be down at once during voluntary disruption.", 1, 256, 1)}, default={}),
+            "maxUnavailable": i("Pods that may be down at once during voluntary disruption.", 1, 256,
+                                _d("podDisruptionBudget.maxUnavailable"))}, default={}),
         "nodeSelector": {"type": "object", "description": "Node labels the pods must match.",
                          "additionalProperties": {"type": "string"}},
         "tolerations": {"type": "array", "description": "Pod tolerations (one for nvidia.com/gpu is added with GPUs).",
@@ -292,7 +327,7 @@ def spec_schema() -> dict[str, Any]:
          "engine.kvCache.retentionWatermark must lie within feedback.watermark bounds"),
         ("self.engine.scheduler.maxNumSeqs >= self.feedback.batchCap.min && "
          "self.engine.scheduler.maxNumSeqs <= self.feedback.batchCap.max",
-         "engine.scheduler.maxNumSeqs (the initial batch cap) must lie within feedback.batchCap bounds"),
+         "engine.scheduler.maxNumSeqs (the engine's batch cap) must lie within feedback.batchCap bounds"),
         *SB.spec_rules(),
         ("!self.routing.inferencePool.enabled || has(self.routing.inferencePool.endpointPicker)",
          "routing.inferencePool needs endpointPicker"),

@@ -58,10 +58,12 @@ def sidecar_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     fb = spec["feedback"]
     return {
         "mode": fb["mode"], "period_s": fb["intervalSeconds"], "stale_after_s": fb["staleAfterSeconds"],
-        "batch_cap": {"min": fb["batchCap"]["min"], "max": fb["batchCap"]["max"], "max_step": fb["batchCap"]["maxStep"],
-                      "initial": spec["engine"]["scheduler"]["maxNumSeqs"]},
-        "watermark": {"min": fb["watermark"]["min"], "max": fb["watermark"]["max"], "max_step": fb["watermark"]["maxStep"],
-                      "initial": spec["engine"]["kvCache"]["retentionWatermark"]},
+        # no initial values: the coordinator starts from the engine's (engine.yaml's cap and watermark, read
+        # from its snapshot), as `kvloop sidecar` does beside `kvloop serve`
+        "batch_cap": {"min": fb["batchCap"]["min"], "max": fb["batchCap"]["max"],
+                      "max_step": fb["batchCap"]["maxStep"]},
+        "watermark": {"min": fb["watermark"]["min"], "max": fb["watermark"]["max"],
+                      "max_step": fb["watermark"]["maxStep"]},
         "step_token_budget": step_budget.resolved(spec),
         "event_path": {"enabled": fb["eventPath"]["enabled"]},
         "targets": {"ttft_p99_s": fb["targets"].get("ttftP99Seconds"), "tpot_p50_s": fb["targets"].get("tpotP50Seconds"),

@@ -1,8 +1,11 @@
 """The InferenceService spec with its defaults filled in, and the checks that the schema cannot do.
 
 The API server applies the CRD's defaults, but the operator does not rely on that (kmock, older
-objects, hand-written tests): `with_defaults` fills the same values. `problems` lists reasons a
-schema-valid spec cannot be realised; the operator reports them as a Degraded condition.
+objects, hand-written tests): `with_defaults` fills the same values. DEFAULTS is the one place the
+operator writes them (the CRD schema reads it), from the table in engine/core/defaults.py wherever the
+engine or the sidecar has the same default, so an empty InferenceService runs what `kvloop serve` and
+`kvloop sidecar` run. `problems` lists reasons a schema-valid spec cannot be realised; the operator
+reports them as a Degraded condition.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from kvloop.engine.core import defaults as D
 from kvloop.engine.core.policy import DEFAULT_POLICY
 from kvloop.operator import step_budget
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
@@ -21,35 +25,42 @@ from kvloop.operator.limits import (
     resource_problems,
 )
 
+
+def _bounds(d: D.Default) -> dict[str, Any]:
+    return {"min": d.value.min, "max": d.value.max, "maxStep": d.value.max_step}
+
+
 DEFAULTS: dict[str, Any] = {
     "replicas": 1,
     "model": {"source": "embedded", "name": EMBEDDED_MODEL_NAME},
     "engine": {
-        "device": "auto",
-        "dtype": "auto",
-        "blockSize": 16,
-        "maxModelLen": 2048,
-        "scheduler": {"mode": DEFAULT_POLICY, "maxNumSeqs": 32, "maxNumBatchedTokens": 2048, "chunkedPrefill": True},
+        "device": D.DEVICE.value,
+        "dtype": D.DTYPE.value,
+        "blockSize": D.BLOCK_SIZE.value,
+        "maxModelLen": D.MAX_MODEL_LEN.value,
+        "scheduler": {"mode": DEFAULT_POLICY, "maxNumSeqs": D.BATCH_CAP.value,
+                      "maxNumBatchedTokens": D.STEP_TOKEN_BUDGET.value, "chunkedPrefill": True},
         "kvCache": {
-            "devicePoolMiB": 512,
-            "hostPoolMiB": 0,
-            "admitMinRequests": 3,
-            "hostAdmitMinRequests": 2,
-            "minPrefixTokens": 64,
-            "retentionWatermark": 0.3,
+            "devicePoolMiB": D.DEVICE_POOL_MIB.value,
+            "hostPoolMiB": D.HOST_POOL_MIB.value,
+            "admitMinRequests": D.ADMIT_MIN_REQUESTS.value,
+            "hostAdmitMinRequests": D.HOST_ADMIT_MIN_REQUESTS.value,
+            "minPrefixTokens": D.MIN_PREFIX_TOKENS.value,
+            "retentionWatermark": D.RETENTION_WATERMARK.value,
             "disk": {"enabled": False, "storage": "emptyDir", "sizeGiB": 10},
         },
     },
     "feedback": {
-        "mode": "enforce",
-        "intervalSeconds": 30,
-        "staleAfterSeconds": 120,
-        "batchCap": {"min": 1, "max": 64, "maxStep": 8},
-        "watermark": {"min": 0.0, "max": 0.9, "maxStep": 0.1},
+        "mode": D.FEEDBACK_MODE.value,
+        "intervalSeconds": int(D.FEEDBACK_PERIOD_S.value),
+        "staleAfterSeconds": int(D.CONTROL_STALE_AFTER_S.value),
+        "batchCap": _bounds(D.FEEDBACK_BATCH_CAP),
+        "watermark": _bounds(D.FEEDBACK_WATERMARK),
         # min and max have no fixed default: step_budget.resolved derives them from maxNumBatchedTokens.
         "stepTokenBudget": {"maxStep": step_budget.DEFAULT_MAX_STEP},
         "eventPath": {"enabled": True},
-        "targets": {"ttftP99Seconds": 2.0, "tpotP50Seconds": 0.2, "maxQueueDepth": 16},
+        # no objectives by default (engine/core/defaults.py says why); maxQueueDepth 0: any queue counts
+        "targets": {"maxQueueDepth": D.FEEDBACK_MAX_QUEUE_DEPTH.value},
     },
     "observability": {"logLevel": "info", "serviceMonitor": {"enabled": False, "interval": "30s"}},
     "routing": {"inferencePool": {"enabled": False}},

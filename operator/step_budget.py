@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvloop.engine.core.defaults import FEEDBACK_STEP_TOKEN_BUDGET
+
 FLOOR = 16  # tokens: the schema's minimum for the lower bound (and for maxNumBatchedTokens)
-DEFAULT_MIN = 64  # or maxNumBatchedTokens when smaller
-DEFAULT_MAX_STEP = 256
+DEFAULT_MIN = FEEDBACK_STEP_TOKEN_BUDGET.value.min  # or maxNumBatchedTokens when smaller
+DEFAULT_MAX = FEEDBACK_STEP_TOKEN_BUDGET.value.max  # the sidecar's own; the engine's budget caps it below
+DEFAULT_MAX_STEP = FEEDBACK_STEP_TOKEN_BUDGET.value.max_step
 
 MIN_ABOVE_MAX = "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"
 ABOVE_CEILING = ("feedback.stepTokenBudget bounds must not exceed engine.scheduler.maxNumBatchedTokens, "
@@ -38,7 +41,10 @@ def spec_rules() -> list[tuple[str, str]]:
 
 
 def resolved(spec: dict[str, Any]) -> dict[str, int]:
-    """{min, max, max_step, initial} of a defaulted spec, as the sidecar's settings file takes them."""
+    """{min, max, max_step} of a defaulted spec, as the sidecar's settings file takes them. No initial: the
+    coordinator starts from the engine's own budget (maxNumBatchedTokens), clamped into the bounds. No max
+    where the sidecar's own (DEFAULT_MAX) already lies above the engine's budget, which caps it: so the
+    defaults render what `kvloop sidecar` runs with."""
     sched = spec["engine"]["scheduler"]
     raw = spec["feedback"].get("stepTokenBudget") or {}
     ceiling = int(sched["maxNumBatchedTokens"])
@@ -47,10 +53,12 @@ def resolved(spec: dict[str, Any]) -> dict[str, int]:
         # No chunking: a whole prompt must fit one step, as the engine sizes it (at least the
         # context length), so the budget stays where the engine puts it.
         fixed = max(ceiling, int(spec["engine"]["maxModelLen"]))
-        return {"min": fixed, "max": fixed, "max_step": step, "initial": fixed}
+        return {"min": fixed, "max": fixed, "max_step": step}
     high = int(raw.get("max", ceiling))
-    return {"min": int(raw.get("min", min(DEFAULT_MIN, high))), "max": high, "max_step": step,
-            "initial": min(ceiling, high)}
+    out = {"min": int(raw.get("min", min(DEFAULT_MIN, high))), "max_step": step}
+    if "max" in raw or high > DEFAULT_MAX:
+        out["max"] = high
+    return out
 
 
 def problems(spec: dict[str, Any]) -> list[str]:

@@ -10,7 +10,7 @@ Shape (every key optional)::
     batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}
     watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}     # no initial: the engine's own value
     step_token_budget: {min: 64, max: 8192, max_step: 256, initial: 512}   # no initial: the engine's own
-    targets: {ttft_p99_s: 2.0, max_queue_depth: 16, tpot_p50_s: 0.1}
+    targets: {ttft_p99_s: 2.0, max_queue_depth: 16, tpot_p50_s: 0.1}       # default: no objectives
     law: {kv_band_low: 0.85, kv_band_high: 0.95, cut_factor: 0.75, raise_fraction: 0.25,
           hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3,
           footprint_shift: 0.25, tpot_headroom: 0.8, event_preemptions: 3, event_queue_growth: 0.5,
@@ -24,7 +24,10 @@ context, else the engine's own cap. `max_step` bounds every raise; cuts are mult
 at the memory-derived maximum (the first request, a shift in the footprint) are not steps. Raises go past
 that estimate while the pool's measured KV use is below kv_band_low; preemptions up to preemption_share of
 the requests finished in a period hold the cap, more cut it.
-The step token budget never goes above the engine's configured budget (the scheduler's ceiling).
+The step token budget never goes above the engine's configured budget (the scheduler's ceiling); without a
+`max` of its own that is its only upper bound.
+Defaults (mode, period, staleness, bounds, objectives) come from the table in engine/core/defaults.py, which
+the operator's InferenceService defaults read too.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
+
+from kvloop.engine.core import defaults as D
 
 MODES = ("off", "observe", "enforce")
 
@@ -78,18 +83,24 @@ class LawParams:
     event_cooldown_s: float = 10.0  # at most one event decision this often
 
 
+def _default_bounds(d: D.Default, integer: bool) -> Bounds:
+    conv = int if integer else float
+    return Bounds(conv(d.value.min), conv(d.value.max), conv(d.value.max_step), None)
+
+
 @dataclass(frozen=True)
 class Settings:
-    mode: str = "enforce"
-    period_s: float = 30.0
-    stale_after_s: float = 120.0
+    mode: str = D.FEEDBACK_MODE.value
+    period_s: float = D.FEEDBACK_PERIOD_S.value
+    stale_after_s: float = D.CONTROL_STALE_AFTER_S.value
     snapshot_stale_s: float | None = None
-    batch_cap: Bounds = Bounds(1, 64, 8, None)
-    watermark: Bounds = Bounds(0.0, 0.9, 0.1, None)
-    step_token_budget: Bounds = Bounds(64, 8192, 256, None)
-    ttft_p99_s: float | None = None
-    tpot_p50_s: float | None = None  # the step budget's objective; None: the budget holds the engine's own
-    max_queue_depth: int = 0
+    batch_cap: Bounds = _default_bounds(D.FEEDBACK_BATCH_CAP, integer=True)
+    watermark: Bounds = _default_bounds(D.FEEDBACK_WATERMARK, integer=False)
+    step_token_budget: Bounds = _default_bounds(D.FEEDBACK_STEP_TOKEN_BUDGET, integer=True)
+    ttft_p99_s: float | None = D.FEEDBACK_TTFT_P99_S.value
+    # the step budget's objective; None: the budget holds the engine's
+    tpot_p50_s: float | None = D.FEEDBACK_TPOT_P50_S.value
+    max_queue_depth: int = D.FEEDBACK_MAX_QUEUE_DEPTH.value
     law: LawParams = field(default_factory=LawParams)
     event_path: bool = True  # decisions between periods (sidecar.law: ControlLaw.event)
     control_path: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kvloop.engine.core import defaults as D
 from kvloop.engine.core.policy import get_policy
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.scheduler.config import SchedulerConfig
@@ -18,15 +19,17 @@ from kvloop.engine.scheduler.config import SchedulerConfig
 
 @dataclass
 class Sizing:
-    """WORKLOADS.md's "under pressure" values; `scaled` multiplies the pools."""
+    """WORKLOADS.md's "under pressure" pools and static batches, the engine's default batch cap and the
+    benchmarks' step budget (engine/core/defaults.py says why it is not the engine's); `scaled` multiplies
+    the pools."""
 
     kv_cache_tokens: int = 24576
     host_cache_tokens: int = 65536
     disk_cache_tokens: int = 262144
     static_batch: int = 16
     fill_timeout_s: float = 0.5
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = D.BATCH_CAP.value
+    max_num_batched_tokens: int = D.BENCH_STEP_TOKEN_BUDGET.value
     max_context: int = 4096  # longest prompt + output of the workload (llama.cpp per-slot context)
     cascade_cap_factor: float = 2.0  # codesign: rows past the batch cap within its priced budget, at most x cap
     tpot_target_ms: float | None = None  # admission holds the decode step time near this (scheduler/tpot_gate.py)

@@ -1,7 +1,8 @@
 """Config fields that carry their own CLI flag, settings-file key and help text (pure Python).
 
 The config dataclasses (engine/config.py, engine/scheduler/config.py, engine/kv/config.py) are the one
-place each default is written: a field declared with `option(...)` becomes a `kvloop` flag
+place each engine default is written (a default the operator or the sidecar also writes comes from the
+table in engine/core/defaults.py): a field declared with `option(...)` becomes a `kvloop` flag
 (`add_config_args`, read back by `config_from_args`) and a key of the operator's engine.yaml
 (engine/settings_file.py), both with the field's own default."""
 
@@ -14,6 +15,8 @@ import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from kvloop.engine.core.defaults import Default
 
 _META_KEY = "kvloop_option"
 
@@ -34,7 +37,10 @@ class Option:
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None,
            setting: str | None = None, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None) -> Any:
-    """A dataclass field whose default is `default`, exposed as `flag` and/or settings key `setting`."""
+    """A dataclass field whose default is `default` (a defaults-table entry: its value), exposed as `flag`
+    and/or settings key `setting`."""
+    if isinstance(default, Default):
+        default = default.value
     return dataclasses.field(default=default,
                              metadata={_META_KEY: Option(help, flag, setting, choices)})
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvloop.engine.core import defaults as D
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import CachePolicy, get_cache_policy
 
@@ -18,19 +19,21 @@ from kvloop.engine.core.policy import CachePolicy, get_cache_policy
 @dataclass
 class KVConfig:
     mode: str = "codesign"
-    admit_min_requests: int = option(3, setting="kv_cache.admit_min_requests",
+    admit_min_requests: int = option(D.ADMIT_MIN_REQUESTS, setting="kv_cache.admit_min_requests",
                                      help="device gate: distinct requests that referenced a block's hash before "
                                           "it keeps its place under pressure (others are evicted first)")
-    host_admit_min_requests: int = option(2, setting="kv_cache.host_admit_min_requests",
+    host_admit_min_requests: int = option(D.HOST_ADMIT_MIN_REQUESTS,
+                                          setting="kv_cache.host_admit_min_requests",
                                           help="host tier gate, in the same unit: a block evicted from the "
                                                "device is copied to the host while it has room; when full, "
                                                "blocks below it displace only each other and leave first")
     disk_admit_min_requests: int = 2  # the same for the disk tier (device or host evictions)
-    min_prefix_tokens: int = option(64, setting="kv_cache.min_prefix_tokens",
+    min_prefix_tokens: int = option(D.MIN_PREFIX_TOKENS, setting="kv_cache.min_prefix_tokens",
                                     help="shorter prefix matches are misses (codesign only)")
-    watermark: float = option(0.1, setting="kv_cache.retention_watermark",
-                              help="share of the device pool kept for cached blocks; a live knob (set_watermark)")
-    host_cache_tokens: int = 65536  # 0 disables the host tier
+    watermark: float = option(D.RETENTION_WATERMARK, setting="kv_cache.retention_watermark",
+                              help="share of the device pool kept for cached blocks; where the live knob "
+                                   "starts")
+    host_cache_tokens: int = D.HOST_POOL_TOKENS.value  # 0 disables the host tier
     disk_dir: str | None = option(None, setting="kv_cache.disk_dir", help="disk tier directory; none disables it")
     disk_cache_tokens: int = 262144
     disk_queue_size: int = 64  # write-behind queue; a full queue drops the write (counted)

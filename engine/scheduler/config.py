@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvloop.engine.core import defaults as D
 from kvloop.engine.core.cascade_scope import SCOPES
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import AUTO, get_policy, scheduler_modes
@@ -26,11 +27,14 @@ def resolve_cascade_groups(setting: str, mode: str) -> str:
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = option(64, flag="--max-num-seqs", setting="scheduler.max_num_seqs",
+    # the configured values of the live knobs (core/knobs.py): where they start, and the budget's ceiling
+    max_num_seqs: int = option(D.BATCH_CAP, flag="--max-num-seqs", setting="scheduler.max_num_seqs",
                                help="batch cap: running requests at most (the feedback loop moves it live)")
-    max_num_batched_tokens: int = option(512, flag="--max-num-batched-tokens",
-                                         setting="scheduler.max_num_batched_tokens", help="token budget of one step")
-    max_model_len: int = option(8192, flag="--max-model-len", setting="max_model_len",
+    max_num_batched_tokens: int = option(D.STEP_TOKEN_BUDGET, flag="--max-num-batched-tokens",
+                                         setting="scheduler.max_num_batched_tokens",
+                                         help="token budget of one step (the feedback loop moves it live, "
+                                              "never above this)")
+    max_model_len: int = option(D.MAX_MODEL_LEN, flag="--max-model-len", setting="max_model_len",
                                 help="longest sequence (prompt + output) in tokens")
     tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
                                           help="time per output token to hold: while the smoothed decode step "

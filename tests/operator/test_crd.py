@@ -61,21 +61,11 @@ def test_every_cel_rule_compiles_and_is_checked():
 
 
 def test_schema_defaults_match_operator_defaults():
-    """The operator fills the same defaults as the API server (for objects that skipped defaulting)."""
+    """The operator fills the same defaults as the API server (for objects that skipped defaulting): the
+    schema's defaults, applied to an empty spec, are spec.DEFAULTS, every one of them."""
     from crdcheck import apply_defaults
 
-    defaulted = apply_defaults(openapi_schema(load_crd())["properties"]["spec"], {})
-    def strip(d):
-        return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for path in [("replicas",), ("engine", "blockSize"), ("engine", "kvCache", "admitMinRequests"),
-                 ("feedback", "intervalSeconds"), ("feedback", "watermark", "max"), ("service", "port"),
-                 ("engine", "scheduler", "mode"), ("feedback", "batchCap", "max"),
-                 ("feedback", "stepTokenBudget", "maxStep"), ("feedback", "eventPath", "enabled"),
-                 ("feedback", "targets", "tpotP50Seconds")]:
-        a, b = defaulted, DEFAULTS
-        for key in path:
-            a, b = a[key], b[key]
-        assert a == b, path
+    assert apply_defaults(openapi_schema(load_crd())["properties"]["spec"], {}) == DEFAULTS
 
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
@@ -118,8 +108,8 @@ INVALID = {
                                       "staleAfterSeconds"),
     "initial watermark outside bounds": (with_spec(feedback={"watermark": {"min": 0.5, "max": 0.8}}),
                                          "retentionWatermark must lie within"),
-    "initial batch cap outside bounds": (with_spec(engine={"scheduler": {"maxNumSeqs": 200}}),
-                                         "maxNumSeqs (the initial batch cap)"),
+    "batch cap outside bounds": (with_spec(engine={"scheduler": {"maxNumSeqs": 200}}),
+                                 "maxNumSeqs (the engine's batch cap)"),
     "step token budget min above max": (with_spec(feedback={"stepTokenBudget": {"min": 1024, "max": 512}}),
                                         "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
     "step token budget min below 16": (with_spec(feedback={"stepTokenBudget": {"min": 8}}), "stepTokenBudget.min"),
@@ -189,19 +179,21 @@ ADMISSION = {
                                              "sidecarResources.limits.memory must be at least 96Mi"),
     # CPU: the device pool is RAM too. 2048 MiB pool + 1024 MiB headroom > 2Gi.
     "pools above the memory limit": ({"resources": {"limits": {"memory": "3Gi"}},
-                                      "engine": {"kvCache": {"devicePoolMiB": 2048}}},
+                                      "engine": {"kvCache": {"devicePoolMiB": 2048, "hostPoolMiB": 0}}},
                                      {"resources": {"limits": {"memory": "2Gi"}},
-                                      "engine": {"kvCache": {"devicePoolMiB": 2048}}},
+                                      "engine": {"kvCache": {"devicePoolMiB": 2048, "hostPoolMiB": 0}}},
                                      "must fit the memory limit resources.limits.memory"),
     # With a GPU only the host pool is in RAM.
     "host pool above the memory limit with a GPU": (
-        {"resources": {"limits": {"memory": "2Gi", "nvidia.com/gpu": 1}}, "engine": {"kvCache": {"devicePoolMiB": 8192}}},
+        {"resources": {"limits": {"memory": "2Gi", "nvidia.com/gpu": 1}},
+         "engine": {"kvCache": {"devicePoolMiB": 8192, "hostPoolMiB": 1024}}},
         {"resources": {"limits": {"memory": "2Gi", "nvidia.com/gpu": 1}},
          "engine": {"kvCache": {"devicePoolMiB": 8192, "hostPoolMiB": 2048}}},
         "must fit the memory limit resources.limits.memory"),
-    # No spec.resources: the engine gets the default 4Gi limit; 512 MiB device pool + 1024 MiB headroom.
-    "pools above the default memory limit": ({"engine": {"kvCache": {"hostPoolMiB": 2560}}},
-                                             {"engine": {"kvCache": {"hostPoolMiB": 2561}}},
+    # No spec.resources: the engine gets the default 4Gi limit; the default 1,440 MiB device pool + 1024 MiB
+    # headroom leave 1,632 MiB for the host pool.
+    "pools above the default memory limit": ({"engine": {"kvCache": {"hostPoolMiB": 1632}}},
+                                             {"engine": {"kvCache": {"hostPoolMiB": 1633}}},
                                              "must fit the default memory limit 4Gi"),
     "image with spaces": ({"images": {"engine": "ghcr.io/kvloop/kvloop:0.1.0"}},
                           {"images": {"engine": "ghcr.io/kvloop/kvloop 0.1.0"}}, "images.engine must be an image"),
@@ -316,16 +308,18 @@ def test_every_generated_resource_rule_has_its_operator_twin(case):
 @pytest.mark.parametrize("tokens", [16, 48, 2048, 16384, 1048576])
 def test_step_budget_bounds_derive_from_the_engine_budget(tokens: int):
     """An object written before the knob existed, whatever its maxNumBatchedTokens, stays valid; the
-    rendered bounds contain the engine's budget and never exceed it."""
+    rendered bounds keep the sidecar's max where the engine's budget (the ceiling) lies below it, and a min at
+    or below the budget."""
     from kvloop.operator.spec import problems, with_defaults
-    from kvloop.operator.step_budget import DEFAULT_MIN, resolved
+    from kvloop.operator.step_budget import DEFAULT_MAX, DEFAULT_MIN, resolved
 
     spec = {"engine": {"scheduler": {"maxNumBatchedTokens": tokens}}}
     assert validate(with_spec(**spec)) == []
     full = with_defaults(spec)
     assert problems(full) == []
     b = resolved(full)
-    assert b["min"] == min(DEFAULT_MIN, tokens) and b["max"] == b["initial"] == tokens
+    above = {"max": tokens} if tokens > DEFAULT_MAX else {}  # else the sidecar's own, which the budget caps
+    assert b == {"min": min(DEFAULT_MIN, tokens), "max_step": 256, **above}
 
 
 def test_step_budget_without_chunked_prefill_is_pinned():
@@ -337,7 +331,7 @@ def test_step_budget_without_chunked_prefill_is_pinned():
     assert validate(with_spec(**spec)) == []  # the bounds do not apply: nothing to refuse
     full = with_defaults(spec)
     assert problems(full) == []
-    assert resolved(full) == {"min": 4096, "max": 4096, "max_step": 256, "initial": 4096}
+    assert resolved(full) == {"min": 4096, "max": 4096, "max_step": 256}
 
 
 def test_step_budget_explicit_max_below_engine_budget_starts_there():
@@ -346,4 +340,4 @@ def test_step_budget_explicit_max_below_engine_budget_starts_there():
 
     full = with_defaults({"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
                           "feedback": {"stepTokenBudget": {"max": 40, "maxStep": 8}}})
-    assert resolved(full) == {"min": 40, "max": 40, "max_step": 8, "initial": 40}
+    assert resolved(full) == {"min": 40, "max": 40, "max_step": 8}  # the coordinator clamps the engine's 8192

@@ -258,7 +258,7 @@ async def test_invalid_step_budget_is_degraded_with_a_clear_message(kube, operat
                                                                "targets": {"tpotP50Seconds": 0.05}}}})
     await eventually(lambda: cond(status_of(kube), "Degraded")["status"] == "False")
     sidecar = yaml.safe_load(raw(kube, "v1/configmaps", f"{NAME}-config")["data"]["sidecar.yaml"])
-    assert sidecar["step_token_budget"] == {"min": 128, "max": 1024, "max_step": 256, "initial": 1024}
+    assert sidecar["step_token_budget"] == {"min": 128, "max": 1024, "max_step": 256}
     assert sidecar["targets"]["tpot_p50_s"] == 0.05 and sidecar["event_path"] == {"enabled": True}
 
 

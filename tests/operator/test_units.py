@@ -124,17 +124,20 @@ def sidecar_yaml(spec) -> dict:
 
 def test_sidecar_settings_carry_the_step_budget_tpot_objective_and_event_path():
     default = sidecar_yaml({})
-    assert default["step_token_budget"] == {"min": 64, "max": 2048, "max_step": 256, "initial": 2048}
-    assert default["targets"] == {"ttft_p99_s": 2.0, "tpot_p50_s": 0.2, "max_queue_depth": 16}
+    # the sidecar's own max (8192), which the engine's configured budget (maxNumBatchedTokens) caps; no
+    # initial: the coordinator starts from the engine's budget
+    assert default["step_token_budget"] == {"min": 64, "max_step": 256}
+    assert default["targets"] == {"ttft_p99_s": None, "tpot_p50_s": None, "max_queue_depth": 0}
     assert default["event_path"] == {"enabled": True}
+    assert "initial" not in default["batch_cap"] and "initial" not in default["watermark"]
     tuned = sidecar_yaml({"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
                           "feedback": {"stepTokenBudget": {"min": 256, "max": 4096, "maxStep": 512},
                                        "eventPath": {"enabled": False}, "targets": {"tpotP50Seconds": 0.05}}})
-    assert tuned["step_token_budget"] == {"min": 256, "max": 4096, "max_step": 512, "initial": 4096}
+    assert tuned["step_token_budget"] == {"min": 256, "max": 4096, "max_step": 512}
     assert tuned["targets"]["tpot_p50_s"] == 0.05 and tuned["event_path"] == {"enabled": False}
     # No chunked prefill: a prompt must fit one step, so the budget stays the engine's (>= maxModelLen).
     whole = sidecar_yaml({"engine": {"maxModelLen": 4096, "scheduler": {"chunkedPrefill": False}}})
-    assert whole["step_token_budget"] == {"min": 4096, "max": 4096, "max_step": 256, "initial": 4096}
+    assert whole["step_token_budget"] == {"min": 4096, "max": 4096, "max_step": 256}
 
 
 @pytest.mark.parametrize("budget,message", [
@@ -236,14 +239,18 @@ def test_rendered_sidecar_config_parses_with_the_sidecar(spec):
     assert parsed.period_s == full["feedback"]["intervalSeconds"]
     assert parsed.batch_cap.max == full["feedback"]["batchCap"]["max"]
     assert parsed.annotation_key == C.FEEDBACK_ANNOTATION
-    if hasattr(parsed, "step_token_budget"):  # a sidecar that knows the knob
-        from kvloop.operator.step_budget import resolved
+    from kvloop.operator.step_budget import resolved
+    from kvloop.sidecar.law import ControlLaw
 
-        budget, want = parsed.step_token_budget, resolved(full)
-        assert (budget.min, budget.max, budget.max_step, budget.initial) == (
-            want["min"], want["max"], want["max_step"], want["initial"])
-        assert budget.max == full["engine"]["scheduler"]["maxNumBatchedTokens"]
-        assert parsed.tpot_p50_s == full["feedback"]["targets"]["tpotP50Seconds"]
+    budget, want = parsed.step_token_budget, resolved(full)
+    assert (budget.min, budget.max_step, budget.initial) == (want["min"], want["max_step"], None)
+    assert budget.max == want.get("max", settings_mod.Settings().step_token_budget.max)
+    # what the coordinator steers within once the engine's snapshot names its configured budget
+    law = ControlLaw(parsed)
+    ceiling = full["engine"]["scheduler"]["maxNumBatchedTokens"]
+    law.reset(engine_budget=ceiling, budget_ceiling=ceiling)
+    assert law.budget_bounds.max == ceiling and law.step_token_budget == ceiling
+    assert parsed.tpot_p50_s == full["feedback"]["targets"].get("tpotP50Seconds")
 
 
 def test_owned_kinds_cover_every_rendered_kind():
