@@ -44,7 +44,8 @@ def i(desc: str, lo: int | None = None, hi: int | None = None, default: int | No
     return out
 
 
-def n(desc: str, lo: float, hi: float, default: float | None = None, exclusive_max: bool = False) -> dict[str, Any]:
+def n(desc: str, lo: float, hi: float, default: float | None = None,
+      exclusive_max: bool = False) -> dict[str, Any]:
     out = _p("number", desc, minimum=lo, maximum=hi)
     if exclusive_max:
         out["exclusiveMaximum"] = True
@@ -141,7 +142,8 @@ def resources(field: str, desc: str, floors: dict[str, str] | None = None) -> di
 
 def _describe(res: dict[str, Any]) -> str:
     """'requests cpu 1, memory 2Gi; limits memory 4Gi' for a resources block."""
-    return "; ".join(f"{part} " + ", ".join(f"{k} {v}" for k, v in values.items()) for part, values in res.items())
+    return "; ".join(f"{part} " + ", ".join(f"{k} {v}" for k, v in values.items())
+                     for part, values in res.items())
 
 
 def image(key: str, desc: str) -> dict[str, Any]:
@@ -163,11 +165,13 @@ def spec_schema() -> dict[str, Any]:
         "pvc": o("For source pvc: the claim holding the model.", {
             "claimName": s("PersistentVolumeClaim name.", minLength=1, maxLength=253),
             "readOnly": b("Mount the claim read-only.", True)}, required=["claimName"]),
-        "uri": s("For source uri: http(s) or file URI of a GGUF file.", maxLength=2048, pattern=r"^(https?|file)://.+"),
+        "uri": s("For source uri: http(s) or file URI of a GGUF file.", maxLength=2048,
+                 pattern=r"^(https?|file)://.+"),
         "sha256": s("Expected SHA-256 of the fetched file.", pattern=r"^[a-f0-9]{64}$"),
         "cacheSize": {**QUANTITY, "description": "Size limit of the emptyDir the fetched model lives in."},
     }, default={}, rules=[
-        ("self.source != 'pvc' || (has(self.pvc) && has(self.path))", "source pvc needs pvc.claimName and path"),
+        ("self.source != 'pvc' || (has(self.pvc) && has(self.path))",
+         "source pvc needs pvc.claimName and path"),
         ("self.source != 'uri' || has(self.uri)", "source uri needs uri"),
         ("self.source == 'pvc' || !has(self.pvc)", "pvc is only used with source pvc"),
         ("self.source == 'uri' || !has(self.uri)", "uri is only used with source uri"),
@@ -178,7 +182,8 @@ def spec_schema() -> dict[str, Any]:
                      ["emptyDir", "pvc"], _d("engine.kvCache.disk.storage")),
         "sizeGiB": i("Size limit of the tier in GiB.", 1, 10000, _d("engine.kvCache.disk.sizeGiB")),
         "claimName": s("For storage pvc: the claim to use.", maxLength=253),
-    }, default={}, rules=[("self.storage != 'pvc' || has(self.claimName)", "disk storage pvc needs claimName")])
+    }, default={},
+    rules=[("self.storage != 'pvc' || has(self.claimName)", "disk storage pvc needs claimName")])
     kv = o("Paged, tiered KV cache.", {
         "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB (default: the engine's 65,536 tokens "
                            "of the embedded model's bf16 KV).", 16, 1048576,
@@ -219,9 +224,10 @@ def spec_schema() -> dict[str, Any]:
                                      "live budget the coordinator moves within feedback.stepTokenBudget.",
                                      SB.FLOOR, 1048576, _d("engine.scheduler.maxNumBatchedTokens")),
             "chunkedPrefill": b("Split long prompts into chunks.", _d("engine.scheduler.chunkedPrefill")),
-            "tpotTargetMs": n("Time per output token (ms) the engine holds: while its recent decode steps are "
-                              "slower, waiting requests wait (running ones are never preempted for it). Unset: "
-                              "no target, the batch cap alone bounds the running requests.", 1.0, 600000.0),
+            "tpotTargetMs": n("Time per output token (ms) the engine holds: while its recent decode steps "
+                              "are slower, waiting requests wait (running ones are never preempted for it). "
+                              "Unset: no target, the batch cap alone bounds the running requests.", 1.0,
+                              600000.0),
         }, default={}),
         "kvCache": kv,
     }, default={})
@@ -239,12 +245,14 @@ def spec_schema() -> dict[str, Any]:
                            ("self.max < 1.0", "watermark.max must be below 1")])
     bound_step = o(
         "Step token budget: tokens one engine step may process, decode rows and prefill chunks together (the "
-        "prefill chunk size). The engine starts at engine.scheduler.maxNumBatchedTokens and never goes above it; "
-        "the coordinator lowers the budget while TPOT misses targets.tpotP50Seconds (prefills wait, decode rows "
-        "keep their per-token latency) and raises it again when TPOT has room or nothing decodes. Set min = max "
-        "to fix it. Without chunked prefill it stays where the engine puts it (at least maxModelLen).", {
+        "prefill chunk size). The engine starts at engine.scheduler.maxNumBatchedTokens and never goes above "
+        "it; the coordinator lowers the budget while TPOT misses targets.tpotP50Seconds (prefills wait, "
+        "decode rows keep their per-token latency) and raises it again when TPOT has room or nothing "
+        "decodes. Set min = max to fix it. Without chunked prefill it stays where the engine puts it (at "
+        "least maxModelLen).", {
             "min": i(f"Lowest budget (default {SB.DEFAULT_MIN}, or max when smaller).", SB.FLOOR, 1048576),
-            "max": i("Highest budget (default and ceiling: engine.scheduler.maxNumBatchedTokens).", SB.FLOOR, 1048576),
+            "max": i("Highest budget (default and ceiling: engine.scheduler.maxNumBatchedTokens).", SB.FLOOR,
+                     1048576),
             "maxStep": i("Largest change per decision, in tokens.", 1, 1048576,
                          _d("feedback.stepTokenBudget.maxStep"))},
         default={}, rules=SB.bounds_rules())
@@ -257,8 +265,9 @@ def spec_schema() -> dict[str, Any]:
         "batchCap": bound_cap,
         "watermark": bound_w,
         "stepTokenBudget": bound_step,
-        "eventPath": o("Between periodic decisions, react within a second to a preemption burst or a fast-growing "
-                       "queue.", {"enabled": b("React between periods.", _d("feedback.eventPath.enabled"))},
+        "eventPath": o("Between periodic decisions, react within a second to a preemption burst or a "
+                       "fast-growing queue.",
+                       {"enabled": b("React between periods.", _d("feedback.eventPath.enabled"))},
                        default={}),
         "targets": o("Objectives the coordinator steers towards (none by default: the measured default runs "
                      "had none; engine/core/defaults.py).", {
@@ -280,11 +289,13 @@ def spec_schema() -> dict[str, Any]:
             "fetcher": image("fetcher", "Model fetcher init image (default: engine image)."),
             "pullPolicy": s("Image pull policy.", ["Always", "IfNotPresent", "Never"], "IfNotPresent")}),
         "imagePullSecrets": {"type": "array", "description": "Pull secrets for the images.",
-                             "items": o("A secret reference.", {"name": s("Secret name.")}, required=["name"])},
+                             "items": o("A secret reference.", {"name": s("Secret name.")},
+                                        required=["name"])},
         "resources": resources("resources", "Engine container resources, including nvidia.com/gpu "
                                f"(default: {_describe(L.DEFAULT_ENGINE_RESOURCES)})."),
         "sidecarResources": resources("sidecarResources", f"Sidecar container resources (default: "
-                                      f"{_describe(L.SIDECAR_RESOURCES)}; limits.memory at least {L.SIDECAR_FLOORS['memory']}).",
+                                      f"{_describe(L.SIDECAR_RESOURCES)}; limits.memory at least "
+                                      f"{L.SIDECAR_FLOORS['memory']}).",
                                       L.SIDECAR_FLOORS),
         "engine": engine,
         "feedback": feedback,
@@ -303,7 +314,8 @@ def spec_schema() -> dict[str, Any]:
                 "endpointPicker": o("The endpoint picker service that routes by prefix cache and load.", {
                     "name": s("Service name of the endpoint picker.", minLength=1, maxLength=253),
                     "port": i("Its gRPC port.", 1, 65535, 9002),
-                    "failureMode": s("What the gateway does when the picker is down.", ["FailOpen", "FailClose"], "FailOpen")}),
+                    "failureMode": s("What the gateway does when the picker is down.",
+                                     ["FailOpen", "FailClose"], "FailOpen")}),
             }, default={})}, default={}),
         "service": o("The Service in front of the pods.", {
             "type": s("Service type.", ["ClusterIP", "NodePort", "LoadBalancer"], _d("service.type")),
@@ -313,9 +325,11 @@ def spec_schema() -> dict[str, Any]:
                                 _d("podDisruptionBudget.maxUnavailable"))}, default={}),
         "nodeSelector": {"type": "object", "description": "Node labels the pods must match.",
                          "additionalProperties": {"type": "string"}},
-        "tolerations": {"type": "array", "description": "Pod tolerations (one for nvidia.com/gpu is added with GPUs).",
+        "tolerations": {"type": "array",
+                        "description": "Pod tolerations (one for nvidia.com/gpu is added with GPUs).",
                         "items": toleration},
-        "affinity": {"type": "object", "description": "Pod affinity.", "x-kubernetes-preserve-unknown-fields": True},
+        "affinity": {"type": "object", "description": "Pod affinity.",
+                     "x-kubernetes-preserve-unknown-fields": True},
         "priorityClassName": s("Pod priority class."),
         "runtimeClassName": s("Pod runtime class (e.g. nvidia)."),
     }
@@ -341,7 +355,8 @@ def status_schema() -> dict[str, Any]:
         "status": s("True, False or Unknown.", ["True", "False", "Unknown"]),
         "reason": s("CamelCase reason."), "message": s("Human-readable detail."),
         "observedGeneration": i("Generation the condition was computed for."),
-        "lastTransitionTime": s("When status last changed.", format="date-time")}, required=["type", "status"])
+        "lastTransitionTime": s("When status last changed.", format="date-time")},
+        required=["type", "status"])
     out = o("Observed state, written by the operator only.", {
         "observedGeneration": i("Last generation the operator reconciled."),
         "conditions": {"type": "array", "description": "Current conditions.", "items": cond,
@@ -349,7 +364,8 @@ def status_schema() -> dict[str, Any]:
         "replicas": i("Pods of the Deployment."), "readyReplicas": i("Ready pods."),
         "selector": s("Label selector of the pods (for the scale subresource)."),
         "url": s("In-cluster URL of the OpenAI-compatible API."),
-        "feedback": {"type": "object", "description": "Aggregated sidecar feedback (targets per pod, last decision).",
+        "feedback": {"type": "object",
+                     "description": "Aggregated sidecar feedback (targets per pod, last decision).",
                      "x-kubernetes-preserve-unknown-fields": True},
     })
     out["x-kubernetes-preserve-unknown-fields"] = True  # never prune status fields
@@ -365,7 +381,8 @@ def crd() -> dict[str, Any]:
         "spec": {
             "group": C.GROUP,
             "names": {"kind": C.KIND, "listKind": f"{C.KIND}List", "plural": C.PLURAL,
-                      "singular": C.KIND.lower(), "shortNames": [C.SHORT_NAME], "categories": ["kvloop", "all"]},
+                      "singular": C.KIND.lower(), "shortNames": [C.SHORT_NAME],
+                      "categories": ["kvloop", "all"]},
             "scope": "Namespaced",
             "versions": [{
                 "name": C.VERSION, "served": True, "storage": True,
@@ -379,8 +396,10 @@ def crd() -> dict[str, Any]:
                     {"name": "Hit rate", "type": "number", "jsonPath": ".status.feedback.hitRate",
                      "description": "Prefix cache hit rate over the last period (mean of pods)"},
                     {"name": "Batch cap", "type": "integer", "jsonPath": ".status.feedback.batchCap.max"},
-                    {"name": "Step budget", "type": "integer", "jsonPath": ".status.feedback.stepTokenBudget.max",
-                     "description": "Step token budget (prefill chunk size) the sidecars target (largest of pods)"},
+                    {"name": "Step budget", "type": "integer",
+                     "jsonPath": ".status.feedback.stepTokenBudget.max",
+                     "description": "Step token budget (prefill chunk size) the sidecars target (largest of "
+                     "pods)"},
                     {"name": "URL", "type": "string", "jsonPath": ".status.url", "priority": 0},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
@@ -388,7 +407,8 @@ def crd() -> dict[str, Any]:
                     "type": "object",
                     "description": "An LLM served by kvloop: engine pods with a feedback sidecar.",
                     "properties": {
-                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
                         "spec": {**spec_schema(), "default": {}},
                         "status": status_schema(),
                     },
@@ -402,7 +422,8 @@ def crd() -> dict[str, Any]:
 
 
 def render_yaml() -> str:
-    return "# Generated by `python -m kvloop.operator.crd`; do not edit by hand.\n" + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return "# Generated by `python -m kvloop.operator.crd`; do not edit by hand.\n" + yaml.safe_dump(crd(),
+                                                                                                     sort_keys=False, width=120)
 
 
 if __name__ == "__main__":

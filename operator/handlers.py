@@ -77,7 +77,8 @@ def read_spec(raw_spec: Any, name: str, namespace: str, uid: str, default_image:
     problems (and the defaults, for the status), never an exception."""
     # An API server always sets metadata.uid; an object stored around one may lack it, and children
     # whose owner reference names no uid would be refused (or collected at once).
-    found = shape_problems(raw_spec) + ([] if uid else ["metadata.uid is not set, so children cannot name their owner"])
+    found = shape_problems(raw_spec) + ([] if uid
+                                        else ["metadata.uid is not set, so children cannot name their owner"])
     if found:
         return with_defaults({}), found, []
     try:
@@ -90,12 +91,13 @@ def read_spec(raw_spec: Any, name: str, namespace: str, uid: str, default_image:
 
 
 async def _reconcile_unlocked(*, cfg: OperatorConfig, client: KubeClient, body: kopf.Body, meta: Any,
-                              name: str, namespace: str, uid: str, patch: kopf.Patch, logger: kopf.Logger) -> None:
-    # A timer's body is a live view that kopf updates in place between awaits: the spec applied and the generation
-    # reported as observed are read together, here, so the status never claims a generation whose spec it did not
-    # apply (seen once in CI: a spec change landed during a timer's reconcile, which then reported generation 2
-    # for generation 1's children). The raw body, not kopf's spec/status views: those raise on a stored spec or
-    # status that is no object.
+                              name: str, namespace: str, uid: str, patch: kopf.Patch,
+                              logger: kopf.Logger) -> None:
+    # A timer's body is a live view that kopf updates in place between awaits: the spec applied and the
+    # generation reported as observed are read together, here, so the status never claims a generation whose
+    # spec it did not apply (seen once in CI: a spec change landed during a timer's reconcile, which then
+    # reported generation 2 for generation 1's children). The raw body, not kopf's spec/status views: those
+    # raise on a stored spec or status that is no object.
     raw_spec, generation = copy.deepcopy(body.get("spec")), meta.get("generation")
     full, found, children = read_spec(raw_spec, name, namespace, uid, cfg.default_image)
     apply_error = None
@@ -174,7 +176,8 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.login(registry=registry)
     def _login(**_: Any) -> kopf.ConnectionInfo:
         k = cfg.kube
-        return kopf.ConnectionInfo(server=k.server, token=k.bearer(), ca_path=k.ca_path, insecure=k.insecure or None,
+        return kopf.ConnectionInfo(server=k.server, token=k.bearer(), ca_path=k.ca_path,
+                                   insecure=k.insecure or None,
                                    certificate_path=k.cert_path, private_key_path=k.key_path,
                                    default_namespace=k.namespace, scheme="Bearer" if k.bearer() else None)
 
@@ -193,8 +196,9 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
         async with lock:
             if only_generation is not None:
                 # A timer's body can be stale by the time it gets the lock: if the spec changed meanwhile, the
-                # change handler has reconciled the new spec, and re-applying the old one would revert children.
-                # Likewise if it is being deleted: the delete handler may have just removed the children.
+                # change handler has reconciled the new spec, and re-applying the old one would revert
+                # children. Likewise if it is being deleted: the delete handler may have
+                # just removed the children.
                 live = await client.get(C.API_VERSION, C.KIND, kw["namespace"], kw["name"])
                 live_meta = (live or {}).get("metadata") or {}
                 if live is None or live_meta.get("deletionTimestamp") or live_meta.get("generation") != only_generation:

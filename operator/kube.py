@@ -58,11 +58,13 @@ class KubeConfig:
         if os.path.exists(f"{SA_DIR}/namespace"):
             with open(f"{SA_DIR}/namespace") as f:
                 ns = f.read().strip()
-        return cls(server=f"https://{host}:{port}", token_path=f"{SA_DIR}/token", ca_path=f"{SA_DIR}/ca.crt", namespace=ns)
+        return cls(server=f"https://{host}:{port}", token_path=f"{SA_DIR}/token", ca_path=f"{SA_DIR}/ca.crt",
+                   namespace=ns)
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeConfig:
-        path = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+        path = path or os.environ.get("KUBECONFIG",
+                                      "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
         with open(path) as f:
             doc = yaml.safe_load(f)
         ctx_name = context or doc.get("current-context")
@@ -113,7 +115,8 @@ class KubeConfig:
         return ctx
 
 
-def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+def api_path(api_version: str, kind: str, namespace: str | None, name: str | None = None,
+             sub: str | None = None) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     path = base + (f"/namespaces/{quote(namespace)}" if namespace else "") + f"/{PLURALS[kind]}"
     if name:
@@ -167,7 +170,8 @@ class KubeClient:
                 raise ApiError(rsp.status, msg or rsp.reason or "error")
             return body
 
-    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str,
+                                                                                               Any] | None:
         return await self.request("GET", api_path(api_version, kind, namespace, name))
 
     async def list(self, api_version: str, kind: str, namespace: str | None,

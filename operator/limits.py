@@ -11,8 +11,10 @@ from fractions import Fraction
 from typing import Any
 
 # The engine container's resources when spec.resources is absent (render_pod.py uses them).
-DEFAULT_ENGINE_RESOURCES: dict[str, Any] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
-SIDECAR_RESOURCES: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+DEFAULT_ENGINE_RESOURCES: dict[str, Any] = {"requests": {"cpu": "1", "memory": "2Gi"},
+                                            "limits": {"memory": "4Gi"}}
+SIDECAR_RESOURCES: dict[str, Any] = {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                     "limits": {"memory": "128Mi"}}
 # The sidecar (Python, uvicorn, prometheus_client) idles at ~54 MiB RSS; below this limit it is
 # OOM-killed while starting or under scrape load.
 SIDECAR_FLOORS: dict[str, str] = {"memory": "96Mi"}
@@ -105,7 +107,8 @@ def resource_problems(field: str, resources: dict[str, Any] | None, floors: dict
 def memory_problems(spec: dict[str, Any]) -> list[str]:
     """The RAM pools and the runtime headroom must fit the engine's memory limit (the default one too)."""
     resources = spec.get("resources")
-    limit = quantity_or_none(((DEFAULT_ENGINE_RESOURCES if resources is None else resources).get("limits") or {})
+    limit = quantity_or_none(((DEFAULT_ENGINE_RESOURCES if resources is None else resources).get("limits")
+                              or {})
                              .get("memory"))
     if limit is None:
         return []

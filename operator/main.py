@@ -26,14 +26,16 @@ def add_operator_args(p: argparse.ArgumentParser) -> None:
                         "default: all namespaces")
     p.add_argument("--peering", default=os.environ.get("KVLOOP_OPERATOR_PEERING") or None,
                    help="kopf peering object name (several replicas, one acts); without it: standalone")
-    p.add_argument("--liveness", default=os.environ.get("KVLOOP_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
+    p.add_argument("--liveness",
+                   default=os.environ.get("KVLOOP_OPERATOR_LIVENESS", "http://0.0.0.0:8080/healthz"),
                    help="liveness endpoint URL ('' disables); it answers 200 once the operator is ready")
     p.add_argument("--image", default=os.environ.get("KVLOOP_IMAGE", C.DEFAULT_IMAGE),
                    help="default engine/sidecar image for InferenceServices that set none")
     p.add_argument("--status-interval", type=float,
                    default=float(os.environ.get("KVLOOP_OPERATOR_STATUS_INTERVAL", "15")),
                    help="seconds between status refreshes (conditions, feedback, drift repair)")
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--kubeconfig", default=None,
+                   help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 

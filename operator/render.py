@@ -45,7 +45,8 @@ def engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "device_pool_mib": kv["devicePoolMiB"], "host_pool_mib": kv["hostPoolMiB"],
             "disk_dir": C.KV_DISK_DIR if kv["disk"]["enabled"] else None,
             "disk_size_gib": kv["disk"]["sizeGiB"] if kv["disk"]["enabled"] else 0,
-            "admit_min_requests": kv["admitMinRequests"], "host_admit_min_requests": kv["hostAdmitMinRequests"],
+            "admit_min_requests": kv["admitMinRequests"],
+            "host_admit_min_requests": kv["hostAdmitMinRequests"],
             "min_prefix_tokens": kv["minPrefixTokens"], "retention_watermark": kv["retentionWatermark"],
         },
         "control": {"path": C.CONTROL_PATH, "targets_stale_after_s": spec["feedback"]["staleAfterSeconds"]},
@@ -66,7 +67,8 @@ def sidecar_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
                       "max_step": fb["watermark"]["maxStep"]},
         "step_token_budget": step_budget.resolved(spec),
         "event_path": {"enabled": fb["eventPath"]["enabled"]},
-        "targets": {"ttft_p99_s": fb["targets"].get("ttftP99Seconds"), "tpot_p50_s": fb["targets"].get("tpotP50Seconds"),
+        "targets": {"ttft_p99_s": fb["targets"].get("ttftP99Seconds"),
+                    "tpot_p50_s": fb["targets"].get("tpotP50Seconds"),
                     "max_queue_depth": fb["targets"].get("maxQueueDepth")},
         "control": {"path": C.CONTROL_PATH},
         "engine_metrics_url": f"http://127.0.0.1:{C.ENGINE_PORT}/metrics",
@@ -91,7 +93,8 @@ def render_children(name: str, namespace: str, uid: str, raw_spec: dict[str, Any
 
     engine_yaml = _dump(engine_config(name, spec))
     children: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name), "automountServiceAccountToken": True},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name),
+         "automountServiceAccountToken": True},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(name),
          # The sidecar writes its feedback as an annotation on its own pod (get, then patch).
          "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
@@ -120,7 +123,8 @@ def render_children(name: str, namespace: str, uid: str, raw_spec: dict[str, Any
         "apiVersion": "v1", "kind": "Service", "metadata": meta(name),
         "spec": {"type": svc["type"], "selector": C.selector_labels(name),
                  "ports": [{"name": "http", "port": svc["port"], "targetPort": "http", "protocol": "TCP"},
-                           {"name": "feedback", "port": C.SIDECAR_PORT, "targetPort": "feedback", "protocol": "TCP"}]},
+                           {"name": "feedback", "port": C.SIDECAR_PORT, "targetPort": "feedback",
+                            "protocol": "TCP"}]},
     })
     if spec["replicas"] > 1:
         children.append({

@@ -99,7 +99,8 @@ def _volumes(spec: dict[str, Any], name: str) -> tuple[list[dict], list[dict], l
     return volumes, engine_mounts, sidecar_mounts
 
 
-def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, default_image: str) -> dict[str, Any]:
+def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, default_image: str) -> dict[str,
+                                                                                                         Any]:
     imgs = images(spec, default_image)
     pull = (spec.get("images") or {}).get("pullPolicy", "IfNotPresent")
     volumes, engine_mounts, sidecar_mounts = _volumes(spec, name)
@@ -155,7 +156,8 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
                         "--dest", model_path(spec)]
                        + (["--sha256", spec["model"]["sha256"]] if spec["model"].get("sha256") else []),
             "env": [{"name": "HOME", "value": "/tmp"}],
-            "volumeMounts": [{"name": "model", "mountPath": C.MODEL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+            "volumeMounts": [{"name": "model", "mountPath": C.MODEL_DIR},
+                             {"name": "tmp", "mountPath": "/tmp"}],
             "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
             "securityContext": dict(RESTRICTED_CONTAINER),
         }]

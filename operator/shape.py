@@ -27,7 +27,8 @@ def json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    return next((name for name, t in JSON_TYPES.items() if name != "number" and isinstance(value, t)), "number")
+    return next((name for name, t in JSON_TYPES.items() if name != "number" and isinstance(value, t)),
+                "number")
 
 
 def _expected(node: dict[str, Any]) -> str:
@@ -52,7 +53,8 @@ def _type_ok(value: Any, node: dict[str, Any]) -> bool:
 
 
 def shape_problems(value: Any, node: dict[str, Any] | None = None, path: str = "spec") -> list[str]:
-    """One sentence per field whose JSON type the schema does not allow (values and ranges are not checked)."""
+    """One sentence per field whose JSON type the schema does not allow (values and
+    ranges are not checked)."""
     node = _spec_node() if node is None else node
     if value is None and node.get("nullable"):
         return []

@@ -79,7 +79,8 @@ def _pod_feedback(pod: dict[str, Any], now: dt.datetime, stale_after: float) -> 
         return {**entry, "state": "Missing"}
     try:
         data = json.loads(raw)
-        entry.update(batchCap=int(data["batchCap"]), watermark=float(data["watermark"]), mode=str(data["mode"]),
+        entry.update(batchCap=int(data["batchCap"]), watermark=float(data["watermark"]),
+                     mode=str(data["mode"]),
                      converged=bool(data.get("converged", False)), updatedAt=str(data["updatedAt"]))
         if isinstance(data.get("hitRate"), int | float):  # optional: prefix-cache hit rate last period
             entry["hitRate"] = float(data["hitRate"])
@@ -141,10 +142,12 @@ def aggregate_feedback(pods: list[dict[str, Any]], spec: dict[str, Any], now: dt
         return summary, (False, "InvalidAnnotation",
                          f"{counts['Invalid']} pod(s) carry an unreadable {C.FEEDBACK_ANNOTATION} annotation")
     if counts["Missing"]:
-        return summary, (False, "NotReporting", f"{counts['Missing']} of {len(entries)} running pod(s) report no feedback")
+        return summary, (False, "NotReporting",
+                         f"{counts['Missing']} of {len(entries)} running pod(s) report no feedback")
     if counts["Stale"]:
         return summary, (False, "StaleFeedback",
-                         f"{counts['Stale']} of {len(entries)} pod(s) have not updated feedback for over {int(stale_after)}s")
+                         f"{counts['Stale']} of {len(entries)} pod(s) have not updated feedback for over "
+                         f"{int(stale_after)}s")
     return summary, (True, "AllPodsReporting",
                      f"{len(entries)} pod(s) reporting, {summary['convergedPods']} converged")
 
@@ -166,7 +169,8 @@ def compute_status(*, name: str, namespace: str, spec: dict[str, Any], deploy: d
     else:
         degraded = (False, "AsExpected", "no problems found")
     progressing = state in ("Missing", "Progressing") and not problems
-    prog = (progressing, "RolloutInProgress" if progressing else ("RolloutComplete" if state == "Available" else state),
+    prog = (progressing,
+            "RolloutInProgress" if progressing else ("RolloutComplete" if state == "Available" else state),
             message)
     is_ready = state == "Available" and not degraded[0]
     ready_reason = "AllReplicasReady" if is_ready else ("Degraded" if degraded[0] else "RolloutInProgress")
@@ -212,5 +216,6 @@ def readable_status(stored: Any) -> dict[str, Any]:
 def strip_times(status: dict[str, Any]) -> dict[str, Any]:
     """The status without transition times, to decide whether a patch would change anything."""
     out = dict(status)
-    out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or []]
+    out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                         for c in status.get("conditions") or []]
     return out

@@ -32,7 +32,8 @@ class KubeAccess:
     def from_env(cls) -> KubeAccess | None:
         """KVLOOP_KUBE_SERVER (+ KVLOOP_KUBE_TOKEN) for tests and local runs, else in-cluster."""
         if os.environ.get("KVLOOP_KUBE_SERVER"):
-            return cls(os.environ["KVLOOP_KUBE_SERVER"].rstrip("/"), token=os.environ.get("KVLOOP_KUBE_TOKEN"),
+            return cls(os.environ["KVLOOP_KUBE_SERVER"].rstrip("/"),
+                       token=os.environ.get("KVLOOP_KUBE_TOKEN"),
                        verify=os.environ.get("KVLOOP_KUBE_CA", True))
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         if not host:
@@ -40,7 +41,8 @@ class KubeAccess:
         host = f"[{host}]" if ":" in host else host
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         ca = f"{SA_DIR}/ca.crt"
-        return cls(f"https://{host}:{port}", token_path=f"{SA_DIR}/token", verify=ca if os.path.exists(ca) else True)
+        return cls(f"https://{host}:{port}", token_path=f"{SA_DIR}/token",
+                   verify=ca if os.path.exists(ca) else True)
 
     def headers(self) -> dict[str, str]:
         token = self.token

@@ -8,10 +8,12 @@ import argparse
 def add_sidecar_parser(sub) -> None:
     p = sub.add_parser("sidecar", help="run the feedback coordinator (the pod's sidecar)")
     p.add_argument("--config", default=None, help="settings file (YAML or JSON), reloaded when it changes")
-    p.add_argument("--control", default=None, help="control block file (default: the settings', else /dev/shm)")
+    p.add_argument("--control", default=None,
+                   help="control block file (default: the settings', else /dev/shm)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=9090)
-    p.add_argument("--mode", default=None, choices=("off", "observe", "enforce"), help="override the settings' mode")
+    p.add_argument("--mode", default=None, choices=("off", "observe", "enforce"),
+                   help="override the settings' mode")
     p.add_argument("--period", type=float, default=None, help="override the settings' period in seconds")
     p.set_defaults(func=cmd_sidecar)
 

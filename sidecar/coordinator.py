@@ -87,13 +87,15 @@ class Coordinator:
             return None
         self.stale = False
         self.snapshot = snap
-        if snap.start_id != self.start_id:  # a new engine start: forget the old state, back to the initial targets
+        # a new engine start: forget the old state, back to the initial targets
+        if snap.start_id != self.start_id:
             first = self.start_id is None
             self.start_id = snap.start_id
             self._record(self.steer.start(snap, first))
             self._write()
             self.period_start = self.clock()
-        events = self.steer.sample(snap, self.clock(), events=self.settings.mode != "off" and self.settings.event_path)
+        events = self.steer.sample(snap, self.clock(),
+                                   events=self.settings.mode != "off" and self.settings.event_path)
         if events:  # between periods: recorded and written like any other decision
             self._record(events)
             self._write()
@@ -152,7 +154,8 @@ class Coordinator:
             "footprint_blocks": law.footprint_blocks, "converged": law.converged, "stale": self.stale,
             "stale_reads": self.stale_reads, "writes": self.writes, "engine_start_id": self.start_id,
             "settings_error": self.watcher.error, "control_error": self.control_error,
-            "last_decision": self.last_decision, "snapshot": self.snapshot.as_dict() if self.snapshot else None,
+            "last_decision": self.last_decision,
+            "snapshot": self.snapshot.as_dict() if self.snapshot else None,
             "observation": asdict(self.last_obs) if self.last_obs else None, "decisions": recent,
         }
 
@@ -160,7 +163,8 @@ class Coordinator:
         """The pod annotation's value (kvloop.io/feedback), without updatedAt."""
         law = self.law
         out = {"batchCap": int(law.batch_cap), "watermark": float(law.watermark),
-               "stepTokenBudget": int(law.step_token_budget), "mode": self.settings.mode, "converged": law.converged}
+               "stepTokenBudget": int(law.step_token_budget), "mode": self.settings.mode,
+               "converged": law.converged}
         if law.memory_max is not None:
             out["memoryMaxBatchCap"] = int(law.memory_max)
         last = self.last_decision

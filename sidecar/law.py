@@ -88,7 +88,8 @@ class Observation:
     ttft_p99_s: float | None = None
     running_max: float | None = None  # most running at any sample of the period (None: the mean)
     # the memory-derived maximum cap
-    footprint_blocks: float | None = None  # device blocks per running request (held + rest of prompt); None: none ran
+    # device blocks per running request (held + rest of prompt); None: none ran
+    footprint_blocks: float | None = None
     pool_blocks: int = 0  # device pool size in blocks
     # the step token budget
     num_decoding: float = 0.0  # mean rows decoding
@@ -125,7 +126,8 @@ class Decision:
 
 def memory_cap(pool_blocks: float, footprint_blocks: float, fill: float) -> int:
     """Requests of this footprint that fill this share of the pool (at least 1)."""
-    return max(1, math.floor(fill * pool_blocks / max(footprint_blocks, 1e-9) + 1e-9))  # 0.9 x 1000 / 15 is 60
+    # 0.9 x 1000 / 15 is 60
+    return max(1, math.floor(fill * pool_blocks / max(footprint_blocks, 1e-9) + 1e-9))
 
 
 def _inputs(**values: float | None) -> dict[str, float | None]:
@@ -156,11 +158,13 @@ class ControlLaw:
         self.budget_ceiling = budget_ceiling or None
         budget = s.step_token_budget.initial or engine_budget or self.budget_bounds.max
         self.batch_cap = int(s.batch_cap.clamp(cap))
-        self.watermark = float(s.watermark.clamp(mark if mark is not None and mark == mark else s.watermark.min))
+        self.watermark = float(s.watermark.clamp(mark if mark is not None and mark == mark
+                                                 else s.watermark.min))
         self.step_token_budget = int(self.budget_bounds.clamp(budget))
         self.memory_max: int | None = None  # the memory-derived maximum cap; None until a request is seen
         self.footprint_blocks: float | None = None
-        self._anchor: int | None = None  # the memory-derived maximum the cap was last placed at (or the lowest since)
+        # the memory-derived maximum the cap was last placed at (or the lowest since)
+        self._anchor: int | None = None
         self._placed = False
         self._since_cut = self._since_budget_cut = s.law.hysteresis_periods  # periods since the last cut
         self._budget_periods = math.inf  # periods since the step budget last changed
@@ -249,9 +253,11 @@ class ControlLaw:
     def _cap_inputs(self, o: Observation) -> dict:
         return _inputs(queue_depth=o.queue_depth, queue_growth=o.queue_growth, running=o.running,
                        running_max=o.running_max, kv_use=o.kv_use, preemptions=o.preemptions,
-                       requests_finished=o.requests_finished, oom_events=o.oom_events, rejections=o.rejections,
+                       requests_finished=o.requests_finished, oom_events=o.oom_events,
+                       rejections=o.rejections,
                        ttft_p99_s=o.ttft_p99_s, ttft_objective_s=self.settings.ttft_p99_s,
-                       footprint_blocks=self.footprint_blocks, pool_blocks=o.pool_blocks, memory_max=self.memory_max)
+                       footprint_blocks=self.footprint_blocks, pool_blocks=o.pool_blocks,
+                       memory_max=self.memory_max)
 
     # ---- batch cap ------------------------------------------------------------------------------
     def _cap(self, o: Observation) -> Decision:
@@ -298,7 +304,8 @@ class ControlLaw:
         """Multiplicative decrease (not bounded by max_step), never above the memory-derived maximum."""
         cap = self.batch_cap
         self._since_cut = 0
-        new = int(self.settings.batch_cap.clamp(min(math.floor(cap * self.settings.law.cut_factor), self._ceiling())))
+        new = int(self.settings.batch_cap.clamp(min(math.floor(cap * self.settings.law.cut_factor),
+                                                    self._ceiling())))
         return Decision("batch_cap", cap, new, reason if new != cap else "at_min", inputs)
 
     def _preempting(self, o: Observation) -> bool:
@@ -321,7 +328,8 @@ class ControlLaw:
     def _watermark(self, o: Observation) -> Decision:
         s, p, w = self.settings, self.settings.law, self.watermark
         inputs = _inputs(queue_depth=o.queue_depth, running=o.running, running_max=o.running_max,
-                         num_decoding=o.num_decoding, kv_use=o.kv_use, hit_rate=o.hit_rate, preemptions=o.preemptions,
+                         num_decoding=o.num_decoding, kv_use=o.kv_use, hit_rate=o.hit_rate,
+                         preemptions=o.preemptions,
                          requests_finished=o.requests_finished, oom_events=o.oom_events)
         if o.oom_events or o.preemptions:
             self._streak["w_up"] = self._streak["w_down"] = 0
@@ -332,12 +340,14 @@ class ControlLaw:
             return Decision("watermark", w, w, "preemptions_tolerated", inputs)
         queued = o.queue_depth > s.max_queue_depth
         cap_binds = (o.running if o.running_max is None else o.running_max) >= p.cap_binding * self.batch_cap
-        prefilling = o.running - o.num_decoding  # mean rows prefilling: under one, prefill is not the bottleneck
+        # mean rows prefilling: under one, prefill is not the bottleneck
+        prefilling = o.running - o.num_decoding
         if queued and not cap_binds and prefilling < 1 and o.kv_use + w >= p.kv_band_low:
-            # requests wait below the cap, no prefill keeps them, and the running rows and the reserve fill the
-            # pool: the reserve is what holds them back
+            # requests wait below the cap, no prefill keeps them, and the running rows and the reserve fill
+            # the pool: the reserve is what holds them back
             self._streak["w_up"] = self._streak["w_down"] = 0
-            return self._move("watermark", w, w - s.watermark.max_step, s.watermark, "reserve_holds_queue", inputs)
+            return self._move("watermark", w, w - s.watermark.max_step, s.watermark, "reserve_holds_queue",
+                              inputs)
         heavy = queued or (o.running >= p.cap_binding * self.batch_cap and o.kv_use >= p.kv_band_low)
         light = o.queue_depth == 0 and o.kv_use < p.light_kv
         if heavy and o.hit_rate is not None and o.hit_rate >= p.hit_good:

@@ -22,7 +22,8 @@ def run(config: str | None, control: str | None, host: str = "0.0.0.0", port: in
     watcher = SettingsWatcher(config, overrides)
     coord = Coordinator(watcher, control_path=control)
     s = watcher.settings
-    publisher = AnnotationPublisher.from_env(s.annotation_key, s.heartbeat_s) if s.annotation_enabled else None
+    publisher = AnnotationPublisher.from_env(s.annotation_key,
+                                             s.heartbeat_s) if s.annotation_enabled else None
 
     def on_tick() -> None:
         if publisher is not None and coord.settings.annotation_enabled:

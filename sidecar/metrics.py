@@ -19,21 +19,27 @@ class FeedbackCollector(Collector):
         mark = GaugeMetricFamily("kvloop:feedback_watermark", "Retention watermark the coordinator targets.")
         budget = GaugeMetricFamily("kvloop:feedback_step_token_budget",
                                    "Step token budget (prefill chunk size) the coordinator targets.")
-        memory_max = GaugeMetricFamily("kvloop:feedback_memory_max_batch_cap", "The batch cap the device pool holds "
-                                       "at the observed footprint of a request (absent until a request is seen).")
-        inputs = GaugeMetricFamily("kvloop:feedback_decision_input", "The inputs of the last decision on each "
+        memory_max = GaugeMetricFamily("kvloop:feedback_memory_max_batch_cap",
+                                       "The batch cap the device pool holds "
+                                       "at the observed footprint of a request (absent until a request is "
+                                       "seen).")
+        inputs = GaugeMetricFamily("kvloop:feedback_decision_input",
+                                   "The inputs of the last decision on each "
                                    "knob (what it was taken on).", labels=["knob", "input"])
-        decisions = CounterMetricFamily("kvloop:feedback_decisions", "Coordinator decisions by knob and reason.",
+        decisions = CounterMetricFamily("kvloop:feedback_decisions",
+                                        "Coordinator decisions by knob and reason.",
                                         labels=["knob", "reason"])
-        stale = CounterMetricFamily("kvloop:feedback_stale_reads", "Snapshot reads that were missing or stale.")
+        stale = CounterMetricFamily("kvloop:feedback_stale_reads",
+                                    "Snapshot reads that were missing or stale.")
         writes = CounterMetricFamily("kvloop:feedback_target_writes", "Targets written to the control block.")
         last = GaugeMetricFamily("kvloop:feedback_last_decision_timestamp_seconds",
                                  "Unix time of the last decision.")
         converged = GaugeMetricFamily("kvloop:feedback_converged", "1 when no knob moved for a few periods.")
         mode = GaugeMetricFamily("kvloop:feedback_mode", "1 for the current mode.", labels=["mode"])
-        hits = GaugeMetricFamily("kvloop:feedback_hit_rate", "Prefix-cache hit rate over the last period: per tier "
-                                 "its hits over the tokens asked of it; 'all': every tier's hits over the tokens "
-                                 "looked up.", labels=["tier"])
+        hits = GaugeMetricFamily("kvloop:feedback_hit_rate",
+                                 "Prefix-cache hit rate over the last period: per tier "
+                                 "its hits over the tokens asked of it; 'all': every tier's hits over the "
+                                 "tokens looked up.", labels=["tier"])
         if c is not None:
             cap.add_metric([], c.law.batch_cap)
             mark.add_metric([], c.law.watermark)
@@ -42,7 +48,8 @@ class FeedbackCollector(Collector):
                 memory_max.add_metric([], c.law.memory_max)
             with c.lock:
                 totals = dict(c.decisions_total)
-                # the latest decision of each knob that was taken on inputs (holds on a stale snapshot were not)
+                # the latest decision of each knob that was taken on inputs (holds on a
+                # stale snapshot were not)
                 last_inputs = {d["knob"]: d["inputs"] for d in c.recent if d["inputs"]}
             for knob, values in sorted(last_inputs.items()):
                 for name, value in sorted(values.items()):
@@ -61,7 +68,8 @@ class FeedbackCollector(Collector):
                 hits.add_metric(["all"], obs.hit_rate)
                 for tier, rate in obs.tier_hit_rates.items():
                     hits.add_metric([tier], rate)
-        yield from (cap, mark, budget, memory_max, inputs, decisions, stale, writes, last, converged, mode, hits)
+        yield from (cap, mark, budget, memory_max, inputs, decisions, stale, writes, last, converged, mode,
+                    hits)
 
 
 def build_registry(coordinator=None) -> CollectorRegistry:

@@ -48,7 +48,8 @@ class PeriodWindow:
         self.decoding_sum += rec.num_decoding
         self.decoding_max = max(self.decoding_max, float(rec.num_decoding))
         if rec.num_running > 0:
-            self.footprint_blocks_sum += max(0, rec.kv_blocks_total - rec.kv_blocks_free) + rec.kv_blocks_pending
+            self.footprint_blocks_sum += max(0,
+                                             rec.kv_blocks_total - rec.kv_blocks_free) + rec.kv_blocks_pending
             self.footprint_running_sum += rec.num_running
 
     def next(self) -> PeriodWindow:
@@ -68,7 +69,8 @@ class PeriodWindow:
         return min(1.0, sum(self.delta(f"prefix_hits_{t}") for t in TIERS) / queries)
 
     def tier_hit_rates(self) -> dict[str, float]:
-        """Each tier's own hit rate: its hits over the tokens asked of it; tiers asked nothing are left out."""
+        """Each tier's own hit rate: its hits over the tokens asked of it; tiers asked
+        nothing are left out."""
         rates = {}
         for tier in TIERS:
             queries = self.delta(f"prefix_queries_{tier}")

@@ -5,8 +5,8 @@ Shape (every key optional)::
     mode: enforce            # off | observe | enforce
     period_s: 30
     stale_after_s: 120       # the engine's staleness limit for targets (the sidecar refreshes well before)
-    snapshot_stale_s: 60     # a snapshot older than this makes the coordinator hold (default 2 periods, >= 5 s)
-    event_path: true         # react between periods (first request, preemption bursts, surging queues)
+    snapshot_stale_s: 60     # a snapshot older than this makes the coordinator hold (default 2 periods, >= 5
+    s) event_path: true         # react between periods (first request, preemption bursts, surging queues)
     batch_cap: {min: 1, max: 64, max_step: 8, initial: 32}
     watermark: {min: 0.0, max: 0.9, max_step: 0.1, initial: 0.3}     # no initial: the engine's own value
     step_token_budget: {min: 64, max: 8192, max_step: 256, initial: 512}   # no initial: the engine's own
@@ -72,14 +72,17 @@ class LawParams:
     cap_binding: float = 0.9  # the cap binds when running >= this share of it
     hysteresis_periods: int = 2  # periods a raise waits after a cut (watermark: a raise condition must hold)
     converged_periods: int = 3  # periods without a change that count as converged
-    footprint_shift: float = 0.25  # the memory-derived maximum moved up this share: the traffic changed, re-place
+    # the memory-derived maximum moved up this share: the traffic changed, re-place
+    footprint_shift: float = 0.25
     tpot_headroom: float = 0.8  # TPOT P50 below this share of its objective: room to raise the step budget
-    # After a step budget change its TPOT rules wait this long: the TPOT P50 the engine publishes covers its last
-    # 256 finished requests, each over its whole decode, so it shows a change tens of seconds late; a loop faster
-    # than that acts on TPOTs from before its own change and swings the budget from bound to bound.
+    # After a step budget change its TPOT rules wait this long: the TPOT P50 the engine
+    # publishes covers its last
+    # 256 finished requests, each over its whole decode, so it shows a change tens of seconds late; a loop
+    # faster than that acts on TPOTs from before its own change and swings the budget from bound to bound.
     budget_settle_s: float = 30.0
     event_preemptions: int = 3  # preemptions between two samples that make a burst (the event path cuts)
-    event_queue_growth: float = 0.5  # queue growth between two samples, as a share of the cap, that is a surge
+    # queue growth between two samples, as a share of the cap, that is a surge
+    event_queue_growth: float = 0.5
     event_cooldown_s: float = 10.0  # at most one event decision this often
 
 

@@ -24,7 +24,8 @@ class Steering:
         old = self.law.targets()
         law = self.law
         cap0 = start_cap(rec, law.fill)
-        law.reset(engine_cap=rec.batch_cap, engine_watermark=rec.watermark, engine_budget=rec.step_token_budget,
+        law.reset(engine_cap=rec.batch_cap, engine_watermark=rec.watermark,
+                  engine_budget=rec.step_token_budget,
                   start_cap=cap0, budget_ceiling=rec.step_token_budget_max)
         self.window, self.last = PeriodWindow(), None
         inputs = {"engine_batch_cap": rec.batch_cap, "start_cap": cap0, "pool_blocks": rec.kv_blocks_total,

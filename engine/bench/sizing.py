@@ -31,9 +31,12 @@ class Sizing:
     max_num_seqs: int = D.BATCH_CAP.value
     max_num_batched_tokens: int = D.BENCH_STEP_TOKEN_BUDGET.value
     max_context: int = 4096  # longest prompt + output of the workload (llama.cpp per-slot context)
-    cascade_cap_factor: float = 2.0  # codesign: rows past the batch cap within its priced budget, at most x cap
-    tpot_target_ms: float | None = None  # admission holds the decode step time near this (scheduler/tpot_gate.py)
-    idle_step_tokens: int | None = None  # a step's budget while nothing decodes (None: the scheduler's default)
+    # codesign: rows past the batch cap within its priced budget, at most x cap
+    cascade_cap_factor: float = 2.0
+    # admission holds the decode step time near this (scheduler/tpot_gate.py)
+    tpot_target_ms: float | None = None
+    # a step's budget while nothing decodes (None: the scheduler's default)
+    idle_step_tokens: int | None = None
     disk_dir: str | None = None  # the disk tier is off unless a directory is given
 
     def scaled(self, f: float) -> Sizing:
@@ -45,10 +48,13 @@ class Sizing:
                                    disk_cache_tokens=s(self.disk_cache_tokens))
 
 
-def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig, KVConfig]:
+def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) -> tuple[SchedulerConfig,
+                                                                                       KVConfig]:
     policy = get_policy(mode)
-    sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs, "max_num_batched_tokens": sizing.max_num_batched_tokens,
-                      "cascade_groups": policy.cascade_groups, "cascade_cap_factor": sizing.cascade_cap_factor,
+    sched_kw: dict = {"max_num_seqs": sizing.max_num_seqs,
+                      "max_num_batched_tokens": sizing.max_num_batched_tokens,
+                      "cascade_groups": policy.cascade_groups,
+                      "cascade_cap_factor": sizing.cascade_cap_factor,
                       "tpot_target_ms": sizing.tpot_target_ms}
     if sizing.idle_step_tokens is not None:
         sched_kw["idle_step_tokens"] = sizing.idle_step_tokens
@@ -57,6 +63,7 @@ def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) ->
                         static_fill_timeout_s=sizing.fill_timeout_s)
     lower = policy.cache.lower_tiers
     kv_kw: dict = {"mode": policy.cache.name, "host_cache_tokens": sizing.host_cache_tokens if lower else 0,
-                   "disk_dir": sizing.disk_dir if lower else None, "disk_cache_tokens": sizing.disk_cache_tokens}
+                   "disk_dir": sizing.disk_dir if lower else None,
+                   "disk_cache_tokens": sizing.disk_cache_tokens}
     kv = KVConfig(**{**kv_kw, **(kv_overrides or {})})  # an override may also resize or switch off a tier
     return SchedulerConfig(**sched_kw), kv

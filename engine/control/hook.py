@@ -18,7 +18,8 @@ from kvloop.engine.control.records import Targets
 from kvloop.engine.core.knobs import Knobs
 
 
-def request_tpot(first_token_time: float | None, finished_time: float | None, num_output_tokens: int) -> float | None:
+def request_tpot(first_token_time: float | None, finished_time: float | None,
+                 num_output_tokens: int) -> float | None:
     """Seconds per output token after the first; None when there is no second token (or no times)."""
     if first_token_time is None or finished_time is None or num_output_tokens < 2:
         return None

@@ -63,7 +63,8 @@ class ControlLink:
                 tpot: tuple[float, float] = UNKNOWN) -> None:
         """ttft, tpot: (P50, P99) in seconds, NaN while unknown."""
         self.steps += 1
-        rec = control_record(snapshot, ttft, tpot, start_id=self.start_id, step=self.steps, time_ns=self.clock())
+        rec = control_record(snapshot, ttft, tpot, start_id=self.start_id, step=self.steps,
+                             time_ns=self.clock())
         self.block.write(L.SNAPSHOT_OFFSET, pack_record(rec))
 
     def poll_targets(self) -> Targets | None:

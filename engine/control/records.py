@@ -41,7 +41,8 @@ ControlRecord = make_dataclass(
 )
 
 
-def control_record(snap: EngineSnapshot, ttft: tuple[float, float] = UNKNOWN, tpot: tuple[float, float] = UNKNOWN,
+def control_record(snap: EngineSnapshot, ttft: tuple[float, float] = UNKNOWN,
+                   tpot: tuple[float, float] = UNKNOWN,
                    *, start_id: int = 0, step: int = 0, time_ns: int = 0) -> ControlRecord:
     """The record of an engine snapshot, with the (P50, P99) of TTFT and TPOT the engine's hook keeps."""
     given = {"start_id": start_id, "step": step, "time_ns": time_ns, "ttft_p50_s": ttft[0],

@@ -36,7 +36,8 @@ class Option:
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None,
-           setting: str | None = None, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None) -> Any:
+           setting: str | None = None,
+           choices: Sequence[str] | Callable[[], Sequence[str]] | None = None) -> Any:
     """A dataclass field whose default is `default` (a defaults-table entry: its value), exposed as `flag`
     and/or settings key `setting`."""
     if isinstance(default, Default):

@@ -20,8 +20,9 @@ from kvloop.engine.core.policy import CachePolicy, get_cache_policy
 class KVConfig:
     mode: str = "codesign"
     admit_min_requests: int = option(D.ADMIT_MIN_REQUESTS, setting="kv_cache.admit_min_requests",
-                                     help="device gate: distinct requests that referenced a block's hash before "
-                                          "it keeps its place under pressure (others are evicted first)")
+                                     help="device gate: distinct requests that referenced a block's hash "
+                                          "before it keeps its place under pressure (others are evicted "
+                                          "first)")
     host_admit_min_requests: int = option(D.HOST_ADMIT_MIN_REQUESTS,
                                           setting="kv_cache.host_admit_min_requests",
                                           help="host tier gate, in the same unit: a block evicted from the "
@@ -34,7 +35,8 @@ class KVConfig:
                               help="share of the device pool kept for cached blocks; where the live knob "
                                    "starts")
     host_cache_tokens: int = D.HOST_POOL_TOKENS.value  # 0 disables the host tier
-    disk_dir: str | None = option(None, setting="kv_cache.disk_dir", help="disk tier directory; none disables it")
+    disk_dir: str | None = option(None, setting="kv_cache.disk_dir",
+                                  help="disk tier directory; none disables it")
     disk_cache_tokens: int = 262144
     disk_queue_size: int = 64  # write-behind queue; a full queue drops the write (counted)
     ghost_entries: int = 65536  # bound of the ghost table (about 200 bytes per entry)
@@ -45,7 +47,8 @@ class KVConfig:
         get_cache_policy(self.mode)  # raises ValueError naming the cache policies
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
-        for name in ("admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests", "ghost_entries",
+        for name in ("admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests",
+                     "ghost_entries",
                      "gclock_max", "regret_window", "disk_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")

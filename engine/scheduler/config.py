@@ -37,13 +37,13 @@ class SchedulerConfig:
     max_model_len: int = option(D.MAX_MODEL_LEN, flag="--max-model-len", setting="max_model_len",
                                 help="longest sequence (prompt + output) in tokens")
     tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
-                                          help="time per output token to hold: while the smoothed decode step "
-                                               "is slower, waiting requests wait (default: no target)")
-    # a prefill-only step has no decode latency to protect: a 2,000-token prompt on an idle engine in one step,
-    # not four (vLLM's CPU server budget is 2,048 for every step). Static batching keeps its own steps
+                                          help="time per output token to hold: while the smoothed decode "
+                                               "step is slower, waiting requests wait (default: no target)")
+    # a prefill-only step has no decode latency to protect: a 2,000-token prompt on an idle engine in one
+    # step, not four (vLLM's CPU server budget is 2,048 for every step). Static batching keeps its own steps
     idle_step_tokens: int = option(2048, flag="--idle-step-tokens",
-                                   help="token budget of a step in which no running request decodes, where larger "
-                                        "than the step budget (0: the step budget in every step)")
+                                   help="token budget of a step in which no running request decodes, where "
+                                        "larger than the step budget (0: the step budget in every step)")
     mode: str = AUTO  # a policy's name (policy.py), or AUTO: the KV manager's
     max_waiting: int = 1024  # bounded waiting queue: add() beyond it rejects with reason 'queue_full'
     # codesign admission: decode growth (tokens) kept free ahead of every admitted sequence
@@ -61,7 +61,8 @@ class SchedulerConfig:
     # static mode: fixed batches, filled for up to the timeout, prompt + max_tokens reserved up front
     static_batch_size: int = 16
     static_fill_timeout_s: float = 0.5
-    static_oom: str = "fail"  # a reservation that does not fit: fail the request ('error') or retry next batch
+    # a reservation that does not fit: fail the request ('error') or retry next batch
+    static_oom: str = "fail"
 
     def __post_init__(self) -> None:
         if self.idle_step_tokens < 0:

@@ -62,7 +62,8 @@ class VirtualCoordinator:
 
     def _sample(self, t: float, snap: EngineSnapshot, knobs: Knobs) -> None:
         # Through the control block's record and its bytes, so the law sees exactly the fields it would.
-        rec = unpack_record(pack_record(control_record(snap, self.ttft.p50_p99(), self.tpot.p50_p99(), start_id=1)))
+        rec = unpack_record(pack_record(control_record(snap, self.ttft.p50_p99(), self.tpot.p50_p99(),
+                                                       start_id=1)))
         if not self._started:  # the coordinator's engine_start: the initial targets
             self._started = True
             self._decided(t, self.steer.start(rec, first=True), knobs)

@@ -14,7 +14,8 @@ def make_engine(checkpoint, fp32_model, tokenizer):
     ckpt, model, tok = checkpoint, fp32_model, tokenizer
 
     def make(**kwargs) -> EngineCore:
-        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs) if k in SchedulerConfig.__dataclass_fields__})
+        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs)
+                                   if k in SchedulerConfig.__dataclass_fields__})
         cfg = EngineConfig(dtype="float32", progress=False, scheduler=sched, kv_cache_tokens=2048, **kwargs)
         return EngineCore(cfg, model=model, tokenizer=tok, fingerprint=ckpt.fingerprint, model_name=ckpt.name)
 

@@ -57,15 +57,19 @@ def test_a_reader_refuses_another_layout_version_naming_both(tmp_path):
 
 def test_snapshot_record_roundtrip_and_clamps():
     snap = EngineSnapshot(num_waiting=3, kv_usage=0.5, num_preemptions=7, num_running=-1, batch_cap=2**40,
-                          kv_host_blocks_used=4, kv_host_blocks_total=16, requests_finished=5, tokens_generated=80,
-                          kv_stats=KVStats(query_tokens_device=100, query_tokens_host=60, query_tokens_disk=30,
+                          kv_host_blocks_used=4, kv_host_blocks_total=16, requests_finished=5,
+                          tokens_generated=80,
+                          kv_stats=KVStats(query_tokens_device=100, query_tokens_host=60,
+                                           query_tokens_disk=30,
                                            hit_tokens_host=11))  # bad values are clamped, never raised on
-    out = unpack_record(pack_record(control_record(snap, (float("nan"), 0.25), start_id=42, step=9, time_ns=123)))
+    out = unpack_record(pack_record(control_record(snap, (float("nan"), 0.25), start_id=42, step=9,
+                                                   time_ns=123)))
     assert (out.start_id, out.step, out.time_ns) == (42, 9, 123)
     assert out.num_waiting == 3 and out.kv_use_device == 0.5 and out.preemptions == 7
     assert out.prefix_hits_host == 11 and out.num_running == 0 and out.batch_cap == 2**32 - 1
     assert (out.prefix_queries_device, out.prefix_queries_host, out.prefix_queries_disk) == (100, 60, 30)
-    assert (out.requests_finished, out.tokens_generated, out.kv_use_host, out.kv_use_disk) == (5, 80, 0.25, 0.0)
+    assert (out.requests_finished, out.tokens_generated, out.kv_use_host, out.kv_use_disk) == (5, 80, 0.25,
+                                                                                               0.0)
     assert out.ttft_p50_s != out.ttft_p50_s and out.ttft_p99_s == 0.25  # NaN: unknown
     assert out.as_dict()["ttft_p50_s"] is None
     assert out.tpot_p50_s != out.tpot_p50_s and out.as_dict()["tpot_p99_s"] is None  # no finished request yet
@@ -91,13 +95,14 @@ def test_a_reader_of_layout_3_refuses_a_layout_2_block(tmp_path):
     path.write_bytes(head.ljust(L.FILE_SIZE, b"\0"))
     with pytest.raises(ControlBlockError) as err:
         ControlBlock(path)
-    assert str(err.value).endswith("control block layout version 2, but this kvloop reads version 3: run the engine "
-                                   "and the sidecar from kvloop releases with the same layout")
+    assert str(err.value).endswith("control block layout version 2, but this kvloop reads version 3: run the "
+                                   "engine and the sidecar from kvloop releases with the same layout")
 
 
 def test_targets_roundtrip_with_unset_knobs():
     t = unpack_targets(pack_targets(Targets(batch_cap=8, watermark=None, version=3, time_ns=5, writer_id=9)))
-    assert (t.batch_cap, t.watermark, t.step_token_budget, t.version, t.time_ns, t.writer_id) == (8, None, None, 3, 5, 9)
+    assert (t.batch_cap, t.watermark, t.step_token_budget, t.version, t.time_ns,
+            t.writer_id) == (8, None, None, 3, 5, 9)
     t = unpack_targets(pack_targets(Targets(step_token_budget=256)))
     assert t.values() == (None, None, 256)
     assert unpack_targets(pack_targets(Targets(16, 0.2, 1024))).values() == (16, 0.2, 1024)

@@ -29,7 +29,8 @@ def out(ttft: float, n: int = 1, finished_after: float | None = None, reason: st
     """A request's output at its n-th token; finished_after: seconds from its first token to its finish."""
     first = 10.0 + ttft
     done = finished_after is not None
-    return types.SimpleNamespace(num_output_tokens=n, first_token_time=first, arrival_time=10.0, finished=done,
+    return types.SimpleNamespace(num_output_tokens=n, first_token_time=first, arrival_time=10.0,
+                                 finished=done,
                                  finish_reason=reason if done else None,
                                  finished_time=first + finished_after if done else None)
 
@@ -121,11 +122,13 @@ def test_snapshot_counts_decoding_rows_and_the_prompt_blocks_still_to_prefill():
     kv = KVCacheManager(64, 16, KVConfig())
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=48, idle_step_tokens=0, max_model_len=2048), kv)
     for i, n in enumerate((80, 8)):
-        sched.add(Sequence(f"r{i}", list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=4, ignore_eos=True)))
+        sched.add(Sequence(f"r{i}", list(range(100 + i, 100 + i + n)),
+                           SamplingParams(max_tokens=4, ignore_eos=True)))
 
     def step():
         batch = sched.schedule()
-        sched.update_from_output(batch, StepResult({it.seq.request_id: 7 for it in batch.items if it.samples}))
+        sched.update_from_output(batch,
+                                 StepResult({it.seq.request_id: 7 for it in batch.items if it.samples}))
         return build_snapshot(sched, kv, num_steps=0)
 
     snap = step()  # r0 prefilled 48 of 80 tokens (3 blocks of 5); r1 waits for budget

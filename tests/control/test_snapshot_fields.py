@@ -86,7 +86,8 @@ class Run:
 def make(checkpoint, fp32_model, tokenizer, tmp_path):
     def build(path, mode: str = "codesign", kv_cache_tokens: int = 256, sched: dict | None = None,
               block_size: int = 16, **kv) -> EngineCore:
-        cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=kv_cache_tokens, control_file=str(path),
+        cfg = EngineConfig(dtype="float32", progress=False, kv_cache_tokens=kv_cache_tokens,
+                           control_file=str(path),
                            block_size=block_size,
                            # chunked prefills even while nothing decodes: prompt blocks pending show
                            scheduler=SchedulerConfig(**{"max_num_batched_tokens": 256, "idle_step_tokens": 0,
@@ -125,10 +126,12 @@ def test_every_field_the_sidecar_reads_moves(make, tmp_path, monkeypatch):
     assert hits.prefix_hits("device") and hits.prefix_hits("host") and hits.num_preemptions
 
     restarted = run.start(sched=dict(max_num_seqs=3, max_num_batched_tokens=128, max_model_len=4096),
-                          **{**codesign, "watermark": 0.1})  # same disk directory; another budget and max context
+                          # same disk directory; another budget and max context
+                          **{**codesign, "watermark": 0.1})
     run.add(DOC + tokens(14, 8))  # the document from the disk tier
     run.drain()
-    after = restarted.snapshot()  # one lookup of 72 tokens: the device and the host (empty) served none of them
+    # one lookup of 72 tokens: the device and the host (empty) served none of them
+    after = restarted.snapshot()
     assert [after.prefix_queries(t) for t in ("device", "host", "disk")] == [len(DOC) + 8] * 3
     assert [after.prefix_hits(t) for t in ("device", "host", "disk")] == [0, 0, len(DOC)]
     run.add(tokens(15, 200))  # longer than the step budget (128): its prompt's rest is pending after a step

@@ -67,7 +67,8 @@ def test_restart_changes_start_id(tmp_path):
             "l = ControlLink(sys.argv[1], Targets(8, 0.3)); l.publish(EngineSnapshot()); print(l.start_id)")
     ids = []
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", code, str(path)], check=True, capture_output=True,
+                             text=True)
         ids.append(int(out.stdout))
         shown = json.loads(kvloop("control", "show", "--json", "--control", str(path)))
         assert shown["snapshot"]["start_id"] == ids[-1]

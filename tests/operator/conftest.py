@@ -60,7 +60,8 @@ class OperatorRunner:
         from kvloop.operator.handlers import OperatorConfig, build_registry, configure
         from kvloop.operator.kube import KubeConfig
 
-        cfg = OperatorConfig(kube=KubeConfig(server=str(self.kube.url).rstrip("/")), status_interval=self.interval,
+        cfg = OperatorConfig(kube=KubeConfig(server=str(self.kube.url).rstrip("/")),
+                             status_interval=self.interval,
                              request_timeout=5.0)
         settings = kopf.OperatorSettings()
         configure(settings, cfg)

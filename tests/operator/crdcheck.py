@@ -35,7 +35,8 @@ def to_json_schema(node: Any) -> Any:
         return [to_json_schema(x) for x in node]
     if not isinstance(node, dict):
         return node
-    out = {k: to_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "default"}
+    out = {k: to_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")
+           and k != "default"}
     if node.get("exclusiveMaximum") is True:
         out["exclusiveMaximum"] = out.pop("maximum")
     if node.get("exclusiveMinimum") is True:

@@ -68,14 +68,16 @@ class KubeFake(kmock.KubernetesEmulator):
                 if request.action == UPDATE and isinstance(request.data, dict):
                     body = self._patch_body(request, current)
                     if request.subresource != "status" and (
-                            refusal := self._admit(request, dicts.merge_patch_dict(current, body))) is not None:
+                            refusal := self._admit(request,
+                                                   dicts.merge_patch_dict(current, body))) is not None:
                         return refusal
                     request.data.clear()
                     request.data.update(body)
         response = await super()._handle(request)
         await self._handle_crd(request)
         if request.action == UPDATE and request.subresource == "scale" and response.status == 200:
-            return await self._reply(self._scale(self.objects[self._key(request)].raw))  # a Scale, not the object
+            # a Scale, not the object
+            return await self._reply(self._scale(self.objects[self._key(request)].raw))
         return response
 
     def _patch_body(self, request: kmock.Request, current: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +142,8 @@ class KubeFake(kmock.KubernetesEmulator):
             if "/" in entry["name"]:  # a subresource: no short names or categories of its own
                 entry["shortNames"], entry["categories"] = [], []
                 if entry["name"].endswith("/scale"):
-                    entry.update(kind="Scale", group="autoscaling", version="v1", verbs=["get", "patch", "update"])
+                    entry.update(kind="Scale", group="autoscaling", version="v1",
+                                 verbs=["get", "patch", "update"])
                 else:
                     entry["verbs"] = ["get", "patch", "update"]
         return payload
@@ -222,7 +225,8 @@ def declare_resources(fake: KubeFake, inference_services: bool = True) -> None:
         kind="CustomResourceDefinition", singular="customresourcedefinition", namespaced=False, verbs=verbs,
         shortnames={"crd", "crds"}, categories={"api-extensions"}, subresources={"status"})
     # kopf waits for the namespaces resource in discovery before it starts any watch.
-    fake.resources["v1/namespaces"] = info(kind="Namespace", singular="namespace", namespaced=False, verbs=verbs)
+    fake.resources["v1/namespaces"] = info(kind="Namespace", singular="namespace", namespaced=False,
+                                           verbs=verbs)
     for res, kind in [("apps/v1/deployments", "Deployment"), ("v1/services", "Service"),
                       ("v1/configmaps", "ConfigMap"), ("v1/serviceaccounts", "ServiceAccount"),
                       ("v1/pods", "Pod"), ("v1/events", "Event"),

@@ -28,11 +28,13 @@ from kube_fake import KubeFake, declare_resources
 
 CHART = ROOT / "charts" / "kvloop"
 VALUES = [None, *sorted((CHART / "examples").glob("*.yaml"))]
-KUSTOMIZE = [ROOT / "manifests" / "base", *sorted(p for p in (ROOT / "manifests" / "overlays").iterdir() if p.is_dir())]
+KUSTOMIZE = [ROOT / "manifests" / "base",
+             *sorted(p for p in (ROOT / "manifests" / "overlays").iterdir() if p.is_dir())]
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
 VENV_BIN = Path(sys.executable).parent
 LIVENESS = re.compile(r"^(--liveness=)?(https?://)([^/:]+):(\d+)(/.*)?$")
-PEERINGS = {"ClusterKopfPeering": "kopf.dev/v1/clusterkopfpeerings", "KopfPeering": "kopf.dev/v1/kopfpeerings"}
+PEERINGS = {"ClusterKopfPeering": "kopf.dev/v1/clusterkopfpeerings",
+            "KopfPeering": "kopf.dev/v1/kopfpeerings"}
 
 
 def _docs(text: str) -> list[dict]:
@@ -51,9 +53,12 @@ def rendered_variants(tools: dict[str, Path]) -> dict[str, list[dict]]:
     for helm in ("helm3", "helm4"):
         for values in VALUES:
             cmd = [tools[helm], "template", "kvloop", CHART, "--namespace", "kvloop-system"]
-            out[f"{helm}:{values.name if values else 'default'}"] = _render(cmd + (["-f", values] if values else []))
+            out[f"{helm}:{values.name if values else 'default'}"] = _render(cmd + (["-f",
+                                                                                    values] if values
+                                                                                    else []))
     for path in KUSTOMIZE:
-        out[f"kustomize:{path.relative_to(ROOT / 'manifests')}"] = _render([tools["kubectl"], "kustomize", path])
+        out[f"kustomize:{path.relative_to(ROOT / 'manifests')}"] = _render([tools["kubectl"], "kustomize",
+                                                                            path])
     for path in SAMPLES:
         out[f"sample:{path.name}"] = _docs(path.read_text())
     return out
@@ -130,9 +135,11 @@ async def run_until_ready(argv: list[str], env: dict[str, str], url: str, timeou
 
 
 def test_help_lists_the_options():
-    for argv in ([str(VENV_BIN / "kvloop"), "operator", "--help"], [sys.executable, "-m", "kvloop.operator.main", "--help"]):
+    for argv in ([str(VENV_BIN / "kvloop"), "operator", "--help"],
+                 [sys.executable, "-m", "kvloop.operator.main", "--help"]):
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-        for opt in ("--namespace", "--peering", "--liveness", "--image", "--status-interval", "--kubeconfig", "--verbose"):
+        for opt in ("--namespace", "--peering", "--liveness", "--image", "--status-interval", "--kubeconfig",
+                    "--verbose"):
             assert opt in out, (argv, opt)
 
 
@@ -160,7 +167,8 @@ async def test_every_rendered_operator_command_line_starts(k8s_tools, tmp_path):
     assert any("--peering" in " ".join(a) for a, _, _ in runs.values()), "no variant runs with peering"
     for argv, _, peerings in runs.values():  # a replica set with peering is useless without its object
         names = [a.split("=", 1)[1] for a in argv if a.startswith("--peering=")]
-        assert all(any(p["metadata"]["name"] == n for p in peerings) for n in names), (argv, "no peering object")
+        assert all(any(p["metadata"]["name"] == n for p in peerings) for n in names), (argv,
+                                                                                       "no peering object")
 
     failures = []
     async with KubeFake() as fake, kmock.Server(fake, host="127.0.0.1"):
@@ -186,7 +194,8 @@ async def test_every_rendered_operator_command_line_starts(k8s_tools, tmp_path):
 
             def peers_announced(peerings: list[dict] = peerings, mark: int = mark) -> bool:
                 # Each replica patches its keep-alive into the peering object: it uses that very object.
-                return all(any(r.method == "PATCH" and r.url.path.endswith(f"peerings/{p['metadata']['name']}")
+                return all(any(r.method == "PATCH"
+                               and r.url.path.endswith(f"peerings/{p['metadata']['name']}")
                                for r in fake._requests[mark:]) for p in peerings)
 
             problem = await run_until_ready(argv, full_env, url, also=peers_announced)

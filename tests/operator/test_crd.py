@@ -96,7 +96,8 @@ INVALID = {
     "block size not a power in the enum": (with_spec(engine={"blockSize": 12}), "blockSize"),
     "unknown scheduler mode": (with_spec(engine={"scheduler": {"mode": "fastest"}}), "mode"),
     "watermark of 1": (with_spec(engine={"kvCache": {"retentionWatermark": 1.0}}), "retentionWatermark"),
-    "host gate above device gate": (with_spec(engine={"kvCache": {"admitMinRequests": 1, "hostAdmitMinRequests": 2}}),
+    "host gate above device gate": (with_spec(engine={"kvCache": {"admitMinRequests": 1,
+                                                                  "hostAdmitMinRequests": 2}}),
                                     "hostAdmitMinRequests"),
     "batch cap min above max": (with_spec(feedback={"batchCap": {"min": 40, "max": 20, "maxStep": 4}}),
                                 "batchCap.min must be <= batchCap.max"),
@@ -112,20 +113,24 @@ INVALID = {
                                  "maxNumSeqs (the engine's batch cap)"),
     "step token budget min above max": (with_spec(feedback={"stepTokenBudget": {"min": 1024, "max": 512}}),
                                         "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
-    "step token budget min below 16": (with_spec(feedback={"stepTokenBudget": {"min": 8}}), "stepTokenBudget.min"),
+    "step token budget min below 16": (with_spec(feedback={"stepTokenBudget": {"min": 8}}),
+                                       "stepTokenBudget.min"),
     "step token budget step of 0": (with_spec(feedback={"stepTokenBudget": {"maxStep": 0}}), "maxStep"),
     "step token budget above the engine's": (with_spec(feedback={"stepTokenBudget": {"max": 4096}}),
                                              "must not exceed engine.scheduler.maxNumBatchedTokens"),
     "tpot objective of 0": (with_spec(feedback={"targets": {"tpotP50Seconds": 0}}), "tpotP50Seconds"),
     "tpot target of 0": (with_spec(engine={"scheduler": {"tpotTargetMs": 0}}), "tpotTargetMs"),
     "gpu requests differ from limits": (with_spec(resources={"requests": {"nvidia.com/gpu": 1},
-                                                             "limits": {"nvidia.com/gpu": 2}}), "nvidia.com/gpu"),
+                                                             "limits": {"nvidia.com/gpu": 2}}),
+                                                             "nvidia.com/gpu"),
     "bad memory quantity": (with_spec(resources={"limits": {"memory": "lots"}}), "memory"),
     "disk pvc without claim": (with_spec(engine={"kvCache": {"disk": {"enabled": True, "storage": "pvc"}}}),
                                "claimName"),
     "unknown field": (with_spec(replica=2), "replica"),
-    "inference pool without picker": (with_spec(routing={"inferencePool": {"enabled": True}}), "endpointPicker"),
-    "bad scrape interval": (with_spec(observability={"serviceMonitor": {"enabled": True, "interval": "soon"}}),
+    "inference pool without picker": (with_spec(routing={"inferencePool": {"enabled": True}}),
+                                      "endpointPicker"),
+    "bad scrape interval": (with_spec(observability={"serviceMonitor": {"enabled": True,
+                                                                        "interval": "soon"}}),
                             "interval"),
     "service port out of range": (with_spec(service={"port": 70000}), "port"),
     "name too long": ({**base(), "metadata": {"name": "x" * 53}}, "52 characters"),
@@ -168,12 +173,17 @@ ADMISSION = {
     "cpu request above limit": ({"resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "1500m"}}},
                                 {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1500m"}}},
                                 "resources.requests.cpu must not exceed resources.limits.cpu"),
-    "memory request above limit": ({"resources": {"requests": {"memory": "4Gi"}, "limits": {"memory": "4096Mi"}}},
-                                   {"resources": {"requests": {"memory": "4.1Gi"}, "limits": {"memory": "4Gi"}}},
+    "memory request above limit": ({"resources": {"requests": {"memory": "4Gi"},
+                                                  "limits": {"memory": "4096Mi"}}},
+                                   {"resources": {"requests": {"memory": "4.1Gi"},
+                                                  "limits": {"memory": "4Gi"}}},
                                    "resources.requests.memory must not exceed resources.limits.memory"),
-    "sidecar request above limit": ({"sidecarResources": {"requests": {"memory": "128Mi"}, "limits": {"memory": "128Mi"}}},
-                                    {"sidecarResources": {"requests": {"memory": "256Mi"}, "limits": {"memory": "128Mi"}}},
-                                    "sidecarResources.requests.memory must not exceed sidecarResources.limits.memory"),
+    "sidecar request above limit": ({"sidecarResources": {"requests": {"memory": "128Mi"},
+                                                          "limits": {"memory": "128Mi"}}},
+                                    {"sidecarResources": {"requests": {"memory": "256Mi"},
+                                                          "limits": {"memory": "128Mi"}}},
+                                    "sidecarResources.requests.memory must not exceed "
+                                    "sidecarResources.limits.memory"),
     "sidecar memory limit below the floor": ({"sidecarResources": {"limits": {"memory": "96Mi"}}},
                                              {"sidecarResources": {"limits": {"memory": "64Mi"}}},
                                              "sidecarResources.limits.memory must be at least 96Mi"),
@@ -196,24 +206,31 @@ ADMISSION = {
                                              {"engine": {"kvCache": {"hostPoolMiB": 1633}}},
                                              "must fit the default memory limit 4Gi"),
     "image with spaces": ({"images": {"engine": "ghcr.io/kvloop/kvloop:0.1.0"}},
-                          {"images": {"engine": "ghcr.io/kvloop/kvloop 0.1.0"}}, "images.engine must be an image"),
+                          {"images": {"engine": "ghcr.io/kvloop/kvloop 0.1.0"}},
+                          "images.engine must be an image"),
     "image with an upper-case path": ({"images": {"sidecar": "localhost:5000/team/kvloop@" + DIGEST}},
                                       {"images": {"sidecar": "localhost:5000/Team/kvloop"}},
                                       "images.sidecar must be an image"),
-    "image with two tags": ({"images": {"fetcher": "busybox:1.36"}}, {"images": {"fetcher": "busybox:1.36:musl"}},
+    "image with two tags": ({"images": {"fetcher": "busybox:1.36"}},
+                            {"images": {"fetcher": "busybox:1.36:musl"}},
                             "images.fetcher must be an image"),
-    "image with a short digest": ({"images": {"engine": "kvloop@" + DIGEST}}, {"images": {"engine": "kvloop@sha256:abc"}},
+    "image with a short digest": ({"images": {"engine": "kvloop@" + DIGEST}},
+                                  {"images": {"engine": "kvloop@sha256:abc"}},
                                   "images.engine must be an image"),
     "step token budget min above max": ({"feedback": {"stepTokenBudget": {"min": 512, "max": 1024}}},
                                         {"feedback": {"stepTokenBudget": {"min": 1024, "max": 512}}},
                                         "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
     "step token budget above the engine's budget": (
-        {"engine": {"scheduler": {"maxNumBatchedTokens": 8192}}, "feedback": {"stepTokenBudget": {"max": 8192}}},
-        {"engine": {"scheduler": {"maxNumBatchedTokens": 4096}}, "feedback": {"stepTokenBudget": {"max": 8192}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
+         "feedback": {"stepTokenBudget": {"max": 8192}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 4096}},
+         "feedback": {"stepTokenBudget": {"max": 8192}}},
         "feedback.stepTokenBudget bounds must not exceed engine.scheduler.maxNumBatchedTokens"),
     "step token budget min above the engine's budget": (
-        {"engine": {"scheduler": {"maxNumBatchedTokens": 512}}, "feedback": {"stepTokenBudget": {"min": 512}}},
-        {"engine": {"scheduler": {"maxNumBatchedTokens": 256}}, "feedback": {"stepTokenBudget": {"min": 512}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 512}},
+         "feedback": {"stepTokenBudget": {"min": 512}}},
+        {"engine": {"scheduler": {"maxNumBatchedTokens": 256}},
+         "feedback": {"stepTokenBudget": {"min": 512}}},
         "feedback.stepTokenBudget bounds must not exceed engine.scheduler.maxNumBatchedTokens"),
 }
 
@@ -237,9 +254,12 @@ def test_operator_reports_what_the_crd_refuses(case: str):
 
 
 @pytest.mark.parametrize("text,value", [
-    ("1", 1), ("+1", 1), ("-1", -1), ("500m", Fraction(1, 2)), ("1.5", Fraction(3, 2)), (".5", Fraction(1, 2)),
-    ("5.", 5), ("1k", 1000), ("1Ki", 1024), ("4Gi", 4 * 2**30), ("1.5Gi", 3 * 2**29), ("100n", Fraction(1, 10**7)),
-    ("3u", Fraction(3, 10**6)), ("1e3", 1000), ("1E-3", Fraction(1, 1000)), ("2M", 2 * 10**6), ("1Ei", 2**60), (7, 7),
+    ("1", 1), ("+1", 1), ("-1", -1), ("500m", Fraction(1, 2)), ("1.5", Fraction(3, 2)),
+    (".5", Fraction(1, 2)),
+    ("5.", 5), ("1k", 1000), ("1Ki", 1024), ("4Gi", 4 * 2**30), ("1.5Gi", 3 * 2**29),
+    ("100n", Fraction(1, 10**7)),
+    ("3u", Fraction(3, 10**6)), ("1e3", 1000), ("1E-3", Fraction(1, 1000)), ("2M", 2 * 10**6), ("1Ei", 2**60),
+    (7, 7),
 ])
 def test_quantity_parser_follows_kubernetes(text, value):
     assert parse_quantity(text) == value
@@ -247,7 +267,8 @@ def test_quantity_parser_follows_kubernetes(text, value):
     assert compile_rule(f"quantity('{text}').compareTo(quantity('{text}')) == 0").evaluate({})
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1.5.5", "1 Gi", "1K", "1gi", "--1", "1e", "1e1.5", "0x10", True])
+@pytest.mark.parametrize("text",
+                         ["", "Gi", "1GB", "1.5.5", "1 Gi", "1K", "1gi", "--1", "1e", "1e1.5", "0x10", True])
 def test_quantity_parser_refuses_what_kubernetes_refuses(text):
     with pytest.raises(ValueError):
         parse_quantity(text)
@@ -326,7 +347,8 @@ def test_step_budget_without_chunked_prefill_is_pinned():
     from kvloop.operator.spec import problems, with_defaults
     from kvloop.operator.step_budget import resolved
 
-    spec = {"engine": {"maxModelLen": 4096, "scheduler": {"chunkedPrefill": False, "maxNumBatchedTokens": 1024}},
+    spec = {"engine": {"maxModelLen": 4096,
+                       "scheduler": {"chunkedPrefill": False, "maxNumBatchedTokens": 1024}},
             "feedback": {"stepTokenBudget": {"min": 2048, "max": 8192}}}
     assert validate(with_spec(**spec)) == []  # the bounds do not apply: nothing to refuse
     full = with_defaults(spec)

@@ -53,7 +53,8 @@ async def test_create_renders_children_with_owner_references(kube, operator):
     await create(kube, cr_body(observability={"serviceMonitor": {"enabled": True}}))
     deploy = await eventually(lambda: raw(kube, "apps/v1/deployments"))
     uid = raw(kube, CR)["metadata"]["uid"]
-    for res, name in [("apps/v1/deployments", NAME), ("v1/services", NAME), ("v1/configmaps", f"{NAME}-config"),
+    for res, name in [("apps/v1/deployments", NAME), ("v1/services", NAME),
+                      ("v1/configmaps", f"{NAME}-config"),
                       ("v1/serviceaccounts", NAME), ("rbac.authorization.k8s.io/v1/roles", NAME),
                       ("rbac.authorization.k8s.io/v1/rolebindings", NAME),
                       ("monitoring.coreos.com/v1/servicemonitors", NAME)]:
@@ -67,7 +68,9 @@ async def test_create_renders_children_with_owner_references(kube, operator):
     assert control["emptyDir"]["medium"] == "Memory"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert obj(kube, "policy/v1/poddisruptionbudgets") is None  # one replica: no PDB
-    status = await eventually(lambda: raw(kube, CR).get("status", {}).get("observedGeneration") == 1 and raw(kube, CR)["status"])
+    status = await eventually(lambda: raw(kube, CR).get("status",
+                                                        {}).get("observedGeneration") == 1 and raw(kube,
+                                                                                                   CR)["status"])
     assert cond(status, "Progressing")["status"] == "True"
     assert cond(status, "Ready")["status"] == "False"
     assert status["url"] == f"http://{NAME}.{NS}.svc.cluster.local:8000/v1"
@@ -96,8 +99,10 @@ async def test_spec_change_patches_children_and_advances_observed_generation(kub
     await create(kube, cr_body())
     await ready_children(kube)
     old_cm = copy.deepcopy(raw(kube, "v1/configmaps", f"{NAME}-config"))
-    old_hash = raw(kube, "apps/v1/deployments")["spec"]["template"]["metadata"]["annotations"]["kvloop.io/engine-config-hash"]
-    await patch(kube, f"{BASE}/{NAME}", {"spec": {"replicas": 2, "engine": {"scheduler": {"mode": "continuous+lru"}},
+    old_hash = raw(kube,
+                   "apps/v1/deployments")["spec"]["template"]["metadata"]["annotations"]["kvloop.io/engine-config-hash"]
+    await patch(kube, f"{BASE}/{NAME}",
+                {"spec": {"replicas": 2, "engine": {"scheduler": {"mode": "continuous+lru"}},
                                                   "feedback": {"intervalSeconds": 10}}})
     assert raw(kube, CR)["metadata"]["generation"] == 2
     await eventually(lambda: status_of(kube).get("observedGeneration") == 2)
@@ -136,7 +141,8 @@ async def test_restart_creates_no_duplicates(kube, operator: OperatorRunner):
     await create(kube, cr_body(replicas=2))
     await ready_children(kube)
     await eventually(lambda: raw(kube, "policy/v1/poddisruptionbudgets"))
-    before = {k: posts(kube, k) for k in ("/deployments", "/services", "/configmaps", "/poddisruptionbudgets")}
+    before = {k: posts(kube, k) for k in ("/deployments", "/services", "/configmaps",
+                                          "/poddisruptionbudgets")}
     n_objects = len([k for k in kube.objects if not kube.objects[k].deleted])
     await operator.stop()
     mark = len(kube._requests)
@@ -182,7 +188,8 @@ async def test_conditions_follow_deployment_status(kube, operator):
          "message": 'ReplicaSet "chat-1" has timed out progressing.'}]}})
     await eventually(lambda: cond(status_of(kube), "Degraded")["status"] == "True")
     st = status_of(kube)
-    assert cond(st, "Degraded")["reason"] == "RolloutFailed" and "timed out" in cond(st, "Degraded")["message"]
+    assert cond(st, "Degraded")["reason"] == "RolloutFailed" and "timed out" in cond(st,
+                                                                                     "Degraded")["message"]
     assert cond(st, "Ready")["status"] == "False" and cond(st, "Stalled")["status"] == "True"
     await eventually(lambda: any(o.raw.get("reason") == "RolloutFailed" for k, o in kube.objects.items()
                                  if k[0] == kmock.resource("v1/events")))
@@ -198,7 +205,8 @@ def pod(name: str, feedback: dict | None, phase: str = "Running") -> dict:
 def feedback(cap: int, mark: float, at: dt.datetime, converged: bool, knob: str = "batchCap",
              budget: int = 2048) -> dict:
     ts = at.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"batchCap": cap, "watermark": mark, "stepTokenBudget": budget, "mode": "enforce", "converged": converged,
+    return {"batchCap": cap, "watermark": mark, "stepTokenBudget": budget, "mode": "enforce",
+            "converged": converged,
             "lastDecision": {"knob": knob, "reason": "queue depth above target", "at": ts}, "updatedAt": ts}
 
 
@@ -206,12 +214,15 @@ async def test_feedback_annotations_aggregated_into_status(kube, operator):
     await create(kube, cr_body(replicas=2))
     await ready_children(kube)
     now = dt.datetime.now(dt.UTC)
-    kube.objects["v1/pods", NS, "chat-a"] = pod("chat-a", feedback(24, 0.4, now - dt.timedelta(seconds=20), True))
-    kube.objects["v1/pods", NS, "chat-b"] = pod("chat-b", feedback(32, 0.5, now - dt.timedelta(seconds=5), False,
+    kube.objects["v1/pods", NS, "chat-a"] = pod("chat-a",
+                                                feedback(24, 0.4, now - dt.timedelta(seconds=20), True))
+    kube.objects["v1/pods", NS, "chat-b"] = pod("chat-b",
+                                                feedback(32, 0.5, now - dt.timedelta(seconds=5), False,
                                                                     knob="watermark", budget=512))
     kube.objects["v1/pods", NS, "chat-old"] = pod("chat-old", None, phase="Succeeded")  # not counted
     kube.objects["v1/pods", NS, "other"] = {**pod("other", feedback(1, 0.1, now, True)),
-                                           "metadata": {"name": "other", "namespace": NS, "labels": {"app": "x"}}}
+                                           "metadata": {"name": "other", "namespace": NS,
+                                                        "labels": {"app": "x"}}}
     fb = await eventually(lambda: status_of(kube).get("feedback", {}).get("reportingPods") == 2
                           and status_of(kube)["feedback"])
     assert fb["convergedPods"] == 1

@@ -49,7 +49,8 @@ class Kubectl:
             env={**os.environ, **KUBECTL_ENV})
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
         if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {err.decode()}{out.decode()}")
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: "
+                                 f"{err.decode()}{out.decode()}")
         return out.decode() + (err.decode() if not check else "")
 
 
@@ -105,11 +106,13 @@ async def test_kubectl_drives_an_inference_service_end_to_end(cluster, tmp_path)
         # Play the Deployment controller: every replica is up.
         gen = await kubectl("get", "deployment", NAME, "-o", "jsonpath={.metadata.generation}")
         await kubectl("patch", "deployment", NAME, "--subresource=status", "--type=merge", "-p", json.dumps(
-            {"status": {"observedGeneration": int(gen), "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+            {"status": {"observedGeneration": int(gen), "replicas": 1, "updatedReplicas": 1,
+                        "readyReplicas": 1,
                         "availableReplicas": 1}}))
         await kubectl("wait", "--for=condition=Ready", f"kvis/{NAME}", "--timeout=30s")
 
-        header, row = (await kubectl("get", "kvis", NAME, "-o", f"custom-columns={custom_columns()}")).splitlines()
+        header, row = (await kubectl("get", "kvis", NAME, "-o",
+                                     f"custom-columns={custom_columns()}")).splitlines()
         values = dict(zip(header.split(), row.split(), strict=True))
         assert values["NAME"] == NAME and values["READY"] == "True" and values["REPLICAS"] == "1"
         assert values["URL"] == f"http://{NAME}.{NS}.svc.cluster.local:8000/v1"
@@ -120,7 +123,8 @@ async def test_kubectl_drives_an_inference_service_end_to_end(cluster, tmp_path)
         assert (await kubectl("get", f"kvis/{NAME}", "-o", "jsonpath={.spec.replicas}")) == "2"
         await kubectl("wait", "--for=create", f"poddisruptionbudget/{NAME}", "--timeout=30s")
 
-        await kubectl("patch", f"kvis/{NAME}", "--type=merge", "-p", '{"spec": {"feedback": {"mode": "observe"}}}')
+        await kubectl("patch", f"kvis/{NAME}", "--type=merge", "-p",
+                      '{"spec": {"feedback": {"mode": "observe"}}}')
         gen = await kubectl("get", f"kvis/{NAME}", "-o", "jsonpath={.metadata.generation}")
         await kubectl("wait", f"--for=jsonpath={{.status.observedGeneration}}={gen}", f"kvis/{NAME}",
                       "--timeout=30s")

@@ -1,6 +1,6 @@
-"""A timer's body is a live view that kopf updates in place between awaits. A reconcile that sees the spec change
-while it applies children reports as observed the generation whose spec it applied, never the newer one (the
-change handler reconciles that one next); seen once as a CI failure of test_e2e's spec-change test."""
+"""A timer's body is a live view that kopf updates in place between awaits. A reconcile that sees the spec
+change while it applies children reports as observed the generation whose spec it applied, never the newer one
+(the change handler reconciles that one next); seen once as a CI failure of test_e2e's spec-change test."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from kvloop.operator.kube import KubeConfig
 
 
 class SpecChangesDuringApply:
-    """The API calls the reconcile makes; the first apply lets a spec change (generation 2) land in the body."""
+    """The API calls the reconcile makes; the first apply lets a spec change
+    (generation 2) land in the body."""
 
     def __init__(self, raw: dict):
         self.raw, self.applied = raw, []

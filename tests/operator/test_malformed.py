@@ -29,7 +29,8 @@ MALFORMED = {
     "nested-wrong-types": (body({"engine": {"kvCache": {"disk": "yes"}}, "feedback": {"batchCap": 8}}),
                            "spec.engine.kvCache.disk must be an object, not string; "
                            "spec.feedback.batchCap must be an object, not integer"),
-    "port-is-an-object": (body({"service": {"port": {"number": 80}}}), "spec.service.port must be an integer"),
+    "port-is-an-object": (body({"service": {"port": {"number": 80}}}),
+                          "spec.service.port must be an integer"),
     "monitor-flag-is-a-string": (body({"observability": {"serviceMonitor": "on"}}),
                                  "spec.observability.serviceMonitor must be an object"),
     # (A status that is no object at all is replaced whole by the operator; kmock 0.8's merge patch
@@ -42,7 +43,8 @@ MALFORMED = {
 @pytest.mark.parametrize("stored,message", MALFORMED.values(), ids=MALFORMED.keys())
 async def test_malformed_object_is_degraded_and_deletable(kube, operator, stored, message):
     await create(kube, stored)
-    st = await eventually(lambda: isinstance(status_of(kube), dict) and status_of(kube).get("observedGeneration") == 1
+    st = await eventually(lambda: isinstance(status_of(kube),
+                                             dict) and status_of(kube).get("observedGeneration") == 1
                           and status_of(kube), timeout=20)
     degraded = cond(st, "Degraded")
     if message is None:  # the stored status was replaced by a well-formed one; the spec was realised
@@ -55,7 +57,8 @@ async def test_malformed_object_is_degraded_and_deletable(kube, operator, stored
     assert operator.task is not None and not operator.task.done()
     rsp = await kube.delete(f"{BASE}/{NAME}")
     assert rsp.status == 200
-    await eventually(lambda: obj(kube, CR) is None, timeout=20)  # the delete handler ran and removed the finalizer
+    # the delete handler ran and removed the finalizer
+    await eventually(lambda: obj(kube, CR) is None, timeout=20)
     assert obj(kube, "v1/services") is None and obj(kube, "apps/v1/deployments") is None
 
 

@@ -79,7 +79,8 @@ def test_helm_template_default_has_no_monitoring(k8s_tools):
 
 
 def test_helm_refuses_replicas_without_peering(k8s_tools):
-    proc = subprocess.run([str(k8s_tools["helm4"]), "template", "x", str(CHART), "--set", "operator.replicas=2"],
+    proc = subprocess.run([str(k8s_tools["helm4"]), "template", "x", str(CHART), "--set",
+                           "operator.replicas=2"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "peering" in proc.stderr
 
@@ -103,14 +104,16 @@ def test_chart_files_are_copies_of_manifests():
 
 
 def test_chart_rbac_matches_kustomize_rbac():
-    base = next(d for d in docs((ROOT / "manifests" / "base" / "rbac.yaml").read_text()) if d["kind"] == "ClusterRole")
+    base = next(d for d in docs((ROOT / "manifests" / "base" / "rbac.yaml").read_text()) if d["kind"]
+                == "ClusterRole")
     text = (CHART / "templates" / "rbac.yaml").read_text()
     for rule in base["rules"]:
         for resource in rule["resources"]:
             assert resource in text
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "manifests" / "samples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "manifests" / "samples").glob("*.yaml")),
+                         ids=lambda p: p.name)
 def test_operator_children_of_samples_validate(path):
     """What the operator would create for each sample is itself valid for both Kubernetes versions."""
     sample = yaml.safe_load(path.read_text())
@@ -150,11 +153,13 @@ def _lua_health(obj: dict) -> dict:
 @pytest.mark.parametrize("status,generation,expected", [
     (None, 1, "Progressing"),
     ({"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "False"},
-                                              {"type": "Progressing", "status": "True", "message": "1 of 2"}]}, 1, "Progressing"),
+                                              {"type": "Progressing", "status": "True",
+                                               "message": "1 of 2"}]}, 1, "Progressing"),
     ({"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True", "message": "2 of 2"},
                                               {"type": "Degraded", "status": "False"}]}, 1, "Healthy"),
     ({"observedGeneration": 1, "conditions": [{"type": "Ready", "status": "True"}]}, 2, "Progressing"),
-    ({"observedGeneration": 3, "conditions": [{"type": "Degraded", "status": "True", "message": "no gpu"}]}, 3, "Degraded"),
+    ({"observedGeneration": 3, "conditions": [{"type": "Degraded", "status": "True", "message": "no gpu"}]},
+     3, "Degraded"),
 ])
 def test_argocd_health_script(status, generation, expected):
     obj = {"metadata": {"generation": generation}}

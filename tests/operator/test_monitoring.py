@@ -19,12 +19,16 @@ MONITORING = ROOT / "manifests" / "monitoring"
 
 # The canonical list of metric families the dashboard and the alerts may use, by type.
 ENGINE_METRICS = {
-    "counter": ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
+    "counter": ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+                "vllm:prompt_tokens",
                 "vllm:generation_tokens", "vllm:request_success", "kvloop:prefix_cache_queries",
-                "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected", "kvloop:oom_events",
+                "kvloop:prefix_cache_hits", "kvloop:num_preemptions", "kvloop:requests_rejected",
+                "kvloop:oom_events",
                 "kvloop:cache_evictions", "kvloop:cache_demotions", "kvloop:cache_promotions",
-                "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused", "kvloop:cache_host_copies_skipped",
-                "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:admission_tpot_holds"],
+                "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused",
+                "kvloop:cache_host_copies_skipped",
+                "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret",
+                "kvloop:admission_tpot_holds"],
     "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
               "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
               "kvloop:batch_cap", "kvloop:retention_watermark", "kvloop:step_token_budget",
@@ -77,7 +81,8 @@ def test_dashboard_loads_and_covers_the_required_panels():
     assert dash["uid"] and dash["panels"] and dash["schemaVersion"] >= 30
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
     for needed in ("throughput", "time to first token", "inter-token", "end-to-end", "running vs waiting",
-                   "kv cache use per tier", "hit rate per tier", "batch cap", "watermark", "step token budget",
+                   "kv cache use per tier", "hit rate per tier", "batch cap", "watermark",
+                   "step token budget",
                    "tpot", "preemptions", "rejections"):
         assert needed in titles, needed
     ids = [p["id"] for p in dash["panels"]]
@@ -94,9 +99,11 @@ def test_dashboard_loads_and_covers_the_required_panels():
 def test_step_budget_panels_show_engine_target_and_objective():
     panels = {p["title"]: p for p in dashboard()["panels"]}
     budget = [t["expr"] for t in panels["Step token budget over time"]["targets"]]
-    assert [NAME.findall(e) for e in budget] == [["kvloop:step_token_budget"], ["kvloop:feedback_step_token_budget"]]
+    assert [NAME.findall(e) for e in budget] == [["kvloop:step_token_budget"],
+                                                 ["kvloop:feedback_step_token_budget"]]
     tpot = panels["TPOT against the objective"]["targets"]
-    assert [t["legendFormat"] for t in tpot] == ["P50", "P99", "P50 objective", "decode step (TPOT target's gate)",
+    assert [t["legendFormat"] for t in tpot] == ["P50", "P99", "P50 objective",
+                                                 "decode step (TPOT target's gate)",
                                                  "engine TPOT target"]
     assert tpot[2]["expr"] == "vector($tpot_objective)"
     assert [NAME.findall(t["expr"]) for t in tpot[3:]] == [["kvloop:decode_step_seconds"],
@@ -114,7 +121,8 @@ def test_step_budget_panels_show_engine_target_and_objective():
 
 def test_step_budget_alert_fires_only_when_every_budget_decision_is_at_min():
     rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
-    rule = next(r for g in rules["spec"]["groups"] for r in g["rules"] if r["alert"] == "KvloopStepBudgetAtMinimum")
+    rule = next(r for g in rules["spec"]["groups"] for r in g["rules"] if r["alert"]
+                == "KvloopStepBudgetAtMinimum")
     expr = " ".join(rule["expr"].split())
     assert 'knob="step_token_budget", reason="at_min"' in expr
     assert 'unless on (namespace, pod) (sum by (namespace, pod) (increase(kvloop:feedback_decisions_total{knob="step_token_budget", reason!="at_min"}' in expr
@@ -133,8 +141,10 @@ def test_promql_is_balanced():
 def test_alerts_cover_the_required_signals():
     rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"]}
-    for name in ("KvloopHighErrorRate", "KvloopP99TTFTHigh", "KvloopKVCacheNearlyFull", "KvloopQueueDepthHigh",
-                 "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale", "KvloopStepBudgetAtMinimum"):
+    for name in ("KvloopHighErrorRate", "KvloopP99TTFTHigh", "KvloopKVCacheNearlyFull",
+                 "KvloopQueueDepthHigh",
+                 "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale",
+                 "KvloopStepBudgetAtMinimum"):
         assert name in alerts, name
         assert alerts[name]["annotations"]["summary"]
     assert alerts["KvloopKVCacheNearlyFull"]["for"] == "10m"
@@ -218,7 +228,8 @@ def test_feedback_alerts_ignore_pods_with_feedback_off():
     rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
     feedback = next(g for g in rules["spec"]["groups"] if g["name"] == "kvloop.feedback")["rules"]
     for rule in feedback:
-        assert re.search(r'and on \(namespace, pod\) \(kvloop:feedback_mode\{mode!="off"\} == 1\)', rule["expr"]), \
+        assert re.search(r'and on \(namespace, pod\) \(kvloop:feedback_mode\{mode!="off"\} == 1\)',
+                         rule["expr"]), \
             rule["alert"]
 
 
@@ -229,7 +240,8 @@ def test_sidecar_in_mode_off_exports_the_mode_the_alerts_gate_on(tmp_path):
     from kvloop.sidecar.metrics import build_registry
     from kvloop.sidecar.settings import SettingsWatcher
 
-    coord = Coordinator(SettingsWatcher(None, overrides={"mode": "off"}), control_path=str(tmp_path / "c.bin"))
+    coord = Coordinator(SettingsWatcher(None, overrides={"mode": "off"}),
+                        control_path=str(tmp_path / "c.bin"))
     text = generate_latest(build_registry(coord)).decode()
     assert 'kvloop:feedback_mode{mode="off"} 1.0' in text
     assert 'kvloop:feedback_mode{mode="enforce"} 0.0' in text

@@ -17,7 +17,8 @@ ASYNC = pytest.mark.asyncio(loop_scope="session")
 
 
 async def make_namespace(kube, name: str) -> None:
-    rsp = await kube.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    rsp = await kube.post("/api/v1/namespaces",
+                          json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     assert rsp.status in (200, 201), await rsp.text()
 
 
@@ -55,7 +56,8 @@ def test_pattern_detection():
 
 
 @ASYNC
-@pytest.mark.parametrize("argv", [["--namespace=team-*"], ["-n", "team-a", "-n", "team-b*"], ["-n", "!other"]],
+@pytest.mark.parametrize("argv",
+                         [["--namespace=team-*"], ["-n", "team-a", "-n", "team-b*"], ["-n", "!other"]],
                          ids=["glob", "exact-and-glob", "negation"])
 async def test_glob_patterns_select_namespaces(kube, tmp_path, argv):
     for ns in ("team-a", "team-b", "other"):

@@ -23,7 +23,8 @@ EVERYTHING = dict(replicas=2, observability={"serviceMonitor": {"enabled": True}
 @pytest.fixture(autouse=True)
 def serve_inference_pools(kube):
     """The Gateway API Inference Extension's InferencePool, as a cluster that installed it serves it."""
-    kube.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool", namespaced=True,
+    kube.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool",
+                                               namespaced=True,
                                                verbs={"get", "list", "watch", "create", "patch", "delete"})
 
 
@@ -69,7 +70,8 @@ async def test_only_this_services_children_are_pruned(kube, operator):
     foreign = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                "metadata": {"name": "hand-made", "namespace": NS, "labels": labels},
                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": C.selector_labels(NAME)}}}
-    assert (await kube.post(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets", json=foreign)).status in (200, 201)
+    assert (await kube.post(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets",
+                            json=foreign)).status in (200, 201)
     other = render_children("other", NS, "uid-other", {"replicas": 2})
     for child in other:
         if child["kind"] == "PodDisruptionBudget":

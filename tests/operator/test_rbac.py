@@ -66,7 +66,8 @@ def operator_needs(kube) -> set[tuple[str, str, str]]:
 
 def allowed(rules: list[dict], need: tuple[str, str, str]) -> bool:
     group, resource, verb = need
-    return any(group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r.get("verbs", [])
+    return any(group in r.get("apiGroups", []) and resource in r.get("resources",
+                                                                     []) and verb in r.get("verbs", [])
                for r in rules)
 
 
@@ -92,10 +93,12 @@ async def send(kube, method: str, path: str, body: dict) -> None:
 
 def serve_optional_kinds(kube) -> None:
     verbs = {"get", "list", "watch", "create", "patch", "delete"}
-    kube.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool", namespaced=True,
+    kube.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool",
+                                               namespaced=True,
                                                verbs=verbs)
     for kind, res in PEERINGS.items():
-        kube.resources[res] = kmock.ResourceInfo(kind=kind, singular=kind.lower(), namespaced=kind == "KopfPeering",
+        kube.resources[res] = kmock.ResourceInfo(kind=kind, singular=kind.lower(),
+                                                 namespaced=kind == "KopfPeering",
                                                  verbs=verbs)
 
 
@@ -105,10 +108,12 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
     await send(kube, "POST", "/apis/kopf.dev/v1/clusterkopfpeerings",
                {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kvloop"}})
     async with operator_cli(kube, tmp_path, "--peering=kvloop"):
-        await send(kube, "POST", BASE, cr_body(replicas=2, observability={"serviceMonitor": {"enabled": True}},
+        await send(kube, "POST", BASE,
+                   cr_body(replicas=2, observability={"serviceMonitor": {"enabled": True}},
                                                routing={"inferencePool": {"enabled": True}}))
         await eventually(lambda: status_of(kube).get("observedGeneration") == 1, timeout=20)
-        await send(kube, "PATCH", f"{BASE}/{NAME}", {"spec": {"observability": {"serviceMonitor": {"enabled": False}},
+        await send(kube, "PATCH", f"{BASE}/{NAME}",
+                   {"spec": {"observability": {"serviceMonitor": {"enabled": False}},
                                                               "routing": {"inferencePool": {"enabled": False}}}})
         await send(kube, "PATCH", f"{BASE}/{NAME}/scale", {"spec": {"replicas": 1}})
         await eventually(lambda: obj(kube, "policy/v1/poddisruptionbudgets") is None, timeout=20)
@@ -117,7 +122,8 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
         await eventually(lambda: obj(kube, CR) is None, timeout=20)
     needs = operator_needs(kube)
     for must in [("apps", "deployments", "delete"), ("policy", "poddisruptionbudgets", "list"),
-                 ("inference.networking.k8s.io", "inferencepools", "delete"), ("kopf.dev", "clusterkopfpeerings", "patch"),
+                 ("inference.networking.k8s.io", "inferencepools", "delete"),
+                 ("kopf.dev", "clusterkopfpeerings", "patch"),
                  (C.GROUP, f"{C.PLURAL}/status", "patch"), (C.GROUP, f"{C.PLURAL}/finalizers", "update")]:
         assert must in needs, (must, sorted(needs))  # the scenario really exercised it
     # RBAC forbids granting what one does not hold: the per-service Role's rules count too.
@@ -125,14 +131,16 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
     needs |= {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
               for v in rule["verbs"]}
     for name, rules in [("manifests/base", base_rules()),
-                        ("chart prod-values", chart_rules(k8s_tools, "-f", str(CHART / "examples" / "prod-values.yaml")))]:
+                        ("chart prod-values",
+                         chart_rules(k8s_tools, "-f", str(CHART / "examples" / "prod-values.yaml")))]:
         missing = sorted(n for n in needs if not allowed(rules, n))
         assert not missing, f"{name} ClusterRole lacks {missing}"
 
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_rbac_covers_namespace_globs(kube, tmp_path, k8s_tools):
-    await send(kube, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+    await send(kube, "POST", "/api/v1/namespaces",
+               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
     async with operator_cli(kube, tmp_path, "--namespace=team-*"):
         await send(kube, "POST", f"/apis/{C.API_VERSION}/namespaces/team-a/inferenceservices",
                    {**cr_body(), "metadata": {"name": "chat", "namespace": "team-a"}})
@@ -146,8 +154,10 @@ async def test_rbac_covers_namespace_globs(kube, tmp_path, k8s_tools):
 
 
 def test_chart_creates_a_peering_object_per_exact_namespace(k8s_tools):
-    out = subprocess.run([str(k8s_tools["helm4"]), "template", "kvloop", str(CHART), "--set", "operator.peering.enabled=true",
-                          "--set", "operator.watchNamespaces={a,b-*}"], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([str(k8s_tools["helm4"]), "template", "kvloop", str(CHART), "--set",
+                          "operator.peering.enabled=true",
+                          "--set", "operator.watchNamespaces={a,b-*}"], capture_output=True, text=True,
+                          timeout=60,
                          check=True).stdout
     peerings = [d for d in yaml.safe_load_all(out) if d and d["kind"] in PEERINGS]
     assert [(p["kind"], p["metadata"].get("namespace")) for p in peerings] == [("KopfPeering", "a")]

@@ -51,7 +51,8 @@ def test_gpu_spec_gets_toleration_and_no_surge():
                  "routing": {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}}})
     dep = out["Deployment"]["spec"]
     assert dep["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in dep["template"]["spec"]["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists",
+            "effect": "NoSchedule"} in dep["template"]["spec"]["tolerations"]
     assert out["InferencePool"]["spec"]["endpointPickerRef"]["name"] == "epp"
     assert out["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == C.selector_labels("m")
 
@@ -64,7 +65,8 @@ def test_problems_found():
 
 
 def test_is_subset_ignores_server_defaults():
-    assert is_subset({"a": {"b": 1}, "l": [{"x": 1}]}, {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 0}], "z": 1})
+    assert is_subset({"a": {"b": 1}, "l": [{"x": 1}]},
+                     {"a": {"b": 1, "c": 2}, "l": [{"x": 1, "y": 0}], "z": 1})
     assert not is_subset({"l": [{"x": 1}]}, {"l": [{"x": 1}, {"x": 2}]})
     assert not is_subset({"a": True}, {"a": 1})
 
@@ -80,7 +82,8 @@ def test_deployment_states():
 def test_feedback_invalid_and_missing_annotations():
     spec = with_defaults({})
     now = dt.datetime.now(dt.UTC)
-    pods = [{"metadata": {"name": "a", "annotations": {C.FEEDBACK_ANNOTATION: "{not json"}}, "status": {"phase": "Running"}},
+    pods = [{"metadata": {"name": "a", "annotations": {C.FEEDBACK_ANNOTATION: "{not json"}},
+             "status": {"phase": "Running"}},
             {"metadata": {"name": "b"}, "status": {"phase": "Running"}}]
     _, health = aggregate_feedback(pods, spec, now)
     assert health[:2] == (False, "InvalidAnnotation")
@@ -90,7 +93,8 @@ def test_feedback_invalid_and_missing_annotations():
     assert health[:2] == (True, "FeedbackDisabled")
     good = {"batchCap": 8, "watermark": 0.2, "mode": "enforce", "converged": True, "hitRate": 0.5,
             "updatedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    fb, health = aggregate_feedback([{"metadata": {"name": "c", "annotations": {C.FEEDBACK_ANNOTATION: json.dumps(good)}},
+    fb, health = aggregate_feedback([{"metadata": {"name": "c",
+                                                   "annotations": {C.FEEDBACK_ANNOTATION: json.dumps(good)}},
                                       "status": {"phase": "Running"}}], spec, now)
     assert health[0] is True and fb["hitRate"] == 0.5 and fb["convergedPods"] == 1
     assert "stepTokenBudget" not in fb  # a sidecar from before the knob reports none
@@ -141,10 +145,12 @@ def test_sidecar_settings_carry_the_step_budget_tpot_objective_and_event_path():
 
 
 @pytest.mark.parametrize("budget,message", [
-    ({"min": 4096, "max": 1024}, "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max (min 4096, max 1024)"),
+    ({"min": 4096, "max": 1024},
+     "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max (min 4096, max 1024)"),
     ({"min": 8}, "feedback.stepTokenBudget.min must be at least 16 tokens (it is 8)"),
     ({"maxStep": 0}, "feedback.stepTokenBudget.maxStep must be at least 1 (it is 0)"),
-    ({"max": 4096}, "must not exceed engine.scheduler.maxNumBatchedTokens, the engine's configured budget and the "
+    ({"max": 4096},
+     "must not exceed engine.scheduler.maxNumBatchedTokens, the engine's configured budget and the "
                     "ceiling of the live one (max 4096; maxNumBatchedTokens 2048)"),
 ])
 def test_invalid_step_budget_is_a_problem_that_names_the_values(budget, message):
@@ -155,11 +161,14 @@ def test_invalid_step_budget_is_a_problem_that_names_the_values(budget, message)
 def test_condition_transition_time_kept_when_status_unchanged():
     spec = with_defaults({})
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    s1 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[], apply_error=None,
+    s1 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[],
+                        apply_error=None,
                         previous=None, generation=1, observed_generation=1, now=t0)
-    s2 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[], apply_error=None,
+    s2 = compute_status(name="m", namespace="ns", spec=spec, deploy=None, pods=[], problems=[],
+                        apply_error=None,
                         previous=s1, generation=1, observed_generation=1, now=t0 + dt.timedelta(minutes=5))
-    assert [c["lastTransitionTime"] for c in s1["conditions"]] == [c["lastTransitionTime"] for c in s2["conditions"]]
+    assert [c["lastTransitionTime"] for c in s1["conditions"]] == [c["lastTransitionTime"]
+                                                                   for c in s2["conditions"]]
 
 
 def test_kubeconfig_parsing(tmp_path):
@@ -173,7 +182,8 @@ clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]
 users: [{name: u, user: {token: abc}}]
 """)
     k = KubeConfig.from_kubeconfig(str(cfg))
-    assert (k.server, k.bearer(), k.namespace, k.ssl_context()) == ("http://127.0.0.1:1", "abc", "team", False)
+    assert (k.server, k.bearer(), k.namespace, k.ssl_context()) == ("http://127.0.0.1:1", "abc", "team",
+                                                                    False)
 
 
 def _free_port() -> int:
@@ -192,8 +202,10 @@ async def test_entry_point_runs_operator_with_liveness(kube, tmp_path):
                                "users": [{"name": "u", "user": {"token": "t0k"}}]}))
     port = _free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from kvloop.operator.main import main; sys.exit(main(sys.argv[1:]))",
-        "--kubeconfig", str(cfg), "--liveness", f"http://127.0.0.1:{port}/healthz", "--status-interval", "0.5",
+        sys.executable, "-c",
+        "import sys; from kvloop.operator.main import main; sys.exit(main(sys.argv[1:]))",
+        "--kubeconfig", str(cfg), "--liveness", f"http://127.0.0.1:{port}/healthz", "--status-interval",
+        "0.5",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, cwd=str(tmp_path))
     try:
         async with aiohttp.ClientSession() as http:
@@ -210,7 +222,8 @@ async def test_entry_point_runs_operator_with_liveness(kube, tmp_path):
                     break
                 await asyncio.sleep(0.1)
             assert ok, "liveness endpoint never answered"
-        body = {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "cli", "namespace": "ns"}, "spec": {}}
+        body = {"apiVersion": C.API_VERSION, "kind": C.KIND, "metadata": {"name": "cli", "namespace": "ns"},
+                "spec": {}}
         await kube.post("/apis/kvloop.io/v1alpha1/namespaces/ns/inferenceservices", json=body)
         await eventually(lambda: kube.objects["apps/v1/deployments", "ns", "cli"], timeout=15)
         assert any(r.headers.get("Authorization") == "Bearer t0k" for r in kube._requests)
@@ -270,7 +283,8 @@ def test_owned_kinds_cover_every_rendered_kind():
     ({"replicas": 1.5}, ["spec.replicas must be an integer, not number"]),
     ({"engine": {"kvCache": {"retentionWatermark": "high"}}},
      ["spec.engine.kvCache.retentionWatermark must be a number, not string"]),
-    ({"resources": {"limits": {"cpu": [1]}}}, ["spec.resources.limits.cpu must be an integer or a string, not array"]),
+    ({"resources": {"limits": {"cpu": [1]}}},
+     ["spec.resources.limits.cpu must be an integer or a string, not array"]),
 ])
 def test_shape_problems_name_the_field(spec, expected):
     from kvloop.operator.shape import shape_problems

@@ -24,7 +24,8 @@ async def kube():
         fake.resources["v1/pods"] = kmock.ResourceInfo(kind="Pod", singular="pod", namespaced=True,
                                                        verbs={"get", "list", "patch", "update"})
         fake.objects["v1/pods", NS, POD] = {"apiVersion": "v1", "kind": "Pod",
-                                            "metadata": {"name": POD, "namespace": NS, "labels": {"app": "x"}},
+                                            "metadata": {"name": POD, "namespace": NS,
+                                                         "labels": {"app": "x"}},
                                             "status": {"phase": "Running"}}
         yield fake
 
@@ -34,7 +35,8 @@ def annotations(kube) -> dict:
 
 
 VALUE = {"batchCap": 24, "watermark": 0.4, "mode": "enforce", "converged": False,
-         "lastDecision": {"knob": "batch_cap", "reason": "queued_kv_headroom", "at": "2026-01-01T00:00:00.00Z"}}
+         "lastDecision": {"knob": "batch_cap", "reason": "queued_kv_headroom",
+                          "at": "2026-01-01T00:00:00.00Z"}}
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -53,7 +55,8 @@ async def test_publish_on_change_and_heartbeat(kube, monkeypatch):
     data = json.loads(raw)
     assert data["batchCap"] == 24 and data["lastDecision"]["reason"] == "queued_kv_headroom"
     assert data["updatedAt"] == "2027-01-15T08:00:00.000Z"
-    assert kube.objects["v1/pods", NS, POD].raw["metadata"]["labels"] == {"app": "x"}  # a merge, not a replace
+    # a merge, not a replace
+    assert kube.objects["v1/pods", NS, POD].raw["metadata"]["labels"] == {"app": "x"}
 
     now[0] += 10
     assert not await publish(dict(VALUE))  # unchanged, heartbeat not due: no call

@@ -13,7 +13,8 @@ from kvloop.sidecar.metrics import build_registry
 from kvloop.sidecar.settings import SettingsWatcher
 
 NAMES = {"kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedback_step_token_budget",
-         "kvloop:feedback_memory_max_batch_cap", "kvloop:feedback_decision_input", "kvloop:feedback_decisions",
+         "kvloop:feedback_memory_max_batch_cap", "kvloop:feedback_decision_input",
+         "kvloop:feedback_decisions",
          "kvloop:feedback_stale_reads", "kvloop:feedback_last_decision_timestamp_seconds"}
 
 

@@ -33,7 +33,8 @@ def setup(tmp_path):
         cfg = tmp_path / "sidecar.json"
         cfg.write_text(json.dumps({"mode": mode, "period_s": 1, "snapshot_stale_s": 5,
                                    "batch_cap": {"min": 1, "max": 64, "max_step": 8, "initial": 8},
-                                   "watermark": {"min": 0, "max": 0.9, "max_step": 0.1, "initial": 0.3}, **extra}))
+                                   "watermark": {"min": 0, "max": 0.9, "max_step": 0.1, "initial": 0.3},
+                                   **extra}))
         clock = Clock()
         engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
         coord = Coordinator(SettingsWatcher(cfg), control_path=str(tmp_path / "c.bin"), clock=clock)
@@ -140,7 +141,8 @@ def test_settings_change_reclamps(setup, tmp_path):
 def test_initial_targets_from_the_engine_when_settings_have_none(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
     coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
-    engine.publish(EngineSnapshot(batch_cap=100, watermark=0.45, step_token_budget=384, step_token_budget_max=512))
+    engine.publish(EngineSnapshot(batch_cap=100, watermark=0.45, step_token_budget=384,
+                                  step_token_budget_max=512))
     coord.sample()
     assert coord.law.batch_cap == 64 and coord.law.watermark == 0.45  # clamped into the default bounds
     assert coord.law.step_token_budget == 384
@@ -168,8 +170,10 @@ def test_observation_per_tier_hit_rates_and_finished_work():
     from kvloop.sidecar.observe import PeriodWindow
 
     def record(queries: tuple[int, int, int], hits: tuple[int, int, int], finished: int, generated: int):
-        stats = KVStats(**{f"query_tokens_{t}": q for t, q in zip(("device", "host", "disk"), queries, strict=True)},
-                        **{f"hit_tokens_{t}": h for t, h in zip(("device", "host", "disk"), hits, strict=True)})
+        stats = KVStats(**{f"query_tokens_{t}": q for t, q in zip(("device", "host", "disk"), queries,
+                                                                  strict=True)},
+                        **{f"hit_tokens_{t}": h for t, h in zip(("device", "host", "disk"), hits,
+                                                                strict=True)})
         snap = EngineSnapshot(requests_finished=finished, tokens_generated=generated, kv_stats=stats)
         return control_record(snap)
 
@@ -201,7 +205,8 @@ def test_cap_starts_from_the_pool_then_the_first_request_places_it_within_a_seco
     assert coord.law.batch_cap == 14  # 0.9 x 1000 blocks / 64 blocks at the max context
     assert engine.poll_targets().batch_cap == 14
     clock.t += 1.0
-    engine.publish(loaded(2, waiting=30, held=20, pending=10))  # 15 blocks a request: the prompts' rest counts
+    # 15 blocks a request: the prompts' rest counts
+    engine.publish(loaded(2, waiting=30, held=20, pending=10))
     coord.sample()  # between periods: the event path places the cap
     last = coord.status()["decisions"][-1]
     assert (last["reason"], last["trigger"], last["new"]) == ("memory_derived_start", "event", 60)
@@ -228,7 +233,8 @@ def test_event_path_reacts_to_a_preemption_burst_within_a_second(tmp_path):
     clock.t += sample_every  # the next sample, at most a second later
     coord.sample()
     last = coord.status()["decisions"][-1]
-    assert (last["reason"], last["trigger"], last["old"], last["new"]) == ("preemption_burst", "event", cap, 45)
+    assert (last["reason"], last["trigger"], last["old"], last["new"]) == ("preemption_burst", "event", cap,
+                                                                           45)
     assert last["inputs"]["preemptions"] == 6 and clock.t - burst_at <= 1.0
     assert engine.poll_targets().batch_cap == 45  # written like any other decision
     assert coord.decisions_total[("batch_cap", "preemption_burst")] == 1
@@ -258,6 +264,7 @@ def test_event_path_can_be_switched_off(tmp_path):
         engine.publish(loaded(40, held=600, preemptions=preemptions))
         clock.t += 1.0
         coord.sample()
-    assert {d["trigger"] for d in coord.status()["decisions"]} == {"start"}  # the period decides, not the samples
+    # the period decides, not the samples
+    assert {d["trigger"] for d in coord.status()["decisions"]} == {"start"}
     decisions = coord.tick()
     assert decisions[0].reason == "memory_derived_start"

@@ -1,7 +1,8 @@
 """End to end: a real `kvloop serve` process and a real `kvloop sidecar` process share the control
 block under a load step from a client. The first request places the batch cap at the memory-derived
-maximum within a second or two (the event path) and the engine applies it; the decisions show in /status and /metrics; killing the sidecar leaves the
-engine serving on the last targets, then on its defaults after the staleness limit."""
+maximum within a second or two (the event path) and the engine applies it; the decisions show in /status and
+/metrics; killing the sidecar leaves the engine serving on the last targets, then on its defaults after the
+staleness limit."""
 
 from __future__ import annotations
 
@@ -64,8 +65,10 @@ def test_engine_and_sidecar_processes(tmp_path):
         "watermark": {"min": 0.0, "max": 0.8, "max_step": 0.1, "initial": 0.3},
         "law": {"hysteresis_periods": 1}}))
     eport, sport = free_port(), free_port()
-    # 10 s of staleness: long enough to observe "last targets kept" on a loaded machine, short enough to wait out
-    engine = kvloop("serve", "--port", str(eport), "--control-file", str(control), "--control-stale-after", "10",
+    # 10 s of staleness: long enough to observe "last targets kept" on a loaded machine,
+    # short enough to wait out
+    engine = kvloop("serve", "--port", str(eport), "--control-file", str(control), "--control-stale-after",
+                    "10",
                     "--max-num-seqs", "2", "--kv-cache-tokens", "8192", "--threads", "2")
     sidecar = kvloop("sidecar", "--config", str(cfg), "--control", str(control), "--host", "127.0.0.1",
                      "--port", str(sport))
@@ -82,7 +85,8 @@ def test_engine_and_sidecar_processes(tmp_path):
         prefix = "The quick brown fox jumps over the lazy dog. " * 12
 
         def ask(i: int, max_tokens: int = 24) -> int:
-            body = {"model": model, "prompt": f"{prefix} Question {i}:", "max_tokens": max_tokens, "temperature": 0}
+            body = {"model": model, "prompt": f"{prefix} Question {i}:", "max_tokens": max_tokens,
+                    "temperature": 0}
             return httpx.post(f"{api}/v1/completions", json=body, timeout=120).status_code
 
         sent = time.time()
@@ -94,18 +98,22 @@ def test_engine_and_sidecar_processes(tmp_path):
         t0 = time.monotonic()
         with ThreadPoolExecutor(12) as pool:
             futures = [pool.submit(ask, i) for i in range(12)]
-            # every recent decision (3 a period): the start's placement may be more than /status's default 50 old
-            # when the first request ran slowly on a loaded machine
-            raised = wait_for(lambda: (s := httpx.get(f"{side}/status?limit=200").json())["batch_cap"] > 2 and s, 10)
+            # every recent decision (3 a period): the start's placement may be more than /status's default 50
+            # old when the first request ran slowly on a loaded machine
+            raised = wait_for(lambda: (s := httpx.get(f"{side}/status?limit=200").json())["batch_cap"] > 2
+                              and s, 10)
             moved_after = time.monotonic() - t0
             # the engine applied it
             wait_for(lambda: control_show(control)["snapshot"]["batch_cap"] == raised["batch_cap"], 5)
             assert all(f.result() == 200 for f in futures)
         assert moved_after < 2 * 1 + 1.5  # two periods, plus the client's ramp (about 1 s here)
-        placed = [d for d in raised["decisions"] if d["knob"] == "batch_cap" and d["reason"] == "memory_derived_start"]
+        placed = [d for d in raised["decisions"] if d["knob"] == "batch_cap" and d["reason"]
+                  == "memory_derived_start"]
         assert placed and placed[-1]["trigger"] == "event" and placed[-1]["inputs"]["footprint_blocks"] > 0
-        at = datetime.datetime.strptime(placed[-1]["at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
-        # placed while the first user request ran (not by the server's warm-up, before it): a sample (0.25 s here)
+        at = datetime.datetime.strptime(placed[-1]["at"],
+                                        "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+        # placed while the first user request ran (not by the server's warm-up, before
+        # it): a sample (0.25 s here)
         assert sent <= at.timestamp() <= first_done + 0.5
         # after the load, light load lowers the watermark within a few periods
         wait_for(lambda: httpx.get(f"{side}/status").json()["watermark"] < 0.3, 10)

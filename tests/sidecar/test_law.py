@@ -31,7 +31,8 @@ def run(law: ControlLaw, trace: list[Observation]):
             assert cap_d.new == max(s.batch_cap.min, math.floor(cap * s.law.cut_factor))
         assert abs(w_d.new - w) <= s.watermark.max_step + 1e-9 and s.watermark.min <= w_d.new <= s.watermark.max
         assert abs(b_d.new - budget) <= s.step_token_budget.max_step
-        assert isinstance(cap_d.new, int) and isinstance(b_d.new, int) and cap_d.reason and w_d.reason and b_d.reason
+        assert isinstance(cap_d.new, int) and isinstance(b_d.new,
+                                                         int) and cap_d.reason and w_d.reason and b_d.reason
         assert [d.knob for d in (cap_d, w_d, b_d)] == ["batch_cap", "watermark", "step_token_budget"]
         assert cap_d.inputs["queue_depth"] == obs.queue_depth and "tpot_p50_s" in b_d.inputs  # explained
         out.append((cap_d, w_d))
@@ -94,7 +95,8 @@ def test_watermark_lowered_at_once_when_its_reserve_holds_the_queue():
     _, w, _ = law.decide(held)  # below the cap, nothing prefilling, 0.6 + 0.3 of the pool taken
     assert (w.new, w.reason) == (0.2, "reserve_holds_queue")
     law = ControlLaw(S)
-    _, w, _ = law.decide(dataclasses.replace(held, num_decoding=7))  # prefills keep the queue: not the reserve
+    # prefills keep the queue: not the reserve
+    _, w, _ = law.decide(dataclasses.replace(held, num_decoding=7))
     assert not w.changed
 
 
@@ -172,7 +174,8 @@ def test_first_footprint_places_the_cap_at_the_memory_derived_maximum():
     obs = Observation(queue_depth=50, running=4, running_max=4, kv_use=0.04, footprint_blocks=100.0,
                       pool_blocks=10_000)
     (d,) = law.event(obs, now=0.0)
-    assert (d.old, d.new, d.reason, d.trigger) == (32, 90, "memory_derived_start", "event")  # 0.9 x 10000 / 100
+    # 0.9 x 10000 / 100
+    assert (d.old, d.new, d.reason, d.trigger) == (32, 90, "memory_derived_start", "event")
     assert d.inputs["footprint_blocks"] == 100.0 and d.inputs["memory_max"] == 90  # not a step: past max_step
     assert law.event(obs, now=0.5) == []  # placed once
     small = ControlLaw(dataclasses.replace(WIDE, batch_cap=Bounds(1, 64, 8, 32)))
@@ -249,7 +252,8 @@ class Plant:
     def period(self, demand: int, footprint: float) -> Observation:
         running = min(self.law.batch_cap, demand)
         kv = running * footprint / self.POOL
-        return Observation(queue_depth=float(demand - running), running=float(running), running_max=float(running),
+        return Observation(queue_depth=float(demand - running), running=float(running),
+                           running_max=float(running),
                            kv_use=min(kv, 1.0), preemptions=int(kv > 0.95) * 5, footprint_blocks=footprint,
                            pool_blocks=self.POOL)
 
@@ -299,13 +303,16 @@ def test_event_path_raises_on_a_surging_queue_with_room():
     (d,) = law.event(surge, now=0.0)
     assert (d.new, d.reason) == (20, "queue_surge")
     law2 = ControlLaw(S)
-    assert law2.event(dataclasses.replace(surge, queue_growth=4), now=0.0) == []  # a slow queue: the period's job
-    assert law2.event(dataclasses.replace(surge, kv_use=0.9), now=0.0) == []  # memory binds: raising cannot help
+    # a slow queue: the period's job
+    assert law2.event(dataclasses.replace(surge, queue_growth=4), now=0.0) == []
+    # memory binds: raising cannot help
+    assert law2.event(dataclasses.replace(surge, kv_use=0.9), now=0.0) == []
 
 
 # ---- the step token budget -------------------------------------------------------------------------
 B = Settings(step_token_budget=Bounds(64, 4096, 512, 2048), tpot_p50_s=0.1)
-DECODING = Observation(queue_depth=5, running=10, running_max=10, kv_use=0.5, num_decoding=10, decoding_max=10,
+DECODING = Observation(queue_depth=5, running=10, running_max=10, kv_use=0.5, num_decoding=10,
+                       decoding_max=10,
                        tpot_p50_s=0.2)
 
 

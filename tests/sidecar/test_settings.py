@@ -29,7 +29,8 @@ def test_operator_rendered_config_parses(tmp_path):
 @pytest.mark.parametrize("raw", [{"mode": "auto"}, {"period_s": 0}, {"batch_cap": {"min": 0}},
                                  {"watermark": {"max": 1.0}}, {"batch_cap": {"min": 8, "max": 4}},
                                  {"law": {"kv_band_low": 0.9, "kv_band_high": 0.8}}, [1, 2],
-                                 {"step_token_budget": {"min": 0}}, {"step_token_budget": {"min": 512, "max": 256}},
+                                 {"step_token_budget": {"min": 0}},
+                                 {"step_token_budget": {"min": 512, "max": 256}},
                                  {"law": {"tpot_headroom": 1.5}}, {"law": {"budget_settle_s": -1}},
                                  {"law": {"preemption_share": -0.1}}])
 def test_bad_settings_refused(raw):
@@ -47,7 +48,8 @@ def test_step_token_budget_and_tpot_objective():
     assert s.step_token_budget.initial == 2048 and s.tpot_p50_s == 0.08
     assert s.law.event_cooldown_s == 3.0 and s.law.event_preemptions == 5
     d = parse_settings({})
-    assert d.tpot_p50_s is None and d.step_token_budget.initial is None  # no objective: the engine's own budget
+    # no objective: the engine's own budget
+    assert d.tpot_p50_s is None and d.step_token_budget.initial is None
     assert d.event_path and not parse_settings({"event_path": False}).event_path
 
 
