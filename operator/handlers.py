@@ -64,7 +64,8 @@ async def _apply_children(client: KubeClient, children: list[dict[str, Any]]) ->
             result = await client.apply(child)
         except ApiError as exc:
             if exc.status == 404 and child["kind"] in OPTIONAL_APIS:
-                return changes, f"{ref} requested but {OPTIONAL_APIS[child['kind']]} is not served by this cluster"
+                api = OPTIONAL_APIS[child["kind"]]
+                return changes, f"{ref} requested but {api} is not served by this cluster"
             return changes, f"applying {ref} failed: {exc}"
         if result != "unchanged":
             changes.append(f"{result} {ref}")
@@ -143,7 +144,8 @@ def _post_events(body: kopf.Body, previous: dict[str, Any], new: dict[str, Any])
             kopf.event(body, type="Warning", reason=cond["reason"], message=cond["message"])
         if cond["type"] == "Ready" and cond["status"] != before.get("status") and cond["status"] == "True":
             kopf.event(body, type="Normal", reason="Ready", message=cond["message"])
-        if cond["type"] == "FeedbackHealthy" and cond["status"] == "False" and before.get("status") != "False":
+        if (cond["type"] == "FeedbackHealthy" and cond["status"] == "False"
+                and before.get("status") != "False"):
             kopf.event(body, type="Warning", reason=cond["reason"], message=cond["message"])
 
 
@@ -201,7 +203,8 @@ def build_registry(cfg: OperatorConfig) -> kopf.OperatorRegistry:
                 # just removed the children.
                 live = await client.get(C.API_VERSION, C.KIND, kw["namespace"], kw["name"])
                 live_meta = (live or {}).get("metadata") or {}
-                if live is None or live_meta.get("deletionTimestamp") or live_meta.get("generation") != only_generation:
+                if (live is None or live_meta.get("deletionTimestamp")
+                        or live_meta.get("generation") != only_generation):
                     return
             await _reconcile_unlocked(**kw)
 

@@ -53,7 +53,8 @@ def deployment_state(deploy: dict[str, Any] | None, desired: int) -> tuple[str, 
     ready = int(st.get("readyReplicas") or 0)
     for cond in st.get("conditions") or []:
         if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
-            return "Failed", f"rollout exceeded its progress deadline: {cond.get('message', '')}".strip(), ready
+            message = f"rollout exceeded its progress deadline: {cond.get('message', '')}".strip()
+            return "Failed", message, ready
         if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
             return "Failed", f"replica failure: {cond.get('message', '')}".strip(), ready
     gen = (deploy.get("metadata") or {}).get("generation")

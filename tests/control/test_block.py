@@ -50,7 +50,8 @@ def test_a_reader_refuses_another_layout_version_naming_both(tmp_path):
     with pytest.raises(ControlBlockError) as err:
         ControlBlock(path)  # the sidecar's open
     message = str(err.value)
-    assert f"layout version {L.LAYOUT_VERSION - 1}" in message and f"reads version {L.LAYOUT_VERSION}" in message
+    assert f"layout version {L.LAYOUT_VERSION - 1}" in message
+    assert f"reads version {L.LAYOUT_VERSION}" in message
     ControlBlock(path, create=True).close()  # the engine, the block's owner, writes its own layout anew
     ControlBlock(path).close()
 

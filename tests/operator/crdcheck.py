@@ -41,7 +41,8 @@ def to_json_schema(node: Any) -> Any:
         out["exclusiveMaximum"] = out.pop("maximum")
     if node.get("exclusiveMinimum") is True:
         out["exclusiveMinimum"] = out.pop("minimum")
-    if node.get("type") == "object" and "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+    preserves = node.get("x-kubernetes-preserve-unknown-fields")
+    if node.get("type") == "object" and "properties" in node and not preserves:
         out["additionalProperties"] = False
     if "properties" in node:
         out["properties"] = {k: to_json_schema(v) for k, v in node["properties"].items()}

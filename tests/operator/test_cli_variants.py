@@ -110,7 +110,8 @@ async def run_until_ready(argv: list[str], env: dict[str, str], url: str, timeou
                                                 stderr=asyncio.subprocess.STDOUT)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    problem = f"liveness {url} did not answer 200 (or the peering object was not kept alive) within {timeout:.0f}s"
+    problem = (f"liveness {url} did not answer 200 (or the peering object was not kept alive) "
+               f"within {timeout:.0f}s")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
         while loop.time() < deadline and proc.returncode is None:
             try:
@@ -182,7 +183,8 @@ async def test_every_rendered_operator_command_line_starts(k8s_tools, tmp_path):
         for argv, env, peerings in runs.values():
             for p in peerings:  # the variant's own peering objects, as the install would create them
                 ns = p["metadata"].get("namespace")
-                path = f"/apis/kopf.dev/v1{f'/namespaces/{ns}' if ns else ''}/{PEERINGS[p['kind']].rsplit('/', 1)[1]}"
+                scope = f"/namespaces/{ns}" if ns else ""
+                path = f"/apis/kopf.dev/v1{scope}/{PEERINGS[p['kind']].rsplit('/', 1)[1]}"
                 rsp = await fake.post(path, json=p)
                 assert rsp.status in (200, 201, 409), await rsp.text()
             argv, url = localize(argv, free_port())

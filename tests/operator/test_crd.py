@@ -85,6 +85,7 @@ def with_spec(**spec) -> dict:
     return obj
 
 
+BUDGET_ORDER = "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"
 INVALID = {
     "negative replicas": (with_spec(replicas=-1), "replicas"),
     "replicas not an integer": (with_spec(replicas="two"), "replicas"),
@@ -112,7 +113,7 @@ INVALID = {
     "batch cap outside bounds": (with_spec(engine={"scheduler": {"maxNumSeqs": 200}}),
                                  "maxNumSeqs (the engine's batch cap)"),
     "step token budget min above max": (with_spec(feedback={"stepTokenBudget": {"min": 1024, "max": 512}}),
-                                        "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
+                                        BUDGET_ORDER),
     "step token budget min below 16": (with_spec(feedback={"stepTokenBudget": {"min": 8}}),
                                        "stepTokenBudget.min"),
     "step token budget step of 0": (with_spec(feedback={"stepTokenBudget": {"maxStep": 0}}), "maxStep"),
@@ -219,7 +220,7 @@ ADMISSION = {
                                   "images.engine must be an image"),
     "step token budget min above max": ({"feedback": {"stepTokenBudget": {"min": 512, "max": 1024}}},
                                         {"feedback": {"stepTokenBudget": {"min": 1024, "max": 512}}},
-                                        "feedback.stepTokenBudget.min must be <= feedback.stepTokenBudget.max"),
+                                        BUDGET_ORDER),
     "step token budget above the engine's budget": (
         {"engine": {"scheduler": {"maxNumBatchedTokens": 8192}},
          "feedback": {"stepTokenBudget": {"max": 8192}}},
@@ -278,7 +279,8 @@ def test_quantity_parser_refuses_what_kubernetes_refuses(text):
 def test_cel_quantity_library():
     def ev(rule: str):
         return compile_rule(rule).evaluate({})
-    assert ev("quantity('1Gi').isGreaterThan(quantity('1000Mi'))") and ev("quantity('999m').isLessThan(quantity('1'))")
+    assert ev("quantity('1Gi').isGreaterThan(quantity('1000Mi'))")
+    assert ev("quantity('999m').isLessThan(quantity('1'))")
     assert ev("quantity('-2').sign() == -1") and ev("quantity('0').sign() == 0")
     assert ev("isQuantity('250Mi')") and not ev("isQuantity('250MB')")
     assert ev("quantity('1Ki').asInteger() == 1024") and ev("!quantity('1500m').isInteger()")

@@ -66,7 +66,8 @@ def test_cuda_image_has_what_triton_compiles_its_launcher_with():
     text = (ROOT / "docker" / "Dockerfile.cuda").read_text()
     packages = _apt_packages(text)
     assert "gcc" in packages or "build-essential" in packages, packages
-    assert "libc6-dev" in packages or "build-essential" in packages, "gcc without recommends has no libc headers"
+    assert "libc6-dev" in packages or "build-essential" in packages, \
+        "gcc without recommends has no libc headers"
     # Python.h for the interpreter the venv is made from: python3-dev follows python3's version.
     assert "python3" in packages and ("python3-dev" in packages or any(
         p.startswith("python3.") and p.endswith("-dev") for p in packages)), packages

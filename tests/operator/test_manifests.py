@@ -100,7 +100,8 @@ def test_dashboard_configmap_labelled_for_grafana(k8s_tools):
 
 def test_chart_files_are_copies_of_manifests():
     for name in ("dashboard.json", "prometheusrule.yaml", "podmonitor.yaml"):
-        assert (CHART / "files" / name).read_text() == (ROOT / "manifests" / "monitoring" / name).read_text(), name
+        monitoring = ROOT / "manifests" / "monitoring" / name
+        assert (CHART / "files" / name).read_text() == monitoring.read_text(), name
 
 
 def test_chart_rbac_matches_kustomize_rbac():
@@ -124,7 +125,8 @@ def test_operator_children_of_samples_validate(path):
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     for c in pod["containers"] + pod.get("initContainers", []):
         sc = c["securityContext"]
-        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+        assert sc["capabilities"]["drop"] == ["ALL"]
 
 
 def test_argocd_health_script_in_sync():

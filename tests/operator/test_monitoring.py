@@ -125,7 +125,8 @@ def test_step_budget_alert_fires_only_when_every_budget_decision_is_at_min():
                 == "KvloopStepBudgetAtMinimum")
     expr = " ".join(rule["expr"].split())
     assert 'knob="step_token_budget", reason="at_min"' in expr
-    assert 'unless on (namespace, pod) (sum by (namespace, pod) (increase(kvloop:feedback_decisions_total{knob="step_token_budget", reason!="at_min"}' in expr
+    assert ('unless on (namespace, pod) (sum by (namespace, pod) '
+            '(increase(kvloop:feedback_decisions_total{knob="step_token_budget", reason!="at_min"}') in expr
     assert rule["for"] == "30m" and rule["labels"]["severity"] == "warning"
     assert "tpotP50Seconds" in rule["annotations"]["description"]
     law = pytest.importorskip("kvloop.sidecar.law")

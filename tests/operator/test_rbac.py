@@ -114,7 +114,7 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
         await eventually(lambda: status_of(kube).get("observedGeneration") == 1, timeout=20)
         await send(kube, "PATCH", f"{BASE}/{NAME}",
                    {"spec": {"observability": {"serviceMonitor": {"enabled": False}},
-                                                              "routing": {"inferencePool": {"enabled": False}}}})
+                             "routing": {"inferencePool": {"enabled": False}}}})
         await send(kube, "PATCH", f"{BASE}/{NAME}/scale", {"spec": {"replicas": 1}})
         await eventually(lambda: obj(kube, "policy/v1/poddisruptionbudgets") is None, timeout=20)
         await eventually(lambda: obj(kube, POOLS) is None)

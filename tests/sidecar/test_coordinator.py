@@ -72,7 +72,8 @@ def test_enforce_raises_and_engine_sees_the_targets(setup):
     assert coord.decisions_total[("batch_cap", "queued_kv_headroom")] == 4  # additive, every period (no cut)
     assert all(d["inputs"] for d in st["decisions"] if d["trigger"] == "period")
     ann = coord.annotation()
-    assert ann["batchCap"] == t.batch_cap and ann["lastDecision"]["reason"] in reasons and ann["hitRate"] == 0.8
+    assert ann["batchCap"] == t.batch_cap and ann["hitRate"] == 0.8
+    assert ann["lastDecision"]["reason"] in reasons
     assert ann["stepTokenBudget"] == t.step_token_budget and ann["lastDecision"]["inputs"]
 
 

@@ -29,7 +29,8 @@ def run(law: ControlLaw, trace: list[Observation]):
         assert cap_d.new - cap <= s.batch_cap.max_step and s.batch_cap.min <= cap_d.new <= s.batch_cap.max
         if cap_d.direction < 0:
             assert cap_d.new == max(s.batch_cap.min, math.floor(cap * s.law.cut_factor))
-        assert abs(w_d.new - w) <= s.watermark.max_step + 1e-9 and s.watermark.min <= w_d.new <= s.watermark.max
+        assert abs(w_d.new - w) <= s.watermark.max_step + 1e-9
+        assert s.watermark.min <= w_d.new <= s.watermark.max
         assert abs(b_d.new - budget) <= s.step_token_budget.max_step
         assert isinstance(cap_d.new, int) and isinstance(b_d.new,
                                                          int) and cap_d.reason and w_d.reason and b_d.reason

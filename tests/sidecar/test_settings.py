@@ -22,7 +22,8 @@ def test_operator_rendered_config_parses(tmp_path):
     assert s.mode == raw["mode"] and s.period_s == raw["period_s"]
     assert s.batch_cap.max == raw["batch_cap"]["max"]
     assert s.batch_cap.initial is None and s.watermark.initial is None  # the engine's own values
-    assert s.ttft_p99_s == raw["targets"]["ttft_p99_s"] and s.max_queue_depth == raw["targets"]["max_queue_depth"]
+    assert s.ttft_p99_s == raw["targets"]["ttft_p99_s"]
+    assert s.max_queue_depth == raw["targets"]["max_queue_depth"]
     assert s.control_path == "/run/kvloop/control.bin" and s.annotation_key == "kvloop.io/feedback"
 
 
