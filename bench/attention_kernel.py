@@ -84,7 +84,8 @@ def goals(rows: list[dict], read_gbps: float) -> list[dict]:
     return [
         goal("kernel never slower than the torch path (min speedup over all cases)",
              min(speedups) if speedups and None not in speedups else None, ">=", 1.0),
-        goal("kernel bandwidth at batch 16, context 2000, bf16 KV, as a share of the machine's read bandwidth",
+        goal("kernel bandwidth at batch 16, context 2000, bf16 KV, as a share of the machine's "
+             "read bandwidth",
              round(share, 3) if share is not None else None, ">=", 0.6),
     ]
 

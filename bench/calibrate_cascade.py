@@ -159,7 +159,8 @@ def calibration_goals(result: dict) -> list[dict]:
     out = []
     bf16 = result["dtypes"].get("bfloat16")
     if bf16:
-        even = bf16["break_even_tokens"]["16"] if "16" in bf16["break_even_tokens"] else bf16["break_even_tokens"][16]
+        by_sharers = bf16["break_even_tokens"]
+        even = by_sharers["16"] if "16" in by_sharers else by_sharers[16]
         out += [goal("bf16 break-even shared tokens at 16 sharers (published >= 256)", even, ">=", 256),
                 goal("bf16 break-even shared tokens at 16 sharers (published <= 512)", even, "<=", 512)]
     out += [goal(f"{name}: fit worst relative error", d["fit_worst_relative_error"], "<=", 0.5)
@@ -469,9 +470,10 @@ def calibrate_cpu(result: dict, rows_grid: list[int], tokens_grid: list[int], po
               f"{len(wrong)} points, {len(missed)} of them plain (beyond {TIE:.0%}); break-even shared "
               f"tokens by group size: {evens}")
         for c in checks:
+            verdict = "" if c["agrees"] else " (tie)" if c["tie"] else " WRONG"
             print(f"  {c['members']:3d} rows x {c['shared_tokens']:5d} shared: plain {c['plain_us']:8.1f} "
                   f"us, cascade {c['cascade_us']:8.1f} us; model "
-                  f"{'cascades' if c['model_cascades'] else 'plain'}{'' if c['agrees'] else ' (tie)' if c['tie'] else ' WRONG'}")
+                  f"{'cascades' if c['model_cascades'] else 'plain'}{verdict}")
     return ["# " + "; ".join(summary), *paste]
 
 
@@ -537,7 +539,8 @@ def main() -> None:
         paste = calibrate_cpu(result, rows_grid, tokens_grid, HELD_OUT_QUICK if args.quick else HELD_OUT,
                               MARGIN_QUICK if args.quick else MARGIN, reps)
         result["goals"] = cpu_goals(result)
-        command = f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}{' --quick' if args.quick else ''}"
+        command = (f"bench/calibrate_cascade.py --backend cpu --threads {args.threads}"
+                   f"{' --quick' if args.quick else ''}")
         entries = " and ".join(entry_names(cost_name).values())
         print(f"\n# --- paste into engine/cascade/cost.py in place of the {entries} lines, and "
               f"update their comment: `{command}` on {result['cpu_flags']['model']} ---")

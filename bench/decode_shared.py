@@ -91,7 +91,8 @@ class Bench:
         from kvloop.engine.kernels.cpu import build
 
         if "cpu" not in available_backends("cpu"):
-            return None, f"kernel paths skipped: the CPU attention kernel is not built ({build.unavailable_reason()})"
+            return None, ("kernel paths skipped: the CPU attention kernel is not built "
+                          f"({build.unavailable_reason()})")
         return get_backend("cpu", "cpu"), None
 
     def backends(self) -> dict[str, dict]:

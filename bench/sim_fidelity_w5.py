@@ -89,7 +89,8 @@ def run_sizing(run: dict, wl) -> tuple[Sizing, str]:
     came from."""
     if run.get("sizing"):
         return Sizing(**run["sizing"]), "recorded in the real run's summary"
-    return engine_sizing(wl), "not recorded in the real run: bench/w5.py engine_sizing, as the real engine ran"
+    return engine_sizing(wl), ("not recorded in the real run: bench/w5.py engine_sizing, "
+                               "as the real engine ran")
 
 
 def check_sizing(name: str, sizing: Sizing, info: dict | None) -> None:

@@ -231,8 +231,8 @@ def gate_facts(gate: dict) -> dict:
             "lru_p99": lru["ttft_p99_s"], "kv_use": cd["kv_use_mean"]}
 
 
-GATE_TEXT = """codesign keeps a released block cached on the device only once {gate} distinct requests have used its
-hash (`admit_min_requests`); colder blocks go to the host tier. A chat session's history is used by
+GATE_TEXT = """codesign keeps a released block cached on the device only once {gate} distinct requests have
+used its hash (`admit_min_requests`); colder blocks go to the host tier. A chat session's history is used by
 that session's turns only, so when turn k+1 arrives most of its history has been seen by fewer than
 {gate} requests and comes back from the host over PCIe (~{block_us:.0f} µs per 16-token block of Llama-3-8B,
 charged serially with compute). At {hi} req/s, {cd_host:.0%} of codesign's prompt tokens come from the
@@ -276,8 +276,8 @@ ARTICLE_TEXT = """- **Throughput 2.8×**: the ratio depends on the offered load,
   with W1 at a 256-sequence cap (see the KV use column); it would take several hundred concurrent
   distinct long contexts."""
 
-SWEEP_TEXT = """The coordinator's settings start the batch cap at 32 (bounds 16-512, raises of at most 64, P99 TTFT
-objective 0.5 s, the sidecar's other defaults, event path on); 'none' is codesign with a fixed cap of 256
+SWEEP_TEXT = """The coordinator's settings start the batch cap at 32 (bounds 16-512, raises of at most 64, P99
+TTFT objective 0.5 s, the sidecar's other defaults, event path on); 'none' is codesign with a fixed cap of 256
 and no coordinator. At the first request the event path places the cap at the memory-derived maximum
 (the pool over the observed footprint of a request): {start}, whatever the period. {outcome} Before the
 coordinator started there (this sweep as run on 2026-11-29), it started at 32 and only raised, and its
@@ -308,9 +308,9 @@ def sweep_facts(sweep: dict) -> dict:
     return {"start": start, "outcome": outcome}
 
 
-SPEED_TEXT = """W1 at GPU scale as WORKLOADS.md sizes it (2,000 four-turn sessions, so 8,000 chat turns, and as
-many document questions in the hour: 16,000 requests, 4.44 req/s) is the first rate above; the higher rates scale the request
-counts with the rate to reach and pass saturation.
+SPEED_TEXT = """W1 at GPU scale as WORKLOADS.md sizes it (2,000 four-turn sessions, so 8,000 chat turns, and
+as many document questions in the hour: 16,000 requests, 4.44 req/s) is the first rate above; the higher rates
+scale the request counts with the rate to reach and pass saturation.
 
 The cost is the real pure-Python scheduler and KV manager, per request and per step. Per request:
 hashing its ~130 prompt blocks, looking them up, attaching, committing and releasing them, the
@@ -330,24 +330,24 @@ The 80 req/s rows are 600 s of arrivals each (scaled to an hour by their virtual
 on a quiet machine (the speed part's file records which: CPUs differ in Python speed; the same runs took 268
 and 800 CPU s on an AMD EPYC, 431 and 1,358 on an older Intel Xeon), with gate-under-pressure codesign, which
 serves every request at 80 req/s where plain LRU rejects some. The goal of 120 CPU s per simulated hour is
-missed (the goals below). The simulator's block keys come from Python's tuple hash (kv/hashing.py, TupleChainKeys:
-blake2b with its memo was a fifth of a continuous+lru run), plan caches key a running row by one int (its stint),
-grouped admission peeks a candidate once while the cache stays as it is, and the KV manager reads its cache policy
-once: the same runs, bit for bit, at 0.80x the CPU of 550905d's code (600 s of arrivals at 80 req/s, the two
-alternating minutes apart: continuous+lru 154 and 148 against 185 and 192 CPU s per simulated hour, codesign 446
-against 557). The machine ran slowly that day: 550905d's code measured 127 (continuous+lru) and 384 (codesign)
-in the session before. At 80 req/s an hour is ~200,000 steps with ~275 running rows each, so the goal means
-about 0.6 ms per step: a few microseconds per running row, less than the per-row bookkeeping of one Python
-pass. Meeting it takes a step loop that does no per-row work in a step (decode rows as aggregates, admission
-from running totals), not a faster version of this one, and a cheaper KV manager too: in a profile of 300 s of
-codesign at 80 req/s, its per-request work (allocation with the evictions and host demotions it brings, prefix
-lookup, release, the waiting requests' peeks) was about half of the run, so that half alone would be ~200 CPU
-s per simulated hour on this machine. Near saturation almost every step admits a request, so windows are a
-step or two long and the cost is per step and per request: in a profile of codesign, grouped admission takes
-half the time (each step prices the running rows' cascade plan past the cap, scans every running row's reserve
-for the gate's headroom, and peeks the prefix cache for each waiting request), the two cascade-plan updates
-per step (scheduler and runner) 15%, prefix lookup, block hashing and allocation of the admitted requests 13%,
-and writing every lazy row for grouped admission 7%."""
+missed (the goals below). The simulator's block keys come from Python's tuple hash (kv/hashing.py,
+TupleChainKeys: blake2b with its memo was a fifth of a continuous+lru run), plan caches key a running row by
+one int (its stint), grouped admission peeks a candidate once while the cache stays as it is, and the KV
+manager reads its cache policy once: the same runs, bit for bit, at 0.80x the CPU of 550905d's code (600 s of
+arrivals at 80 req/s, the two alternating minutes apart: continuous+lru 154 and 148 against 185 and 192 CPU s
+per simulated hour, codesign 446 against 557). The machine ran slowly that day: 550905d's code measured 127
+(continuous+lru) and 384 (codesign) in the session before. At 80 req/s an hour is ~200,000 steps with ~275
+running rows each, so the goal means about 0.6 ms per step: a few microseconds per running row, less than the
+per-row bookkeeping of one Python pass. Meeting it takes a step loop that does no per-row work in a step
+(decode rows as aggregates, admission from running totals), not a faster version of this one, and a cheaper KV
+manager too: in a profile of 300 s of codesign at 80 req/s, its per-request work (allocation with the
+evictions and host demotions it brings, prefix lookup, release, the waiting requests' peeks) was about half of
+the run, so that half alone would be ~200 CPU s per simulated hour on this machine. Near saturation almost
+every step admits a request, so windows are a step or two long and the cost is per step and per request: in a
+profile of codesign, grouped admission takes half the time (each step prices the running rows' cascade plan
+past the cap, scans every running row's reserve for the gate's headroom, and peeks the prefix cache for each
+waiting request), the two cascade-plan updates per step (scheduler and runner) 15%, prefix lookup, block
+hashing and allocation of the admitted requests 13%, and writing every lazy row for grouped admission 7%."""
 
 
 def _plots(results: Path, compare: dict | None, sweep: dict | None) -> None:

@@ -121,10 +121,12 @@ def merge_capacity(rep: dict, cap: dict) -> None:
     for name, d in rep["systems"].items():
         c = cap["systems"].get(name)
         if c is None:
-            d["capacity_req_s"], d["capacity_note"] = None, "not in the capacity run (bench/results/w1_capacity.md)"
+            d["capacity_req_s"] = None
+            d["capacity_note"] = "not in the capacity run (bench/results/w1_capacity.md)"
             continue
         d["capacity_req_s"], d["sweep"] = c["capacity_req_s"], c["sweep"]
-        d["capacity_note"] = c["capacity_note"] + ", on W1 with lengths x 0.125 (bench/results/w1_capacity.md)"
+        d["capacity_note"] = (c["capacity_note"]
+                              + ", on W1 with lengths x 0.125 (bench/results/w1_capacity.md)")
         ttft = cap["slo"]["ttft_p99_s"]
         d["capacity_relaxed_req_s"] = capacity_at(c["sweep"], ttft, RELAXED_TPOT_S)
         d["capacity_ttft_only_req_s"] = capacity_at(c["sweep"], ttft)

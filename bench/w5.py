@@ -371,7 +371,8 @@ def capacity_search(kind: str, start: float, iters: int, args) -> dict:
             if lo is None and (not _le(ttft, math.inf) or (before is not None and ttft >= 0.95 * before)):
                 unattainable = (f"TTFT P{args.ttft_pct} {ttft:.2f} s at {rate:.4g} req/s, not below "
                                 f"{before if before is not None else float('nan'):.2f} s at twice the rate: "
-                                f"not load-bound, the {args.ttft_bound:g} s bound is out of reach at any rate")
+                                f"not load-bound, the {args.ttft_bound:g} s bound is out of reach "
+                                "at any rate")
                 break
             hi = rate
             if lo is not None:
@@ -442,8 +443,9 @@ def cmd_run(args) -> int:
                     coord_tpot_s=args.coord_tpot) if engine == "sim" else run_engine(args, systems, rates,
                                                                                      kw))
     p = probe_wl.params
-    meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale "
-                     f"({'simulator, ' if engine == 'sim' else ''}{args.profile or PROFILE[scale] if engine == 'sim' else 'real engine, embedded SmolLM2-135M'})",
+    what_ran = (f"simulator, {args.profile or PROFILE[scale]}" if engine == "sim"
+                else "real engine, embedded SmolLM2-135M")
+    meta = {"title": f"W5 {'GPU' if scale == 'gpu' else 'CPU'} scale ({what_ran})",
             "workload": probe_wl.name, "engine": engine,
             "profile": (args.profile or PROFILE[scale]) if engine == "sim"
             else "embedded SmolLM2-135M", "phase_rates": {CHAT: rates[0], RAG: rates[1]}, "rates_how": how,
@@ -459,7 +461,8 @@ def cmd_run(args) -> int:
                 "throughput: output tokens / makespan (first send to last finish); per phase, served (the "
                 "goals'): output tokens of the requests sent in the phase / the time from its start until "
                 "the last of them finished (at least the phase); per phase, window: output tokens of the "
-                "requests that finished in the phase's window / the window (the last runs to the last finish)",
+                "requests that finished in the phase's window / the window (the last runs to the last "
+                "finish)",
                 "latencies per phase: of the requests sent in it; server counters: deltas over the window",
                 ("best fixed cap: the highest output throughput (ties: lower TTFT P99) among the "
                  f"codesign@capN runs that kept up there (TTFT P50 <= {w5_report.KEEPS_UP_TTFT_P50_S:g} s; "

@@ -56,7 +56,8 @@ def roofline(shape: Shape, batch: int, avg_ctx: float, elem: int, copy_gbps: flo
     """Lower bound on one decode step: max(bytes / bandwidth, FLOPs / matrix throughput)."""
     weight_bytes = shape.matmul_params() * elem + batch * shape.hidden * elem  # + embedding rows gathered
     kv_bytes = batch * avg_ctx * shape.kv_bytes_per_token(elem)
-    flops = 2 * shape.matmul_params() * batch + 4 * shape.layers * shape.heads * shape.head_dim * avg_ctx * batch
+    flops = (2 * shape.matmul_params() * batch
+             + 4 * shape.layers * shape.heads * shape.head_dim * avg_ctx * batch)
     t_mem = (weight_bytes + kv_bytes) / (copy_gbps * 1e9)
     t_flop = flops / (tflops * 1e12)
     step = max(t_mem, t_flop)

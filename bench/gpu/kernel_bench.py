@@ -171,7 +171,8 @@ def bench_decode(tk, device: torch.device, copy_gbps: float, batch: int, ctx: in
            for q, kv, c in sets]
     t = time_rotating(fns, device, reps=reps)
     elem = torch.finfo(dtype).bits // 8
-    nbytes = batch * ctx * n_kv * hd * elem * 2 + 2 * batch * n_heads * hd * elem + batch * math.ceil(ctx / bs) * 4
+    nbytes = (batch * ctx * n_kv * hd * elem * 2 + 2 * batch * n_heads * hd * elem
+              + batch * math.ceil(ctx / bs) * 4)
     gbps = nbytes / (t["median_ms"] * 1e-3) / 1e9
     return {"batch": batch, "ctx": ctx, "n_heads": n_heads, "n_kv": n_kv, "head_dim": hd, "block_size": bs,
             **t, "bytes": nbytes, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps}

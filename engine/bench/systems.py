@@ -129,7 +129,8 @@ class LlamaServerTarget(ServerProcessTarget):
         binary = llama_server_bin()
         model = LLAMA_DIR / f"model-{weights}.gguf"
         if binary is None or not model.exists():
-            raise FileNotFoundError(f"llama-server or {model.name} missing: run scripts/build_llama_server.sh")
+            raise FileNotFoundError(f"llama-server or {model.name} missing: "
+                                    "run scripts/build_llama_server.sh")
         port = _free_port()
         ctx = parallel * sizing.max_context
         cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),

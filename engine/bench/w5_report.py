@@ -261,7 +261,8 @@ def markdown(report: dict, plots: list[str]) -> str:
             cells += [fmt(_value(r, f"{k}_throughput"),
                           1) + (" **best**" if best[k]["system"] == name else "")
                       for k in kinds]
-            label = name if parse_variant(name).cap or name not in fixed else f"{name} (its cap: {caps[name]})"
+            label = (name if parse_variant(name).cap or name not in fixed
+                     else f"{name} (its cap: {caps[name]})")
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {fmt(r['whole']['ttft_p99_s'])} | "
                          f"{fmt(r['whole']['preemptions'], 0)} |")
         lines += ["",

@@ -22,9 +22,9 @@ class PersistMixin:
         plan = self.persist_plan()[: self.disk.capacity]  # more would evict the plan's own heads
         written = 0
         for h, tier, index in plan:
-            if time.monotonic() >= deadline or not self.mover.disk_write(h, tier, index,
-                                                                         timeout=max(0.0,
-                                                                                     deadline - time.monotonic())):
+            if time.monotonic() >= deadline:
+                break
+            if not self.mover.disk_write(h, tier, index, timeout=max(0.0, deadline - time.monotonic())):
                 break
             self._disk_added(h)
             written += 1

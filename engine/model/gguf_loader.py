@@ -88,11 +88,11 @@ def _read_tensor(t, config: ModelConfig) -> torch.Tensor:
     llama_permuted = config.architecture in ("llama", "mistral")  # llama.cpp permutes q/k only for these
     w = dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
     if llama_permuted and ".attn_q." in t.name:
-        w = unpermute_rotary(w, config.num_heads) if w.ndim == 2 else unpermute_rotary(w[:, None],
-                                                                                       config.num_heads)[:, 0]
+        w = (unpermute_rotary(w, config.num_heads) if w.ndim == 2
+             else unpermute_rotary(w[:, None], config.num_heads)[:, 0])
     elif llama_permuted and ".attn_k." in t.name:
-        w = unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2 else unpermute_rotary(w[:, None],
-                                                                                          config.num_kv_heads)[:, 0]
+        w = (unpermute_rotary(w, config.num_kv_heads) if w.ndim == 2
+             else unpermute_rotary(w[:, None], config.num_kv_heads)[:, 0])
     return torch.from_numpy(np.array(w, dtype=np.float32, order="C"))
 
 

@@ -175,7 +175,8 @@ class CompiledStep:
         if self.dense_above is None:
             self._graphs = [_Graph(layers_forward, artefact, None)]
         else:
-            dense_artefact = None if artefact is None else artefact.with_name(f"{artefact.stem}-dense{artefact.suffix}")
+            dense_artefact = (None if artefact is None
+                              else artefact.with_name(f"{artefact.stem}-dense{artefact.suffix}"))
             self._graphs = [_Graph(layers_forward, artefact, False),
                             _Graph(layers_forward, dense_artefact, True)]
 

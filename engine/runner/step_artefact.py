@@ -52,7 +52,8 @@ def artefact_key(model, fingerprint: str, kv_dtype: torch.dtype,
 
     from kvloop.engine.runner import compiled_step
 
-    inductor_config_digest = hashlib.sha256(repr(sorted(inductor_config.save_config_portable().items())).encode())
+    portable_config = sorted(inductor_config.save_config_portable().items())
+    inductor_config_digest = hashlib.sha256(repr(portable_config).encode())
     extra = [f"attention={model.attention.name}", f"kv={kv_dtype}", f"cpu={cpu_capabilities().cache_key}",
              sources_digest([Path(compiled_step.__file__), Path(__file__)]), f"python={sys.version}",
              f"threads={torch.get_num_threads()}", f"inductor={sorted(inductor_options.items())}",

@@ -31,7 +31,8 @@ class StaticBatcher:
     def ready(self, sched: Scheduler, now: float) -> bool:
         if sched.running or not sched.waiting:
             return False
-        return len(sched.waiting) >= self.batch_size or now - sched.enqueued(sched.waiting[0]) >= self.fill_timeout_s
+        return (len(sched.waiting) >= self.batch_size
+                or now - sched.enqueued(sched.waiting[0]) >= self.fill_timeout_s)
 
     def form(self, sched: Scheduler, now: float) -> None:
         """Starts the next batch when it is due: moves requests from waiting to running, reserved."""
@@ -50,7 +51,8 @@ class StaticBatcher:
                 retry.append(seq)
             else:
                 sched.fail(seq,
-                           f"out of memory: the batch's KV reservation ({total} tokens) does not fit the pool")
+                           f"out of memory: the batch's KV reservation ({total} tokens) does not fit "
+                           "the pool")
         for seq in reversed(retry):
             seq.status = SeqStatus.WAITING
             sched.waiting.appendleft(seq)

@@ -269,7 +269,8 @@ class AsyncEngine:
                 del self._members[out.request_id]
                 if m:
                     end = out.finished_time or now
-                    queue_s = None if out.first_scheduled_time is None else out.first_scheduled_time - out.arrival_time
+                    started = out.first_scheduled_time
+                    queue_s = None if started is None else started - out.arrival_time
                     m.observe_finished(out.finish_reason or "stop", out.num_prompt_tokens,
                                        out.num_output_tokens,
                                        end - out.arrival_time, queue_s)

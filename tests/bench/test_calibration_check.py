@@ -62,5 +62,6 @@ def test_the_report_sets_the_run_s_speed_probe_beside_the_calibration_s(check):
             "command": "x", "calibration_speed": speed_probe.summary([(0.8, 3.0)])}
     md = check.markdown({"meta": meta, "table": table, "goals": [],
                          "noise": {"speed": speed_probe.summary([(0.66, 2.0)])}})
-    assert "Speed probe during this run (thread CPU ms, median and spread): compute 0.66 (0.00), memory 2.00 (0.00)" in md
+    assert ("Speed probe during this run (thread CPU ms, median and spread): compute 0.66 (0.00), "
+            "memory 2.00 (0.00)") in md
     assert "Speed probe during the calibration's runs" in md and "compute 0.80" in md

@@ -58,7 +58,9 @@ def test_tables_show_every_measured_path_with_its_speedup():
     ds = load_bench()
     runs = [run(16)]
     md = ds.render_md(result(runs) | {"goals": ds.goals(runs)})
-    assert "| 16 | 16 | 16x1888 / 16x1888 | 200.0 | 190.0 (1.05x) | 90.0 (2.22x) | 80.0 (2.50x) | 82.0 (2.44x) |" in md
-    assert "| 16 | 16 | 16x1888 / 16x1888 | 100.0 | 90.0 (1.11x) | 20.0 (5.00x) | 30.0 (3.33x) | 20.0 (5.00x) |" in md
+    assert ("| 16 | 16 | 16x1888 / 16x1888 | 200.0 | 190.0 (1.05x) | 90.0 (2.22x) | 80.0 (2.50x) "
+            "| 82.0 (2.44x) |") in md
+    assert ("| 16 | 16 | 16x1888 / 16x1888 | 100.0 | 90.0 (1.11x) | 20.0 (5.00x) | 30.0 (3.33x) "
+            "| 20.0 (5.00x) |") in md
     assert ds.group_sizes([[4, 1888], [4, 1888], [16, 64]]) == "2 × 4x1888, 16x64"
     assert ds.group_sizes([]) == "-" and ds.group_sizes(None) == "n/a"

@@ -29,7 +29,8 @@ def test_every_result_file_is_named_in_the_index():
 
 def test_the_folder_holds_at_most_max_files():
     count = len(files())
-    assert count <= MAX_FILES, f"bench/results holds {count} files (at most {MAX_FILES}): remove superseded runs"
+    assert count <= MAX_FILES, (f"bench/results holds {count} files (at most {MAX_FILES}): "
+                                "remove superseded runs")
 
 
 def test_goals_have_the_shared_shape():

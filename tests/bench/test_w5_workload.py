@@ -111,7 +111,8 @@ def test_sessions_are_closed_loop():
 
 
 def test_named_scales():
-    assert W5_GPU.doc_tokens == 6000 and W5_GPU.num_docs == 400 and W5_GPU.phase_s == 300 and W5_GPU.turns == 6
+    assert W5_GPU.doc_tokens == 6000 and W5_GPU.num_docs == 400
+    assert W5_GPU.phase_s == 300 and W5_GPU.turns == 6
     assert W5_CPU.kv_cache_tokens == 12288 and W5_CPU.doc_tokens == 1500 and W5_CPU.phase_s == 120
     wl = workloads.by_name("w5", duration_s=240.0, chat_rate=0.5, rag_rate=0.5)
     assert wl.name == "W5" and len(phases_of(wl)) == 2 and wl.params["kv_cache_tokens"] == 12288
@@ -175,7 +176,8 @@ def test_a_backlog_is_charged_to_the_phase_whose_requests_waited():
     behind = [_rec("a", 1.0, 9.0, 12.0), _rec("b", 2.0, 11.0, 15.0), _rec("c", 12.0, 12.5, 18.0)]
     good, late = split(kept_up, [], plan), split(behind, [], plan)
     assert late[1]["throughput_tok_s"] > good[1]["throughput_tok_s"]  # the drained backlog counts in phase 1
-    assert good[0]["served_tok_s"] == pytest.approx(20 / 10) and late[0]["served_tok_s"] == pytest.approx(20 / 15)
+    assert good[0]["served_tok_s"] == pytest.approx(20 / 10)
+    assert late[0]["served_tok_s"] == pytest.approx(20 / 15)
     assert late[1]["served_tok_s"] == good[1]["served_tok_s"] == pytest.approx(10 / 10)
     failed = [*kept_up[:2], RequestRecord("c", "doc", 12.0, None, None, error="rejected: full")]
     assert split(failed, [], plan)[1]["served_tok_s"] == 0.0
@@ -194,8 +196,10 @@ def test_phase_split():
     assert parts[0]["throughput_tok_s"] == pytest.approx(10 / 10)  # "a" finished in [0, 10)
     assert parts[1]["end_s"] == 25.0 and parts[1]["throughput_tok_s"] == pytest.approx(40 / 15)
     # served: "a" and "b" were sent in phase 0, "b" finished at 13 s; "c" (phase 1) at 25 s
-    assert parts[0]["served_span_s"] == pytest.approx(13.0) and parts[0]["served_tok_s"] == pytest.approx(20 / 13)
-    assert parts[1]["served_span_s"] == pytest.approx(15.0) and parts[1]["served_tok_s"] == pytest.approx(30 / 15)
+    assert parts[0]["served_span_s"] == pytest.approx(13.0)
+    assert parts[0]["served_tok_s"] == pytest.approx(20 / 13)
+    assert parts[1]["served_span_s"] == pytest.approx(15.0)
+    assert parts[1]["served_tok_s"] == pytest.approx(30 / 15)
     assert parts[0]["ttft_p50_s"] == pytest.approx(2.0)  # TTFTs 1 and 3
     assert [p["preemptions"] for p in parts] == [3, 4]
     kinds = by_kind(recs, snaps, plan)

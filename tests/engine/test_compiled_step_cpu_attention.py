@@ -61,7 +61,8 @@ def test_decode_steps_attend_in_cpp_with_the_python_paths_bits(cpp_wrapper, monk
     step.stance_when_warm = "fail_on_recompile"
     layers = recording(model, native=True)
     prefill, decode = prefill_then_decode(step, model)
-    assert layers == list(range(TINY.num_layers)), "the prefill step's layers should run the Python kernel once each"
+    assert layers == list(range(TINY.num_layers)), ("the prefill step's layers should run the Python kernel "
+                                                    "once each")
     assert nothing_bound()
 
     python_layers = recording(model, native=False)

@@ -24,10 +24,12 @@ with FakeTensorMode():
     q, k = torch.empty(3, 6, 64), torch.empty(10, 16, 2, 64, dtype=torch.bfloat16)
     idx = [torch.zeros(n, dtype=torch.long) for n in (4, 2, 2, 3, 5)]
     out, lse = torch.ops.kvloop_cpu.paged_decode(q, k, k, *idx, 0.125, 512)
-    assert out.shape == (3, 6, 64) and lse.shape == (3, 6) and out.dtype == torch.float32, (out.shape, lse.shape)
+    assert out.shape == (3, 6, 64) and lse.shape == (3, 6), (out.shape, lse.shape)
+    assert out.dtype == torch.float32, out.dtype
     out, lse = torch.ops.kvloop_cpu.paged_attention(q, k, k, *idx, 0.125, 512)
     assert out.shape == (5, 6, 64) and lse.shape == (5, 6), (out.shape, lse.shape)
-    y = torch.ops.kvloop_cpu.linear_bf16w(torch.empty(4, 32), torch.empty(3, 32, 16, dtype=torch.bfloat16), 40, None)
+    y = torch.ops.kvloop_cpu.linear_bf16w(torch.empty(4, 32), torch.empty(3, 32, 16, dtype=torch.bfloat16),
+                                          40, None)
     assert y.shape == (4, 40), y.shape
 print("traced")
 """

@@ -116,7 +116,8 @@ compiled_step._bound.attend = lambda layer, q, k, v: q * layer
 assert torch.equal(torch.ops.kvloop_step.attention(q, q[:, :2], q[:, :2], 3), q * 3)
 cache = torch.zeros(1, 2, 1, 4, 2, 8)
 ids = torch.tensor([0])
-torch.ops.kvloop_cpu.bind_decode_step(cache, ids, ids, ids, torch.tensor([1]), torch.tensor([0, 1]), ids, 0.5, 512)
+torch.ops.kvloop_cpu.bind_decode_step(cache, ids, ids, ids, torch.tensor([1]), torch.tensor([0, 1]), ids,
+                                      0.5, 512)
 compiled_step._bound.attend = None
 out = torch.ops.kvloop_step.attention(q, q[:, :2], q[:, :2], 0)
 torch.ops.kvloop_cpu.unbind_decode_step()

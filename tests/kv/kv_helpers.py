@@ -104,7 +104,8 @@ class FakeMover:
             for i, block in enumerate(seq.block_table):
                 end = min((i + 1) * bs, seq.num_computed_tokens)
                 if end > i * bs:
-                    assert self.device.get(block) == tuple(seq.token_ids[:end]), f"{seq.request_id}: block {i} wrong"
+                    expected = tuple(seq.token_ids[:end])
+                    assert self.device.get(block) == expected, f"{seq.request_id}: block {i} wrong"
 
 
 def fake_manager(num_blocks: int, block_size: int, config: KVConfig, extra_key: str) -> KVCacheManager:

@@ -43,7 +43,8 @@ def test_a_short_prefix_is_recomputed_and_a_long_one_loaded():
 def test_tier_costs_measure_from_a_prior_and_a_model_fixes_them():
     costs = TierCosts(alpha=0.5)
     costs.set_load_prior(10_000_000)
-    assert costs.load_block_s["host"] == pytest.approx(1e-3) and costs.load_block_s["disk"] == pytest.approx(1e-2)
+    assert costs.load_block_s["host"] == pytest.approx(1e-3)
+    assert costs.load_block_s["disk"] == pytest.approx(1e-2)
     costs.observe_load("host", 2, 4e-3)  # 2 ms a block
     assert costs.load_block_s["host"] == pytest.approx(1.5e-3)
     costs.set_load_prior(1)  # measured tiers keep their measurement

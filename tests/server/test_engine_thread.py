@@ -58,7 +58,8 @@ def test_async_engine_steps_on_the_thread_that_built_the_engine():
     async_engine.start(loop, warmup=False)
     try:
         assert engine.stepped.wait(timeout=10)
-        assert async_engine.call_in_engine(lambda eng: threading.get_ident()).result(timeout=10) == worker.ident
+        engine_thread_id = async_engine.call_in_engine(lambda eng: threading.get_ident()).result(timeout=10)
+        assert engine_thread_id == worker.ident
     finally:
         async_engine.shutdown()
         loop.close()

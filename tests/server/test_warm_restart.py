@@ -54,7 +54,8 @@ def serving(settings: Path, grace: float, log: Path, backend: str):
     try:
         end = time.monotonic() + 90
         while True:
-            assert proc.poll() is None, f"kvloop serve exited with {proc.returncode}: {log.read_text()[-2000:]}"
+            assert proc.poll() is None, (f"kvloop serve exited with {proc.returncode}: "
+                                         f"{log.read_text()[-2000:]}")
             assert time.monotonic() < end, "kvloop serve not ready after 90 s"
             try:
                 if httpx.get(url + "/ready", timeout=2).status_code == 200:

@@ -34,7 +34,8 @@ def test_decode_is_memory_bound_and_prefill_compute_bound():
     # a 4096-token prefill from scratch: matmul FLOPs dominate
     c = cm.step_for([(0, 4096, True)])
     assert not c.memory_bound
-    flops = 2 * LLAMA3_8B.matmul_params * 4096 + 2 * LLAMA3_8B.head_params + 4 * 32 * 32 * 128 * (4096 * 4097 / 2)
+    flops = (2 * LLAMA3_8B.matmul_params * 4096 + 2 * LLAMA3_8B.head_params
+             + 4 * 32 * 32 * 128 * (4096 * 4097 / 2))
     assert c.flops == pytest.approx(flops)
     assert c.seconds == pytest.approx(flops / 0.5e15 + 1e-3 + 1e-5)
 

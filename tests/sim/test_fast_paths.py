@@ -244,4 +244,5 @@ def test_tuple_keys_simulate_as_the_engine_keys(simulate, monkeypatch, mode):
     assert with_tuples["client"] == with_chains["client"] and with_tuples["server"] == with_chains["server"]
     assert with_tuples["feedback"] == with_chains["feedback"] and with_tuples["feedback"]["changes"]
     assert vars(tuple_sim.kv.stats) == vars(chain_sim.kv.stats) and tuple_sim.kv.stats.evictions > 0
-    assert tuple_sim.kv.stats.demotions_host > 0 if mode == "codesign" else with_tuples["server"]["preemptions"] > 0
+    assert (tuple_sim.kv.stats.demotions_host > 0 if mode == "codesign"
+            else with_tuples["server"]["preemptions"] > 0)

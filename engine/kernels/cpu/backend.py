@@ -59,7 +59,8 @@ class CpuBackend(WithDecode):
         the tiles, else "cpu"."""
         if not self._blocked_bf16:
             return self.name
-        return f"{self.name}/{AMX_TILES if self._tiles_take(head_dim, query_dtype, block_size) else BLOCKED_BF16}"
+        path = AMX_TILES if self._tiles_take(head_dim, query_dtype, block_size) else BLOCKED_BF16
+        return f"{self.name}/{path}"
 
     def _tiles_take(self, head_dim: int, query_dtype: torch.dtype, block_size: int) -> bool:
         """Whether the AMX tile routine takes stacked rows (and causal chunks) of this head_dim and query
