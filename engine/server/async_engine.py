@@ -67,6 +67,20 @@ class AddRequest:
     arrival: float  # time.monotonic() when the API call submitted it
 
 
+def add_to_engine(engine, add: AddRequest) -> Exception | None:
+    """Adds the request to the engine (either backend's loop); the exception its client is to get where it
+    could not be added: a refusal as it is, anything else as this request's failure, never the engine's."""
+    try:
+        engine.add_request(add.request_id, add.prompt_token_ids, add.params, user=add.user,
+                           arrival_time=add.arrival)
+    except ValueError as exc:  # RequestRejected is a ValueError too
+        return exc
+    except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
+        log.exception("adding request %s failed", add.request_id)
+        return RequestFailed(f"the engine could not add this request: {exc}", "add")
+    return None
+
+
 @dataclass(frozen=True)
 class AbortRequest:
     request_id: str
@@ -351,15 +365,9 @@ class AsyncEngine:
                     self._add(add)
 
     def _add(self, add: AddRequest) -> None:
-        rid = add.request_id
-        try:
-            self.engine.add_request(rid, add.prompt_token_ids, add.params, user=add.user,
-                                    arrival_time=add.arrival)
-        except ValueError as exc:  # RequestRejected is a ValueError too
-            self._call(self._fail, rid, exc)
-        except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
-            log.exception("adding request %s failed", rid)
-            self._call(self._fail, rid, RequestFailed(f"the engine could not add this request: {exc}", "add"))
+        failure = add_to_engine(self.engine, add)
+        if failure is not None:
+            self._call(self._fail, add.request_id, failure)
 
     def _publish(self, force: bool = False) -> None:
         now = time.monotonic()

@@ -20,7 +20,7 @@ from kvloop.engine.server.async_engine import (
     IDLE_TICK_S,
     AbortRequest,
     AddRequest,
-    RequestFailed,
+    add_to_engine,
 )
 from kvloop.engine.server.core_wire import (
     CallResult,
@@ -145,16 +145,9 @@ class CoreLoop:
                     return
 
     def _add(self, add: AddRequest) -> None:
-        rid = add.request_id
-        try:
-            self.engine.add_request(rid, add.prompt_token_ids, add.params, user=add.user,
-                                    arrival_time=add.arrival)
-        except ValueError as exc:  # RequestRejected is a ValueError too
-            self._send(encode_event(Failed.of(rid, exc)))
-        except Exception as exc:  # noqa: BLE001 - one request's fault, not the engine's
-            log.exception("adding request %s failed", rid)
-            failure = RequestFailed(f"the engine could not add this request: {exc}", "add")
-            self._send(encode_event(Failed.of(rid, failure)))
+        failure = add_to_engine(self.engine, add)
+        if failure is not None:
+            self._send(encode_event(Failed.of(add.request_id, failure)))
 
     def _publish(self, force: bool = False) -> None:
         now = time.monotonic()
