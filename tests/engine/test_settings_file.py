@@ -34,3 +34,27 @@ def test_unknown_keys_are_errors(tmp_path):
     path.write_text(yaml.safe_dump({"scheduler": {"max_num_seqz": 3}}))
     with pytest.raises(SettingsFileError, match="max_num_seqz"):
         load_engine_settings(path)
+
+
+def test_the_same_settings_as_flags_or_file_make_the_same_config(tmp_path):
+    """The compiled step's cache key comes from the configuration the engine is built with, so settings
+    given as flags and the same settings in engine.yaml must make the same configuration (a start with
+    --config then loads the step a start with flags compiled)."""
+    import argparse
+    import dataclasses
+
+    from kvloop.engine.cli import add_engine_args, engine_config_from_args
+
+    settings = {"dtype": "float32", "block_size": 32, "kv_dtype": "bfloat16", "quantization": "none",
+                "compile": "off", "max_model_len": 4096,
+                "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "mode": "continuous+lru"}}
+    flags = ["--dtype", "float32", "--block-size", "32", "--kv-dtype", "bfloat16", "--quantization", "none",
+             "--compile", "off", "--max-model-len", "4096", "--max-num-seqs", "16",
+             "--max-num-batched-tokens", "1024", "--mode", "continuous+lru"]
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    from_flags = engine_config_from_args(parser.parse_args(flags))
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    from_file, _ = load_engine_settings(path)
+    assert dataclasses.replace(from_file, progress=from_flags.progress) == from_flags
