@@ -9,12 +9,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import psutil
 
+from kvloop.engine.bench.ready import wait_ready
 from kvloop.engine.server.async_engine import EXIT_ENGINE_DEAD
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -42,16 +42,11 @@ def _free_port() -> int:
 
 
 def _wait_ready(proc: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    output = proc.stdout.read() if proc.stdout else ""
-    raise AssertionError(f"the server did not become ready: exit code {proc.poll()}: {output}")
+    try:
+        wait_ready(proc, f"{url}/ready", timeout_s=120)
+    except (RuntimeError, TimeoutError) as exc:
+        output = proc.stdout.read() if proc.stdout else ""
+        raise AssertionError(f"the server did not become ready: {exc}: {output}") from exc
 
 
 def _assert_dead(url: str, reason: str) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
+from kvloop.engine.bench.ready import wait_ready
 from kvloop.engine.server.async_engine import EXIT_ENGINE_DEAD
 
 SERVER = """
@@ -48,14 +48,10 @@ def test_engine_death_fails_in_flight_reports_and_exits_nonzero():
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
+        try:
+            wait_ready(proc, f"{url}/ready", timeout_s=120)
+        except (RuntimeError, TimeoutError) as exc:
+            raise AssertionError(f"{exc}: {proc.stdout.read()}") from exc
         body = {"model": "default", "prompt": "hi", "max_tokens": 2}
         resp = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "engine_unavailable"
