@@ -32,6 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from kvloop.engine.bench.goals import goal
 from kvloop.engine.bench.guard import NoiseGuard
 
 RESULTS = Path(__file__).parent / "results"
@@ -162,6 +163,18 @@ def run_sweep(requests: int, pool_blocks: int = 1536) -> list[dict]:
 
 
 # ---- report ----------------------------------------------------------------------------------------
+def goals(res: dict) -> list[dict]:
+    """A hit from every tier beats recomputing (its worse of the chat and document TTFT speed-ups over cold),
+    and the gate keeps at least LRU's hit rate in every cell of the working-set sweep."""
+    out = [goal(f"{tier} hit: TTFT speed-up over cold, worse of chat and document",
+                min(res[tier]["chat_ratio"], res[tier]["doc_ratio"]), ">=", 1.0)
+           for tier in ("device", "host", "disk") if tier in res]
+    if res.get("sweep"):
+        out.append(goal("sweep: gate / LRU hit rate, worst cell",
+                         min(c["gate_hit_rate"] / c["lru_hit_rate"] for c in res["sweep"]), ">=", 1.0))
+    return out
+
+
 def markdown(res: dict) -> str:
     lines = ["# KV reuse benchmark", "",
              "Written by `bench/reuse.py`; setup and caveats in its docstring and in `meta`.", ""]
@@ -223,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                          "simulated": True}
         res["sweep"] = run_sweep(args.sweep_requests)
     meta["load_average_end"] = os.getloadavg()
-    ordered = {k: res[k] for k in ("cold", "device", "host", "disk", "sweep", "meta") if k in res}
+    res["goals"] = goals(res)
+    ordered = {k: res[k] for k in ("goals", "cold", "device", "host", "disk", "sweep", "meta") if k in res}
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(ordered, indent=2) + "\n")
     (args.out / "reuse.md").write_text(markdown(ordered))

@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         from sim_h200_report import sweep_goals
 
         data["goals"] = sweep_goals(data)
+    if args.part == "gate":
+        from sim_h200_report import gate_goals
+
+        data["goals"] = gate_goals(data)
     if args.part == "speed":
         from sim_h200_report import speed_goals
 

@@ -210,6 +210,19 @@ def sweep_goals(sweep: dict) -> list[dict]:
                  max(s["ttft_p99_s"] for s in runs) / base["ttft_p99_s"], "<=", 1.0)]
 
 
+def gate_goals(gate: dict) -> list[dict]:
+    """codesign with its default device gate against continuous+lru at each rate: no less throughput and no
+    higher P99 TTFT (the gate part asks whether the gate is what loses past saturation)."""
+    out = []
+    for rate, row in gate["rates"].items():
+        base, ours = row["continuous+lru"], row["codesign"]
+        out += [goal(f"{rate} req/s: codesign / continuous+lru throughput",
+                     ours["throughput_tok_s"] / base["throughput_tok_s"], ">=", 1.0),
+                goal(f"{rate} req/s: codesign / continuous+lru P99 TTFT",
+                     ours["ttft_p99_s"] / base["ttft_p99_s"], "<=", 1.0)]
+    return out
+
+
 def speed_goals(speed: dict, rates: tuple[float, ...] | None = None) -> list[dict]:
     """Issue 16's speed goal per run (of these rates; None: all): one simulated hour of W1-gpu in <= 120 CPU
     seconds (a run of fewer seconds of arrivals is scaled to an hour by its virtual seconds)."""

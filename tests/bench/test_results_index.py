@@ -33,11 +33,12 @@ def test_the_folder_holds_at_most_max_files():
                                 "remove superseded runs")
 
 
-def test_goals_have_the_shared_shape():
+def test_every_result_has_goals_of_the_shared_shape():
     bad = []
     for p in RESULTS.rglob("*.json"):
         data = json.loads(p.read_text())
         if not isinstance(data, dict) or "goals" not in data:
+            bad.append(f"{p.name}: no top-level goals list")
             continue
         goals = data["goals"]
         if not isinstance(goals, list):
