@@ -16,14 +16,7 @@ from kvloop.engine.control.link import ControlLink
 from kvloop.engine.control.percentiles import RecentPercentiles
 from kvloop.engine.control.records import Targets
 from kvloop.engine.core.knobs import Knobs
-
-
-def request_tpot(first_token_time: float | None, finished_time: float | None,
-                 num_output_tokens: int) -> float | None:
-    """Seconds per output token after the first; None when there is no second token (or no times)."""
-    if first_token_time is None or finished_time is None or num_output_tokens < 2:
-        return None
-    return max(0.0, finished_time - first_token_time) / (num_output_tokens - 1)
+from kvloop.engine.core.slo import request_tpot
 
 
 class EngineControl:

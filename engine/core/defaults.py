@@ -53,6 +53,16 @@ RETENTION_WATERMARK = Default(
     "ended the W5 runs at 0.0-0.2 (final_watermark in w5_cpu*, w5_h200*), never at the operator's former "
     "0.3")
 
+# ---- the SLO (engine/core/slo.py): what a good request is ------------------------------------------------
+_SLO_WHY = "../shared/WORKLOADS.md, 'The SLO, goodput and capacity' (issue 57): the project's one objective"
+SLO_TTFT_BASE_S = Default(2.0, "s", _SLO_WHY + "; CPU scale")
+SLO_TTFT_PER_1K_S = Default(1.0, "s per 1,000 prompt tokens",
+                            _SLO_WHY + "; a long fresh prompt cannot start sooner on any system")
+SLO_TPOT_S = Default(0.25, "s per output token", _SLO_WHY + "; mean TPOT, CPU scale")
+GPU_SLO_TTFT_BASE_S = Default(1.0, "s", _SLO_WHY + "; GPU scale (the simulator's H200 profiles)")
+GPU_SLO_TTFT_PER_1K_S = Default(0.2, "s per 1,000 prompt tokens", _SLO_WHY + "; GPU scale")
+GPU_SLO_TPOT_S = Default(0.1, "s per output token", _SLO_WHY + "; GPU scale")
+
 # ---- model and pools --------------------------------------------------------------------------------------
 DEVICE = Default("auto", "", "the GPU when there is one, else the CPU, as vLLM and SGLang pick it")
 DTYPE = Default("auto", "", "bf16 where the CPU or GPU computes it natively, else float32 (engine/config.py)")

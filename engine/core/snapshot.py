@@ -34,6 +34,10 @@ class EngineSnapshot:
     tpot_holds: int = 0  # admission attempts the TPOT target held back
     requests_finished: int = 0  # any finish reason: stop, length, abort, error
     tokens_generated: int = 0  # output tokens of the finished requests
+    slo_good: int = 0  # finished requests that met the SLO (core/slo.py; aborts are not judged)
+    slo_missed: Mapping[str, int] = field(default_factory=dict)  # MISS_REASONS -> requests that missed
+    slo_slack_sum: float = 0.0  # sum of the judged requests' SLO slack (Slo.slack): the low-traffic proxy
+    slo_slack_count: int = 0
     # engine
     num_steps: int = 0  # model steps run
     step_failures: int = 0  # steps whose model forward raised (their requests failed)

@@ -12,6 +12,7 @@ from kvloop.engine.core import defaults as D
 from kvloop.engine.core.cascade_scope import SCOPES
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import AUTO, get_policy, scheduler_modes
+from kvloop.engine.core.slo import Slo
 
 STATIC_OOM = ("fail", "retry")
 CASCADE_GROUPS = ("auto", *SCOPES)
@@ -39,6 +40,14 @@ class SchedulerConfig:
     tpot_target_ms: float | None = option(None, flag="--tpot-target-ms", setting="scheduler.tpot_target_ms",
                                           help="time per output token to hold: while the smoothed decode "
                                                "step is slower, waiting requests wait (default: no target)")
+    # the SLO each finished request is counted against (core/slo.py; the coordinator steers on the counts)
+    slo_ttft_s: float = option(D.SLO_TTFT_BASE_S, flag="--slo-ttft-s", setting="slo.ttft_s",
+                               help="SLO: time to first token allowed to every request, seconds")
+    slo_ttft_per_1k_s: float = option(D.SLO_TTFT_PER_1K_S, flag="--slo-ttft-per-1k-s",
+                                      setting="slo.ttft_per_1k_prompt_tokens_s",
+                                      help="SLO: TTFT allowed on top per 1,000 prompt tokens, seconds")
+    slo_tpot_s: float = option(D.SLO_TPOT_S, flag="--slo-tpot-s", setting="slo.tpot_s",
+                               help="SLO: mean time per output token allowed, seconds")
     # a prefill-only step has no decode latency to protect: a 2,000-token prompt on an idle engine in one
     # step, not four (vLLM's CPU server budget is 2,048 for every step). Static batching keeps its own steps
     idle_step_tokens: int = option(2048, flag="--idle-step-tokens",
@@ -64,7 +73,12 @@ class SchedulerConfig:
     # a reservation that does not fit: fail the request ('error') or retry next batch
     static_oom: str = "fail"
 
+    @property
+    def slo(self) -> Slo:
+        return Slo(self.slo_ttft_s, self.slo_ttft_per_1k_s, self.slo_tpot_s)
+
     def __post_init__(self) -> None:
+        self.slo  # noqa: B018 -- validates the SLO's values
         if self.idle_step_tokens < 0:
             raise ValueError("idle_step_tokens must be >= 0 (0: the budget in every step)")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:

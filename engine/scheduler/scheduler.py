@@ -42,6 +42,7 @@ from kvloop.engine.scheduler.grouping import order_waiting
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.running import place, schedule_running
+from kvloop.engine.scheduler.slo_ledger import SloLedger
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.tpot_gate import TpotGate
 
@@ -77,6 +78,7 @@ class Scheduler:
         self._enqueued: dict[Sequence, float] = {}
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
+        self.slo_ledger = SloLedger(config.slo)
         # the live knobs, starting at the configured values; the KV manager reads the watermark from the same
         self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens,
                            kv.block_size)
@@ -331,6 +333,7 @@ class Scheduler:
         seq.finished_time = self.clock()
         self.requests_finished += 1
         self.tokens_generated += seq.num_output_tokens
+        self.slo_ledger.record(seq, reason, seq.finished_time)
 
     def fail(self, seq: Sequence, error: str) -> None:
         """Finishes seq with finish_reason 'error' and hands it to the engine to report."""

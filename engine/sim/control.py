@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from kvloop.engine.control.hook import request_tpot
 from kvloop.engine.control.percentiles import RecentPercentiles
 from kvloop.engine.control.records import control_record, pack_record, unpack_record
 from kvloop.engine.core.knobs import Knobs
+from kvloop.engine.core.slo import request_tpot
 from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.sidecar.law import ControlLaw, Decision
 from kvloop.sidecar.settings import Settings
