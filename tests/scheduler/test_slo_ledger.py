@@ -1,4 +1,5 @@
-"""SLO accounting: the prompt-length allowance, the TPOT bound, failures and aborts, on the scheduler's clock."""
+"""SLO accounting: the prompt-length allowance, the TPOT bound, failures and aborts, on the scheduler's
+clock."""
 
 from __future__ import annotations
 
