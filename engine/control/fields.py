@@ -15,6 +15,7 @@ from operator import attrgetter
 from typing import Any
 
 from kvloop.engine.core.knobs import KNOBS, Knob
+from kvloop.engine.core.slo import MISS_REASONS
 
 U32 = 2**32 - 1
 U64 = 2**64 - 1
@@ -94,6 +95,11 @@ SNAPSHOT: tuple[Field, ...] = (
           attrgetter("num_oom_events")),
     _snap("requests_finished", "Q", "requests finished, any reason (cumulative)"),
     _snap("tokens_generated", "Q", "output tokens of the finished requests (cumulative)"),
+    _snap("slo_good", "Q", "finished requests that met the SLO (cumulative; engine.core.slo)"),
+    *(Field(f"slo_missed_{r}", "Q", f"finished requests that missed the SLO by {r} (cumulative)",
+            lambda s, r=r: s.slo_missed.get(r, 0)) for r in MISS_REASONS),
+    _snap("slo_slack_count", "Q", "judged requests with a first token (cumulative): slo_slack_sum's count"),
+    _snap("slo_slack_sum", "d", "sum of those requests' SLO slack (1 instant, 0 at the bound, < 0 missed)"),
     Field("ttft_p50_s", "d", "time to first token, P50 over a recent window (NaN until a request started)"),
     Field("ttft_p99_s", "d", "time to first token, P99"),
     Field("tpot_p50_s", "d", "time per output token after the first, P50 of recently finished requests (NaN "

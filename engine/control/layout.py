@@ -9,7 +9,7 @@ asked of those tiers (a lower tier is asked only for what the tiers above it did
 left them 0), requests_finished and tokens_generated are counted (version 1 left them 0). 3: the step
 token budget (the third knob) in both records; the snapshot also carries what the coordinator derives
 its starting cap from (block size, max context, blocks still to prefill), the rows decoding, and TPOT
-percentiles.
+percentiles. 4: the SLO counts (good, missed by reason, slack) the goodput coordinator steers on.
 
 Header, offset 0, 64 bytes, written once by whoever creates the file::
 
@@ -42,7 +42,7 @@ import struct
 from kvloop.engine.control import fields as F
 
 MAGIC = b"KVLOOPCB"
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 FILE_SIZE = 4096
 
 HEADER_FMT = struct.Struct("<8sIIIIII")

@@ -84,10 +84,17 @@ def test_layout_3_snapshot_roundtrip_of_the_new_fields():
     assert (out.num_decoding, out.step_token_budget, out.step_token_budget_max) == (4, 384, 512)
     assert (out.kv_blocks_pending, out.block_size, out.max_model_len) == (40, 16, 4096)
     assert (out.ttft_p50_s, out.ttft_p99_s, out.tpot_p50_s, out.tpot_p99_s) == (0.1, 0.9, 0.03, 0.08)
-    assert L.LAYOUT_VERSION == 3
 
 
-def test_a_reader_of_layout_3_refuses_a_layout_2_block(tmp_path):
+def test_layout_4_carries_the_slo_counts():
+    snap = EngineSnapshot(slo_good=7, slo_missed={"ttft": 2, "tpot": 1}, slo_slack_sum=3.5, slo_slack_count=9)
+    out = unpack_record(pack_record(control_record(snap, (None, None), (None, None))))
+    assert (out.slo_good, out.slo_missed_ttft, out.slo_missed_tpot, out.slo_missed_failed) == (7, 2, 1, 0)
+    assert (out.slo_slack_sum, out.slo_slack_count) == (3.5, 9)
+    assert L.LAYOUT_VERSION == 4
+
+
+def test_a_reader_of_layout_4_refuses_a_layout_2_block(tmp_path):
     """A block as a version-2 engine wrote it (its header says 2, its targets record is the shorter one): the
     sidecar refuses it cleanly, naming both versions, and reads nothing from it."""
     path = tmp_path / "v2.bin"
@@ -96,7 +103,7 @@ def test_a_reader_of_layout_3_refuses_a_layout_2_block(tmp_path):
     path.write_bytes(head.ljust(L.FILE_SIZE, b"\0"))
     with pytest.raises(ControlBlockError) as err:
         ControlBlock(path)
-    assert str(err.value).endswith("control block layout version 2, but this kvloop reads version 3: run the "
+    assert str(err.value).endswith("control block layout version 2, but this kvloop reads version 4: run the "
                                    "engine and the sidecar from kvloop releases with the same layout")
 
 

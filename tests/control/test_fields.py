@@ -22,14 +22,15 @@ from kvloop.engine.control.records import (
 from kvloop.engine.core.knobs import KNOBS, Knobs, KnobValues
 from kvloop.engine.core.snapshot import EngineSnapshot
 
-# The bytes of layout version 3. A table change that moves them must raise LAYOUT_VERSION and this pin.
-V3_SNAPSHOT = "<QQq" + "I" * 12 + "d" * 4 + "Q" * 11 + "d" * 4
-V3_TARGETS = "<QqQIIdII"
+# The bytes of layout version 4 (3 and the SLO counts). A table change that moves them must raise
+# LAYOUT_VERSION and this pin.
+V4_SNAPSHOT = "<QQq" + "I" * 12 + "d" * 4 + "Q" * 16 + "d" * 5
+V4_TARGETS = "<QqQIIdII"
 
 
-def test_layout_3_keeps_its_bytes():
-    assert L.LAYOUT_VERSION == 3
-    assert (L.SNAPSHOT_FMT.format, L.TARGETS_FMT.format) == (V3_SNAPSHOT, V3_TARGETS)
+def test_layout_4_keeps_its_bytes():
+    assert L.LAYOUT_VERSION == 4
+    assert (L.SNAPSHOT_FMT.format, L.TARGETS_FMT.format) == (V4_SNAPSHOT, V4_TARGETS)
     assert L.TARGETS_FIELDS == ("version", "time_ns", "writer_id", "flags", "batch_cap", "watermark",
                                 "step_token_budget", "_pad")
 
