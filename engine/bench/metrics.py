@@ -2,8 +2,10 @@
 
 Client side, per request: TTFT (send to first token), TPOT ((E2E - TTFT) / (output tokens - 1)), ITL (gaps
 between streamed chunks), E2E. Run level: request and token throughput over the makespan (first send to
-last finish), mean/P50/P90/P99 of each latency, goodput (requests meeting the per-request SLOs, per
-second) and whether the run as a whole meets the SLOs at P99. Server side from periodic snapshots of
+last finish), mean/P50/P90/P99 of each latency, the run-level SLO (`SLO`: fixed TTFT/TPOT bounds at P99,
+and `goodput_req_s` against them, as earlier reports carry it), and the project's per-request SLO
+(engine/core/slo.py: `slo_metrics`, keys slo_*: good count, misses by reason, goodput, TTFT P99 of the
+requests with no cache hit). Server side from periodic snapshots of
 the engine's counters: hit rate per tier, KV use over time, preemptions, rejections, out-of-memory events."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvloop.engine.core.kv_stats import TIERS
+from kvloop.engine.core.slo import CPU_SLO, MISS_REASONS, Slo, request_tpot
 from kvloop.engine.core.snapshot import EngineSnapshot
 
 PERCENTILES = (50, 90, 99)
@@ -36,7 +39,8 @@ class RequestRecord:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each streamed chunk with tokens
     prompt_tokens: int = 0
     output_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the server reported as served from cache
+    # prompt tokens the server reported as served from cache; None: the server did not say (no usage detail)
+    cached_tokens: int | None = 0
     error: str | None = None  # None: success; "rejected: ...", "oom: ...", other text: failure
 
     @property
@@ -53,9 +57,7 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
+        return request_tpot(self.first_token_s, self.end_s, self.output_tokens)
 
     def itls(self) -> list[float]:
         return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
@@ -121,7 +123,7 @@ def client_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dict
         "output_throughput_tok_s": out_tokens / duration,
         "total_token_throughput_tok_s": (in_tokens + out_tokens) / duration,
         "goodput_req_s": len(good) / duration,
-        "cached_prompt_share": (sum(r.cached_tokens for r in ok) / in_tokens) if in_tokens else 0.0,
+        "cached_prompt_share": (sum(r.cached_tokens or 0 for r in ok) / in_tokens) if in_tokens else 0.0,
     }
     m.update(_stats("ttft", [r.ttft for r in ok]))
     m.update(_stats("tpot", tpots))
@@ -129,7 +131,43 @@ def client_metrics(records: list[RequestRecord], slo: SLO | None = None) -> dict
     m.update(_stats("e2e", [r.e2e for r in ok]))
     m["meets_slo"] = bool(ok) and not failed and m["ttft_p99_s"] <= slo.ttft_s and (
         not tpots or m["tpot_p99_s"] <= slo.tpot_s)
+    m.update(slo_metrics(records))
     return m
+
+
+def slo_miss(r: RequestRecord, slo: Slo = CPU_SLO) -> str | None:
+    """None when the request met the per-request SLO, else why not (MISS_REASONS): a failed, refused or
+    timed-out request is 'failed'. The TTFT bound grows with the prompt the client sent."""
+    if not r.ok:
+        return "failed"
+    return slo.miss(r.ttft, r.prompt_tokens, r.tpot)
+
+
+def slo_metrics(records: list[RequestRecord], slo: Slo = CPU_SLO) -> dict:
+    """The per-request SLO over a run (../shared/WORKLOADS.md, "The SLO, goodput and capacity"): good count,
+    misses by reason, goodput (good / the run's span, first send to last finish), the good share of the
+    requests sent, and TTFT P99 of the successful requests with no cache hit (cached_tokens == 0). Requests
+    whose server did not report cached tokens (cached_tokens None) are in no class: where none reported,
+    slo_nohit_ttft_p99_s is None, never a guess."""
+    start, end = run_span(records)
+    span = max(end - start, 1e-9)
+    missed = dict.fromkeys(MISS_REASONS, 0)
+    good = 0
+    for r in records:
+        why = slo_miss(r, slo)
+        if why is None:
+            good += 1
+        else:
+            missed[why] += 1
+    ok = [r for r in records if r.ok]
+    nohit = [r.ttft for r in ok if r.cached_tokens == 0]
+    reported = sum(1 for r in ok if r.cached_tokens is not None)
+    return {"slo_good": good, "slo_missed": missed, "slo_sent": len(records),
+            "slo_good_share": good / len(records) if records else None,
+            "slo_goodput_req_s": good / span if records else 0.0, "slo_span_s": span if records else 0.0,
+            "slo_nohit_count": len(nohit), "slo_cache_reported": reported,
+            "slo_nohit_ttft_p99_s": percentile(nohit, 99) if nohit else None,
+            "slo": {"ttft_base_s": slo.ttft_base_s, "ttft_per_1k_s": slo.ttft_per_1k_s, "tpot_s": slo.tpot_s}}
 
 
 @dataclass
@@ -167,6 +205,18 @@ def server_metrics(samples: list[Sample]) -> dict:
     out["kv_use_mean_while_waiting"] = sum(waiting) / len(waiting) if waiting else None
     out["kv_use_max"] = max(u for _, u in use)
     return out
+
+
+GOOD_SHARE_FOR_CAPACITY = 0.95  # WORKLOADS.md: goodput >= 95% of the offered rate
+
+
+def slo_capacity(sweep: list[tuple[float, float | None]]) -> float | None:
+    """Capacity at the per-request SLO: the highest swept rate whose good share (good / sent) is >= 95%, None
+    where none is. Good share stands for goodput / offered rate: over a run of tens of seconds the drain after
+    the last arrival is a large part of the span and would count as loss in a run where every request met
+    the SLO; good / sent is that ratio with the same span on both sides. `sweep`: (rate, good share)."""
+    ok = [rate for rate, share in sweep if share is not None and share >= GOOD_SHARE_FOR_CAPACITY]
+    return max(ok) if ok else None
 
 
 def capacity(sweep: list[tuple[float, dict]]) -> float | None:

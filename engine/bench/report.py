@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvloop.engine.bench.goals import goal
-from kvloop.engine.bench.metrics import SLO, capacity
+from kvloop.engine.bench.metrics import SLO, capacity, slo_capacity
 from kvloop.engine.bench.numbers import fmt
 from kvloop.engine.bench.suite import SuiteResult
 
@@ -21,7 +21,8 @@ HEADLINE = ("output_throughput_tok_s", "request_throughput_req_s", "total_token_
             "tpot_p50_s",
             "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p50_s", "itl_p90_s", "itl_p99_s", "e2e_mean_s",
             "e2e_p50_s",
-            "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share")
+            "e2e_p90_s", "e2e_p99_s", "failed", "rejections", "cached_prompt_share",
+            "slo_good", "slo_good_share", "slo_goodput_req_s", "slo_nohit_ttft_p99_s")
 SERVER = ("hit_rate_device", "hit_rate_host", "hit_rate_disk", "hit_rate_total", "preemptions", "oom_events",
           "kv_use_mean", "kv_use_mean_while_waiting", "kv_use_max")
 # Issue 19's W1 goals, and issue 16's TPOT one (the last): (system, metric, op, bound) on subject / system.
@@ -61,6 +62,9 @@ def summarize(suite: SuiteResult, slo: SLO) -> dict:
         d["capacity_note"] = (f"largest of swept rates {sweep} meeting TTFT P99 <= {slo.ttft_s} s and TPOT "
                               f"P99 <= {slo.tpot_s * 1000:.0f} ms"
                               + ("" if d["capacity_req_s"] else "; none did"))
+        d["capacity_slo_req_s"] = slo_capacity(
+            [(rate, _median([r.client.get("slo_good_share") for r in rows if r.rate == rate]))
+             for rate in sweep])
         d["sweep"] = [{"rate": rate, **{k: _median([r.client[k] for r in rows if r.rate == rate])
                                         for k in ("output_throughput_tok_s", "ttft_p99_s", "tpot_p99_s")},
                        "meets_slo": m["meets_slo"]} for rate, m in per_rate]
@@ -177,8 +181,9 @@ def markdown(report: dict, plots: list[str]) -> str:
              "## Systems at the main rate (medians over repetitions)", "",
              "| system | out tok/s | req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms | TPOT p99 ms | ITL p99 "
              "ms | E2E p99 s | hit rate (dev/host/disk) | preempt | OOM | failed | capacity req/s | other "
-             "CPU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "CPU | goodput (per-request SLO) req/s | good share | no-hit TTFT p99 s | "
+             "capacity at SLO req/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in report["systems"].items():
         hit = "/".join(fmt(d.get(f"hit_rate_{t}")) for t in ("device", "host", "disk"))
         lines.append(f"| {name} | {fmt(d['throughput_tok_s'], 1)} | {fmt(d['request_throughput_req_s'], 3)} "
@@ -186,7 +191,9 @@ def markdown(report: dict, plots: list[str]) -> str:
                      f"{fmt(d['tpot_p99_s'], 0, 1000)} | {fmt(d['itl_p99_s'], 0, 1000)} | "
                      f"{fmt(d['e2e_p99_s'], 1)} | {hit} | {fmt(d['preemptions'], 0)} | "
                      f"{fmt(d['oom_events'], 0)} | {fmt(d['failed'], 0)} | {fmt(d['capacity_req_s'], 2)} | "
-                     f"{fmt(d['noise_other_cores_mean'])} |")
+                     f"{fmt(d['noise_other_cores_mean'])} | {fmt(d.get('slo_goodput_req_s'), 3)} | "
+                     f"{fmt(d.get('slo_good_share'))} | {fmt(d.get('slo_nohit_ttft_p99_s'))} | "
+                     f"{fmt(d.get('capacity_slo_req_s'), 2)} |")
     if report["missing"]:
         lines += ["", "Not run: " + "; ".join(f"**{k}**: {v}" for k, v in report["missing"].items())]
     for subject, rat in report.get("ratios_by_subject",

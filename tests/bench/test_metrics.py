@@ -56,3 +56,29 @@ def test_server_metrics_and_capacity():
     assert capacity([(0.5, {"meets_slo": True}), (1.0, {"meets_slo": True}),
                      (2.0, {"meets_slo": False})]) == 1.0
     assert capacity([(1.0, {"meets_slo": False})]) is None
+
+
+def test_slo_metrics_per_request_bound_and_reasons():
+    # CPU_SLO: TTFT <= 2 s + 1 s per 1,000 prompt tokens, mean TPOT <= 250 ms
+    rs = [rec("long", 0.0, 4.0, 5.0, 5, prompt=3000, cached=0),  # TTFT 4 s within 5 s: good
+          rec("short", 0.0, 4.0, 5.0, 5, prompt=100, cached=None),  # 4 s > 2.1 s: ttft; cache unknown
+          rec("slow", 1.0, 1.5, 6.5, 11, prompt=100, cached=80),  # TPOT 0.5 s: tpot
+          rec("one", 2.0, 2.5, 2.5, 1, prompt=100, cached=0),  # one token: no TPOT to judge: good
+          rec("refused", 3.0, None, None, 0, error="rejected: too_long")]
+    m = client_metrics(rs)
+    assert m["slo_good"] == 2 and m["slo_missed"] == {"ttft": 1, "tpot": 1, "failed": 1}
+    assert m["slo_sent"] == 5 and m["slo_good_share"] == 0.4
+    assert m["slo_span_s"] == 6.5 and m["slo_goodput_req_s"] == 2 / 6.5
+    # no-hit class: known cached == 0 only ("short" did not say)
+    assert m["slo_nohit_count"] == 2 and m["slo_cache_reported"] == 3
+    assert m["slo_nohit_ttft_p99_s"] == percentile([4.0, 0.5], 99)
+    assert m["cached_prompt_share"] == 80 / 3300
+    unknown = client_metrics([rec("u", 0.0, 0.1, 0.2, 2, cached=None)])
+    assert unknown["slo_nohit_ttft_p99_s"] is None and unknown["slo_cache_reported"] == 0
+
+
+def test_slo_capacity_is_the_highest_rate_with_95_percent_good():
+    from kvloop.engine.bench.metrics import slo_capacity
+
+    assert slo_capacity([(0.5, 1.0), (1.0, 0.96), (1.5, 0.7), (2.0, 0.95)]) == 2.0
+    assert slo_capacity([(0.5, 0.9), (1.0, None)]) is None

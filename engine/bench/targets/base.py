@@ -18,7 +18,7 @@ class Event:
     num_new_tokens: int = 0  # may exceed len(new_token_ids) where a target does not return ids
     done: bool = False
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int | None = 0  # None: the server did not report it
     output_tokens: int = 0
     error: str | None = None
 

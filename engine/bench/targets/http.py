@@ -108,7 +108,8 @@ class HTTPTarget(Target):
 
     def _stream(self, rid: str, prompt: list[int], max_tokens: int) -> None:
         path, body = self._body(prompt, max_tokens)
-        done = Event(rid, 0.0, done=True, prompt_tokens=len(prompt))
+        done = Event(rid, 0.0, done=True, prompt_tokens=len(prompt),
+                     cached_tokens=0 if self.flavor == "llamacpp" else None)
         n_out = 0
         try:
             with self._client.stream("POST", self.base_url + path, json=body) as resp:
@@ -151,7 +152,10 @@ class HTTPTarget(Target):
             if usage:
                 done.prompt_tokens = usage.get("prompt_tokens", done.prompt_tokens)
                 done.output_tokens = usage.get("completion_tokens", 0)
-                done.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+                # None where the server gives no detail (vLLM without --enable-prompt-tokens-details):
+                # unknown, not a miss, so the no-cache-hit TTFT is not computed from a guess
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                done.cached_tokens = None if cached is None else int(cached)
         if n:
             self._events.put(Event(rid, t, ids, n))
         return n
