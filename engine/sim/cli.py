@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from kvloop.engine.bench.w5_workload import W5_SCALES
-from kvloop.engine.core.policy import get_policy, policy_names
+from kvloop.engine.core.policy import policy_names
 
 WORKLOADS = ("w1", "w1-smoke", "w2", "w4", "w1-gpu", *W5_SCALES, "azure", "mooncake")
 
@@ -50,6 +49,8 @@ def add_simulate_parser(sub) -> None:
                    help="'default' or a sidecar settings file: run the coordinator")
     p.add_argument("--period", type=float, default=None, help="coordinator period (s)")
     p.add_argument("--until", type=float, default=None, help="stop at this virtual time")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest request (prompt + output) in tokens (default: the profile model's context)")
     p.add_argument("--out", default=None, help="write the JSON here (default: stdout)")
     p.set_defaults(func=cmd_simulate)
 
@@ -108,36 +109,55 @@ def feedback_settings(args):
     return replace(s, period_s=args.period) if args.period else s
 
 
+def trace_account(args, wl) -> dict | None:
+    """Every row of a replayed trace file accounted for: read, or left out past --limit."""
+    if not args.trace or args.workload not in ("azure", "mooncake"):
+        return None
+    from kvloop.engine.sim.trace_rows import row_account
+
+    return row_account(args.trace, len(wl.requests))
+
+
+def _summary_line(run: dict) -> str:
+    c, s = run["client"], run["slo"]
+    miss = s["slo_missed"]
+    parts = [f"{run['system']:15s} {c['output_throughput_tok_s']:10.1f} tok/s",
+             f"goodput {s['slo_goodput_req_s']:.3f} req/s ({s['slo_good']}/{s['slo_sent']} good; missed ttft "
+             f"{miss['ttft']}, tpot {miss['tpot']}, failed {miss['failed']})",
+             f"TTFT p50 {_s(s['ttft_p50_s'])} p99 {_s(s['ttft_p99_s'])}",
+             f"(no hit p99 {_s(s['slo_nohit_ttft_p99_s'])})",
+             f"TPOT p50 {_s(s['tpot_p50_s'])} p99 {_s(s['tpot_p99_s'])}",
+             "refused: " + (", ".join(f"{k} {v}" for k, v in s["rejections"].items()) or "none")]
+    if s["failures"]:
+        parts.append("failed: " + ", ".join(f"{k} {v}" for k, v in s["failures"].items()))
+    return "  ".join(parts) + f"  ({run['sim']['wall_s']:.1f} s wall)"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f} s"
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from kvloop.engine.bench.w5_variants import coordinator_settings, parse_variant, sized
-    from kvloop.engine.bench.w5_workload import phases_of
     from kvloop.engine.sim.profiles import get_profile
-    from kvloop.engine.sim.simulator import SimConfig, Simulator
-    from kvloop.engine.sim.workload import BenchWorkload
+    from kvloop.engine.sim.systems import run_system
 
     profile = get_profile(args.profile, args.calibration)
     sizing = build_sizing(args, profile)
     fb = feedback_settings(args)
-    runs = []
+    runs, trace = [], None
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-        v = parse_variant(mode)
         wl = build_workload(args)  # fresh per mode: chat sessions consume their replies
-        t = time.perf_counter()
-        if v.coordinator:
-            feedback = coordinator_settings(v, fb)[0]
-        # a fixed cap runs without the coordinator; plain modes as --feedback says, where it steers them
-        else:
-            feedback = fb if get_policy(v.mode).feedback_loop and not v.cap else None
-        sim = Simulator(profile, BenchWorkload(wl), SimConfig(mode=v.mode, sizing=sized(v, sizing),
-                                                              until_s=args.until, feedback=feedback))
-        res = sim.run()
-        res["sim"]["wall_s"] = time.perf_counter() - t
-        res.update(sim.rec.phase_report(phases_of(wl)))
-        runs.append({"system": mode, "workload": wl.name, "rate": args.rate, **res})
-        c = res["client"]
-        print(f"{mode:15s} {c['output_throughput_tok_s']:10.1f} tok/s  TTFT p50 {c['ttft_p50_s']:.3f} s "
-              f"p99 {c['ttft_p99_s']:.3f} s  ({res['sim']['wall_s']:.1f} s wall)", file=sys.stderr)
-    text = json.dumps({"simulated": True, "profile": args.profile, "runs": runs}, indent=1, default=str)
+        run = run_system(mode, profile, wl, sizing, fb, args.until, args.max_model_len)
+        trace = trace or trace_account(args, wl)
+        runs.append({**run, "rate": args.rate})
+        print(_summary_line(run), file=sys.stderr)
+    if trace:
+        print(f"trace: {trace['rows']} rows, {trace['read']} read, left out: {trace['left_out'] or 'none'}",
+              file=sys.stderr)
+    context = args.max_model_len or profile.model.context
+    out = {"simulated": True, "profile": args.profile, "max_model_len": context,
+           **({"trace": trace} if trace else {}), "runs": runs}
+    text = json.dumps(out, indent=1, default=str)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")

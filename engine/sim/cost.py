@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from kvloop.engine.cascade.cost import AttentionCost
 from kvloop.engine.cascade.step_cost import StepCost as DecodeCost
+from kvloop.engine.core import defaults as D
 from kvloop.engine.kv.load_or_recompute import Prices
 
 
@@ -32,6 +33,8 @@ class ModelShape:
     dtype_bytes: int = 2  # weights (and KV unless kv_dtype_bytes says otherwise)
     tied_embeddings: bool = False
     kv_dtype_bytes: int | None = None  # KV cache element size; None: dtype_bytes (FP8 weights, bf16 KV: 2)
+    # the model's context window (prompt + output): the simulator's max_model_len; default the engine's
+    context: int = D.MAX_MODEL_LEN.value
 
     @property
     def layer_params(self) -> int:

@@ -13,13 +13,15 @@ from kvloop.engine.cascade.cost import AttentionCost, cost_for
 from kvloop.engine.sim.cost import CostModel, Efficiency, Hardware, ModelShape
 
 SMOLLM2_135M = ModelShape("SmolLM2-135M", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
-                          vocab=49152, dtype_bytes=2, tied_embeddings=True)
+                          vocab=49152, dtype_bytes=2, tied_embeddings=True, context=8192)
+# Llama-3.1-8B: Llama-3-8B's shape with a 131,072-token context. The name stays the one runs were keyed by (it
+# salts the prefix hashes and names the model in results), so earlier runs reproduce.
 LLAMA3_8B = ModelShape("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
-                       vocab=128256, dtype_bytes=2)
+                       vocab=128256, dtype_bytes=2, context=131072)
 # W5's GPU scale: FP8 weights (1 byte per parameter, ~70 GB with the embedding and head) and bf16 KV
 # (2 * 80 layers * 8 KV heads * 128 * 2 bytes = 320 KiB per token).
 LLAMA31_70B_FP8 = ModelShape("Llama-3.1-70B-FP8", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
-                             ffn=28672, vocab=128256, dtype_bytes=1, kv_dtype_bytes=2)
+                             ffn=28672, vocab=128256, dtype_bytes=1, kv_dtype_bytes=2, context=131072)
 
 # Nominal figures; the efficiencies carry what is actually reached.
 THIS_CPU = Hardware("this CPU (2 threads)", mem_bw=30e9, peak_flops=200e9, mem_bytes=8e9, link_bw=10e9,

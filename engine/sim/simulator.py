@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvloop.engine.core.batch import ScheduledBatch, StepResult
 from kvloop.engine.core.sampling import SamplingParams
@@ -44,6 +44,9 @@ class SimConfig:
     check_integrity_every: int = 0  # steps; 0: never (tests)
     fast_forward: bool = True  # steps without schedule()'s per-row calls, steady rows lazily (fastforward.py)
     fast_steps: bool = True  # False: fast-forward only through windows (the others through schedule())
+    # longest request (prompt + output): `kvloop simulate` gives the profile model's context
+    # (ModelShape.context); None keeps the engine's default (SchedulerConfig), as runs before it had one
+    max_model_len: int | None = None
 
 
 class Simulator:
@@ -51,6 +54,8 @@ class Simulator:
         self.profile, self.workload = profile, workload
         self.config = cfg = config or SimConfig()
         sched_cfg, kv_cfg = build_configs(cfg.mode, cfg.sizing, cfg.kv)
+        if cfg.max_model_len is not None:
+            sched_cfg = replace(sched_cfg, max_model_len=cfg.max_model_len)
         bs = profile.block_size
         # keys from Python's tuple hash (hashing.py): it keeps no files, and blake2b
         # cost up to a fifth of a run
