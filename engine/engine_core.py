@@ -28,6 +28,7 @@ from kvloop.engine.runner.compiled_step import resolve_compile
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
 from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
+from kvloop.engine.scheduler.slo_ledger import SloLedger
 from kvloop.engine.scheduler.snapshot import build_snapshot
 from kvloop.engine.tokenizer.tokenizer import Tokenizer
 
@@ -190,11 +191,14 @@ class EngineCore:
         self._seqs[request_id] = seq
         return seq
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, reason: str = "abort") -> bool:
+        """Ends the request now. A `reason` other than "abort": it ended outside the core and is judged
+        against the SLO as such (a stop string the API process matched: "stop"; its output processing
+        failed: "error")."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        self.scheduler.finish(seq, reason)
         self._states.pop(request_id, None)
         self.runner.sampler.forget(request_id)
         return True
@@ -221,12 +225,15 @@ class EngineCore:
         cap, and its TTFT (lazy set-up included) would read as a P99 breach. Nor do the finish counters."""
         control, self.control = self.control, None
         finished, generated = self.scheduler.requests_finished, self.scheduler.tokens_generated
+        ledger = self.scheduler.slo_ledger  # nor the SLO counts: a first compile would read as a TTFT miss
+        self.scheduler.slo_ledger = SloLedger(ledger.slo)
         try:
             self.add_request(WARMUP_REQUEST_ID, [0, 1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
             self.drain(max_steps=100)
         finally:
             self.control = control
             self.scheduler.requests_finished, self.scheduler.tokens_generated = finished, generated
+            self.scheduler.slo_ledger = ledger
 
     def snapshot(self) -> EngineSnapshot:
         """Engine state for metrics, the control block and the benchmark harness."""

@@ -84,6 +84,10 @@ def add_to_engine(engine, add: AddRequest) -> Exception | None:
 @dataclass(frozen=True)
 class AbortRequest:
     request_id: str
+    # "abort": the client's choice, not judged against the SLO. The process backend's API process ends a
+    # request itself on a stop string ("stop") or a failure of its output processing ("error"): the core
+    # counts those as the thread backend's engine would have.
+    reason: str = "abort"
 
 
 @dataclass(frozen=True)
@@ -354,8 +358,8 @@ class AsyncEngine:
         eng = self.engine
         while self._inbox:
             match self._inbox.popleft():
-                case AbortRequest(request_id):
-                    eng.abort(request_id)
+                case AbortRequest(request_id, reason):
+                    eng.abort(request_id, reason)
                 case CallInEngine(fn, future):
                     try:
                         future.set_result(fn(eng))

@@ -161,14 +161,14 @@ class ProcessAsyncEngine(AsyncEngine):
                 result, stopped_here = front.apply(out)
             except Exception as exc:  # noqa: BLE001 - this request's text, not the engine: it fails alone
                 log.exception("request %s failed in output processing", rid)
-                self._post(AbortRequest(rid))
+                self._post(AbortRequest(rid, "error"))
                 self._fail(rid,
                            RequestFailed(f"output processing failed: {type(exc).__name__}: {exc}", "output"))
                 continue
             if result.finished:
                 del self._front[rid]
-                if stopped_here:  # a stop string: the core has not finished it
-                    self._post(AbortRequest(rid))
+                if stopped_here:  # a stop string: the core has not finished it, and judges it as stopped
+                    self._post(AbortRequest(rid, "stop"))
             texts.append(result)
         super()._dispatch(texts, now)
 

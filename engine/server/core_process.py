@@ -130,8 +130,8 @@ class CoreLoop:
             except EOFError as exc:
                 raise _PipeClosed from exc
             match message:
-                case AbortRequest(request_id):
-                    self.engine.abort(request_id)
+                case AbortRequest(request_id, reason):
+                    self.engine.abort(request_id, reason)
                 case AddRequest() as add:
                     self._add(add)
                 case CoreCall(call_id, fn):

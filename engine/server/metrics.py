@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from kvloop.engine.core.kv_stats import TIERS
+from kvloop.engine.core.slo import MISS_REASONS
 from kvloop.engine.core.snapshot import EngineSnapshot
 
 # vLLM's buckets, so that dashboards and SLO rules built for vLLM read the same.
@@ -90,6 +91,13 @@ class SnapshotCollector(Collector):
                             s.num_oom_events)
         yield self._counter("kvloop:step_failures", "Engine steps whose model forward raised (their requests "
                             "failed, the engine went on).", s.step_failures)
+        # every finished request judged against the engine's SLO (--slo-ttft-s, --slo-ttft-per-1k-s,
+        # --slo-tpot-s); client aborts are not judged. Goodput: rate(kvloop:slo_good_total)
+        yield self._counter("kvloop:slo_good", "Finished requests that met the SLO: TTFT within its bound "
+                            "for the prompt's length and mean TPOT within its bound.", s.slo_good)
+        yield self._split("kvloop:slo_missed", "Finished requests that missed the SLO, by the first reason: "
+                          "ttft, tpot, or failed (the engine failed it or no token came).",
+                          {r: s.slo_missed.get(r, 0) for r in MISS_REASONS}, "reason")
         yield self._gauge("kvloop:batch_cap", "Live upper bound on running requests.", s.batch_cap)
         yield self._gauge("kvloop:step_token_budget",
                           "Live token budget of one step (the prefill chunk size).",

@@ -122,6 +122,23 @@ def serve_in_thread(app, args: argparse.Namespace, lifespan: str = "off") -> Ite
         thread.join(timeout=15)
 
 
+@contextlib.contextmanager
+def serve_ready(app, args: argparse.Namespace) -> Iterator[tuple[str, object]]:
+    """serve_in_thread with the app's engine started; yields once /ready answers 200 (warmed up)."""
+    with serve_in_thread(app, args, lifespan="on") as (url, config):
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("the test server did not become ready")
+        yield url, config
+
+
 @pytest.fixture(scope="session")
 def core_engine(checkpoint, fp32_model, tokenizer) -> EngineCore:
     ckpt, model = checkpoint, fp32_model
@@ -137,17 +154,7 @@ def server(core_engine, tokenizer) -> LiveServer:
     else:
         app, async_engine = build_server(core_engine, args)
     async_engine.exit_on_death = False  # a dead engine here must fail tests, not end pytest's process
-    with serve_in_thread(app, args, lifespan="on") as (url, config):
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("the test server did not become ready")
+    with serve_ready(app, args) as (url, config):
         yield LiveServer(url, core_engine, async_engine, app, config.http)
 
 

@@ -24,7 +24,7 @@ KVLOOP = ["kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:
           "kvloop:cache_host_copies_skipped",
           "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret", "kvloop:tpot_target_seconds",
           "kvloop:decode_step_seconds",
-          "kvloop:admission_tpot_holds", "kvloop:cache_config_info"]
+          "kvloop:admission_tpot_holds", "kvloop:slo_good", "kvloop:slo_missed", "kvloop:cache_config_info"]
 HISTOGRAMS = ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
               "request_queue_time_seconds"]
 
@@ -86,7 +86,7 @@ def test_metrics_read_the_engine_snapshot():
                           num_preemptions=3, num_preemptions_by_kind={"swap": 1, "recompute": 2},
                           watermark=0.3,
                           kv_mode="codesign", step_failures=1, kv_stats=stats, tpot_target_s=0.08,
-                          decode_step_s=0.095, tpot_holds=4)
+                          decode_step_s=0.095, tpot_holds=4, slo_good=9, slo_missed={"ttft": 2, "failed": 1})
     reg = EngineMetrics("m", lambda: snap).registry
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
     assert value(fams["vllm:prefix_cache_queries"]) == 100
@@ -110,4 +110,8 @@ def test_metrics_read_the_engine_snapshot():
     assert value(fams["kvloop:tpot_target_seconds"]) == 0.08
     assert value(fams["kvloop:decode_step_seconds"]) == 0.095
     assert value(fams["kvloop:admission_tpot_holds"]) == 4
+    assert value(fams["kvloop:slo_good"]) == 9
+    # every reason is exported, zero where none missed, so rate() has a baseline
+    assert {s.labels["reason"]: s.value for s in fams["kvloop:slo_missed"].samples} == \
+        {"ttft": 2, "tpot": 0, "failed": 1}
     assert fams["kvloop:cache_config_info"].samples[0].labels["mode"] == "codesign"
