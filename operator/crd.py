@@ -18,7 +18,7 @@ from kvloop.engine.core.policy import policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
 from kvloop.operator import step_budget as SB
-from kvloop.operator.spec import DEFAULTS
+from kvloop.operator.spec import DEFAULTS, SLO_BOUNDS
 
 
 def _d(path: str) -> Any:
@@ -281,6 +281,21 @@ def spec_schema() -> dict[str, Any]:
                                _d("feedback.targets.maxQueueDepth"))}, default={}),
     }, default={}, rules=[("self.staleAfterSeconds >= 2 * self.intervalSeconds",
                            "staleAfterSeconds must be at least twice intervalSeconds")])
+    def slo_field(key: str, desc: str) -> dict[str, Any]:
+        return n(desc, *SLO_BOUNDS[key], _d(f"slo.{key}"))
+
+    slo = o("The service-level objective: a request is good when its time to first token is within "
+            "ttftSeconds + ttftPerThousandPromptTokensSeconds per 1,000 prompt tokens and its mean time per "
+            "output token within tpotSeconds. The engine counts every finished request against it "
+            "(kvloop:slo_good_total, kvloop:slo_missed_total{reason}); goodput is good requests per "
+            "second. The defaults are kvloop serve's, at CPU scale (engine/core/defaults.py).", {
+        "ttftSeconds": slo_field("ttftSeconds", "Time to first token allowed to every request, seconds."),
+        "ttftPerThousandPromptTokensSeconds": slo_field(
+            "ttftPerThousandPromptTokensSeconds",
+            "Time to first token allowed on top per 1,000 prompt tokens, seconds (0: the same for every "
+            "prompt)."),
+        "tpotSeconds": slo_field("tpotSeconds", "Mean time per output token allowed (after the first), "
+                                 "seconds.")}, default={})
     toleration = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     props = {
         "replicas": i("Number of engine pods.", 0, 256, _d("replicas")),
@@ -301,6 +316,7 @@ def spec_schema() -> dict[str, Any]:
                                       L.SIDECAR_FLOORS),
         "engine": engine,
         "feedback": feedback,
+        "slo": slo,
         "observability": o("Monitoring.", {
             "logLevel": s("Log level of engine and sidecar.", ["debug", "info", "warning", "error"],
                           _d("observability.logLevel")),

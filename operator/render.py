@@ -30,7 +30,7 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 
 
 def engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    eng, kv = spec["engine"], spec["engine"]["kvCache"]
+    eng, kv, slo = spec["engine"], spec["engine"]["kvCache"], spec["slo"]
     return {
         "model": {"source": spec["model"]["source"], "path": model_path(spec),
                   "served_name": spec["model"].get("name") or C.EMBEDDED_MODEL_NAME,
@@ -49,6 +49,9 @@ def engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "host_admit_min_requests": kv["hostAdmitMinRequests"],
             "min_prefix_tokens": kv["minPrefixTokens"], "retention_watermark": kv["retentionWatermark"],
         },
+        "slo": {"ttft_s": slo["ttftSeconds"],
+                "ttft_per_1k_prompt_tokens_s": slo["ttftPerThousandPromptTokensSeconds"],
+                "tpot_s": slo["tpotSeconds"]},
         "control": {"path": C.CONTROL_PATH, "targets_stale_after_s": spec["feedback"]["staleAfterSeconds"]},
         "log_level": spec["observability"]["logLevel"],
         "instance": name,

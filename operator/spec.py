@@ -62,6 +62,11 @@ DEFAULTS: dict[str, Any] = {
         # no objectives by default (engine/core/defaults.py says why); maxQueueDepth 0: any queue counts
         "targets": {"maxQueueDepth": D.FEEDBACK_MAX_QUEUE_DEPTH.value},
     },
+    # what a good request is (engine/core/slo.py): the engine counts finishes against it, the coordinator
+    # steers on the counts
+    "slo": {"ttftSeconds": D.SLO_TTFT_BASE_S.value,
+            "ttftPerThousandPromptTokensSeconds": D.SLO_TTFT_PER_1K_S.value,
+            "tpotSeconds": D.SLO_TPOT_S.value},
     "observability": {"logLevel": "info", "serviceMonitor": {"enabled": False, "interval": "30s"}},
     "routing": {"inferencePool": {"enabled": False}},
     "service": {"type": "ClusterIP", "port": 8000},
@@ -118,8 +123,24 @@ def problems(spec: dict[str, Any]) -> list[str]:
     if sched["maxNumBatchedTokens"] < engine["blockSize"]:
         out.append("engine.scheduler.maxNumBatchedTokens is smaller than one KV block")
     out += step_budget.problems(spec)
+    out += slo_problems(spec["slo"])
     disk = kv["disk"]
     if disk["enabled"] and disk["storage"] == "pvc" and not disk.get("claimName"):
         # The CEL rule rejects this too; kept for objects written before the rule existed.
         out.append("engine.kvCache.disk.storage is pvc but claimName is not set")
     return out
+
+
+# field -> (lowest value, highest value): the CRD's bounds (crd.py reads them), the engine's Slo refuses
+# a bound of 0 for TTFT and TPOT; no per-token allowance (0) is a flat TTFT objective
+SLO_BOUNDS: dict[str, tuple[float, float]] = {
+    "ttftSeconds": (0.001, 3600.0),
+    "ttftPerThousandPromptTokensSeconds": (0.0, 3600.0),
+    "tpotSeconds": (0.001, 60.0),
+}
+
+
+def slo_problems(slo: dict[str, Any]) -> list[str]:
+    """The CRD's ranges, for objects that skipped the schema: the engine would refuse to start."""
+    return [f"slo.{key} must be between {lo:g} and {hi:g}" for key, (lo, hi) in SLO_BOUNDS.items()
+            if not lo <= slo[key] <= hi]

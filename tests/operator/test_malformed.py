@@ -33,6 +33,9 @@ MALFORMED = {
                           "spec.service.port must be an integer"),
     "monitor-flag-is-a-string": (body({"observability": {"serviceMonitor": "on"}}),
                                  "spec.observability.serviceMonitor must be an object"),
+    "slo-is-a-string": (body({"slo": "fast"}), "spec.slo must be an object, not string"),
+    # the engine would refuse to start with it
+    "slo-ttft-of-zero": (body({"slo": {"ttftSeconds": 0}}), "slo.ttftSeconds must be between 0.001 and 3600"),
     # (A status that is no object at all is replaced whole by the operator; kmock 0.8's merge patch
     # refuses to replace a scalar with an object, unlike RFC 7386 and the API server, so not here.)
     "status-parts-malformed": (body({"replicas": 1}, status={"conditions": ["Ready", {"status": "True"}],
