@@ -28,7 +28,7 @@ ENGINE_METRICS = {
                 "kvloop:cache_admissions_refused", "kvloop:cache_host_copies_refused",
                 "kvloop:cache_host_copies_skipped",
                 "kvloop:cache_lower_tier_recomputed", "kvloop:eviction_regret",
-                "kvloop:admission_tpot_holds"],
+                "kvloop:admission_tpot_holds", "kvloop:slo_good", "kvloop:slo_missed"],
     "gauge": ["vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
               "kvloop:num_requests_waiting", "kvloop:num_requests_running", "kvloop:kv_cache_usage_perc",
               "kvloop:batch_cap", "kvloop:retention_watermark", "kvloop:step_token_budget",
@@ -83,7 +83,7 @@ def test_dashboard_loads_and_covers_the_required_panels():
     for needed in ("throughput", "time to first token", "inter-token", "end-to-end", "running vs waiting",
                    "kv cache use per tier", "hit rate per tier", "batch cap", "watermark",
                    "step token budget",
-                   "tpot", "preemptions", "rejections"):
+                   "tpot", "preemptions", "rejections", "goodput", "slo miss share"):
         assert needed in titles, needed
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
@@ -133,6 +133,34 @@ def test_step_budget_alert_fires_only_when_every_budget_decision_is_at_min():
     assert "step_token_budget" in getattr(law, "KNOBS", ("step_token_budget",))
 
 
+def test_goodput_panels_read_the_slo_counters():
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    goodput = panels["Goodput (requests/s meeting the SLO)"]["targets"]
+    assert [NAME.findall(t["expr"]) for t in goodput] == [["kvloop:slo_good_total"],
+                                                         ["kvloop:slo_missed_total"]]
+    assert "by (reason)" in goodput[1]["expr"]
+    share = panels["SLO miss share by reason"]
+    assert share["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    expr = share["targets"][0]["expr"]
+    assert expr.startswith("sum by (reason) (rate(kvloop:slo_missed_total")
+    assert sorted(set(NAME.findall(expr))) == ["kvloop:slo_good_total", "kvloop:slo_missed_total"]
+    assert min(p["gridPos"]["y"] for p in panels.values()) == panels["Goodput (requests/s meeting the SLO)"][
+        "gridPos"]["y"], "goodput, the objective, comes first"
+
+
+def test_slo_alert_fires_on_the_missed_share_with_enough_traffic():
+    rules = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    rule = next(r for g in rules["spec"]["groups"] for r in g["rules"] if r["alert"]
+                == "KvloopSLOMissedShareHigh")
+    expr = " ".join(rule["expr"].split())
+    judged = ("( sum by (namespace, service) (rate(kvloop:slo_good_total[15m])) "
+              "+ sum by (namespace, service) (rate(kvloop:slo_missed_total[15m])) )")
+    assert expr == (f"( sum by (namespace, service) (rate(kvloop:slo_missed_total[15m])) / {judged} ) > 0.1 "
+                    f"and {judged} > 0.05")
+    assert rule["for"] == "15m" and rule["labels"]["severity"] == "warning"
+    assert "spec.slo" in rule["annotations"]["description"]
+
+
 def test_promql_is_balanced():
     for expr in promql_exprs():
         for open_, close in ("()", "{}", "[]"):
@@ -145,7 +173,7 @@ def test_alerts_cover_the_required_signals():
     for name in ("KvloopHighErrorRate", "KvloopP99TTFTHigh", "KvloopKVCacheNearlyFull",
                  "KvloopQueueDepthHigh",
                  "KvloopLowPrefixHitRate", "KvloopPreemptionsHigh", "KvloopFeedbackStale",
-                 "KvloopStepBudgetAtMinimum"):
+                 "KvloopStepBudgetAtMinimum", "KvloopSLOMissedShareHigh"):
         assert name in alerts, name
         assert alerts[name]["annotations"]["summary"]
     assert alerts["KvloopKVCacheNearlyFull"]["for"] == "10m"
