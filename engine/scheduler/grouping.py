@@ -11,7 +11,9 @@
    that is still prefilling than the cache holds now is deferred for this step: once that prefill
    commits its blocks, the request gets them as a hit instead of computing the same prefix twice.
 Above `max_queue` waiting requests the order is plain FCFS (overload: fairness first, and no per-step
-scan of a long queue)."""
+scan of a long queue).
+This is the `arrival` queue order; `work` (ordering.py) orders by remaining work under an adaptive aging
+bound instead, and shares the deferral of 3."""
 
 from __future__ import annotations
 
@@ -38,10 +40,16 @@ def order_waiting(waiting: Seq[Sequence], running: Seq[Sequence], view: PrefixVi
         if id(s) in prio_ids:
             continue
         peek = view.peek(s)
-        hit = peek.blocks
-        if prefilling and any(view.common_blocks(s, r) - hit >= min_share for r in prefilling):
-            continue  # deferred: its prefix is being computed right now
+        if defers(view, s, peek, prefilling, min_share):
+            continue
         saving = join_saving(peek) if join_saving is not None and peek.shared else 0.0
-        rest.append((-saving, -hit, enqueued(s), s))
+        rest.append((-saving, -peek.blocks, enqueued(s), s))
     rest.sort(key=lambda x: x[:3])
     return first + [x[3] for x in rest], prio_ids
+
+
+def defers(view: PrefixView, seq: Sequence, peek: PrefixHit, prefilling: Seq[Sequence],
+           min_share: int) -> bool:
+    """seq waits this step: a running request is prefilling at least `min_share` blocks of seq's prefix
+    beyond what the cache holds now (once that prefill commits them, seq gets them as a hit)."""
+    return any(view.common_blocks(seq, r) - peek.blocks >= min_share for r in prefilling)

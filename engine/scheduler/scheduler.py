@@ -5,7 +5,8 @@ pool cannot hold that growth, the newest running sequence is preempted (swapped 
 there is room, else freed and recomputed later) instead of failing. Then waiting sequences are admitted
 while the batch cap, the token budget and memory allow, as the policy (policy.py, named by `mode`) says:
 - FCFS admission (continuous, continuous+lru): in arrival order; the head waits for memory.
-- grouped admission (codesign): in prefix-grouping order with aging (grouping.py), each through the
+- grouped admission (codesign): in prefix-grouping order with aging (grouping.py), or with queue_order work
+  by remaining uncached work under an adaptive aging bound (ordering.py), each through the
   cache-aware admission gate (admission.py). Requests that join a running group's shared prefix come
   first (they add only their suffix to a decode step's reads). The batch cap counts plain rows: past it, a
   request is admitted while the step's decode attention with it, priced by the step-cost function shared with
@@ -39,6 +40,7 @@ from kvloop.engine.scheduler.admission_entry import admission_shut, admission_tr
 from kvloop.engine.scheduler.bookkeeping import Sampled, advance
 from kvloop.engine.scheduler.config import RequestRejected, SchedulerConfig, resolve_cascade_groups
 from kvloop.engine.scheduler.grouping import order_waiting
+from kvloop.engine.scheduler.ordering import WaitReference, order_by_work
 from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.running import place, schedule_running
@@ -76,6 +78,7 @@ class Scheduler:
         # finished by the scheduler itself (static OOM); the engine reports them
         self.failed: list[Sequence] = []
         self._enqueued: dict[Sequence, float] = {}
+        self.waits = WaitReference()  # recent queue waits: the aging bound of queue_order work
         self.requests_finished = 0  # finish() of any reason; for the engine snapshot
         self.tokens_generated = 0  # output tokens of the finished requests
         self.slo_ledger = SloLedger(config.slo)
@@ -214,10 +217,16 @@ class Scheduler:
 
     def _admit_grouped_peeking(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         cfg = self.config
-        order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued,
-                                        cfg.aging_s,
-                                        cfg.grouping_max_queue, max(1, self.kv.config.min_prefix_tokens //
-                                                                    self.kv.block_size), self.join_saving_us)
+        min_share = max(1, self.kv.config.min_prefix_tokens // self.kv.block_size)
+        if cfg.queue_order == "work":
+            aged_after = self.waits.aged_after(cfg.aging_factor, cfg.aging_floor_s)
+            order, priority = order_by_work(self.waiting, self.running, self.view, now, self.enqueued,
+                                            aged_after, cfg.grouping_max_queue, min_share, self.kv.block_size,
+                                            self.join_saving_us)
+        else:
+            order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued,
+                                            cfg.aging_s, cfg.grouping_max_queue, min_share,
+                                            self.join_saving_us)
         headroom = self.gate.headroom(self.running)
         past_cap: list[float] | None = None  # [priced step, its budget] once the cap is reached
         for seq in order:
@@ -304,10 +313,11 @@ class Scheduler:
         return 0
 
     def start_running(self, seq: Sequence, now: float) -> None:
-        self._enqueued.pop(seq, None)
-        seq.status = SeqStatus.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
+            self.waits.record(now - self.enqueued(seq))
+        self._enqueued.pop(seq, None)
+        seq.status = SeqStatus.RUNNING
         seq.stint = next(self._stints)
         self.running.append(seq)
 

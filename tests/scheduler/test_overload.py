@@ -13,14 +13,15 @@ from kvloop.engine.scheduler.scheduler import RequestRejected
 DOCS = [toks(50 + d, 48) for d in range(3)]
 
 
-@pytest.mark.parametrize("mode", ["static", "continuous", "continuous+lru", "codesign"])
+@pytest.mark.parametrize("mode", ["static", "continuous", "continuous+lru", "codesign", "codesign/work"])
 def test_tiny_pool_nothing_lost_nothing_hangs(mode):
     rng = random.Random(mode)
     clock = FakeClock()
+    mode, _, order = mode.partition("/")
     kv = kv_config("continuous" if mode == "static" else mode,
                    host_cache_tokens=64 if mode == "codesign" else 0)
     s = make(num_blocks=40, kv=kv, clock=clock, mode=mode, max_waiting=12, max_num_batched_tokens=64,
-             aging_s=0.5)
+             aging_s=0.5, queue_order=order or "arrival")
     seqs, rejected = [], {}
     for _tick in range(200):
         for _ in range(rng.choice([0, 0, 1, 2, 3])):  # bursts
