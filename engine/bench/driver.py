@@ -40,9 +40,11 @@ class _Due:
 
 
 def run_workload(workload: Workload, target: Target, progress: bool = False, sample_every_s: float = 0.25,
-                 timeout_s: float | None = None, guard: NoiseGuard | None = None) -> RunResult:
+                 timeout_s: float | None = None, guard: NoiseGuard | None = None,
+                 last_send_s: float | None = None) -> RunResult:
     """Sends every request of `workload` to `target` and waits for all of them (or `timeout_s`: the
-    unfinished ones are recorded as failed 'timeout')."""
+    unfinished ones are recorded as failed 'timeout'). `last_send_s`: nothing is sent after it (chat turns
+    due later are not sent and not recorded), so a fixed window of traffic ends when it says."""
     due: list[_Due] = [_Due(r.arrival_s, r.request_id, r.kind, r.prompt,
                             r.max_tokens) for r in workload.requests]
     replies: dict[str, list[list[int]]] = {}
@@ -67,11 +69,15 @@ def run_workload(workload: Workload, target: Target, progress: bool = False, sam
                 break
             while due and due[0].t <= now:
                 d = heapq.heappop(due)
+                if last_send_s is not None and d.t > last_send_s:
+                    continue
                 records[d.request_id] = RequestRecord(d.request_id, d.kind, d.t, prompt_tokens=len(d.prompt))
                 outputs[d.request_id] = []
                 if d.session is not None:
                     chat_of[d.request_id] = d
                 target.submit(d.request_id, d.prompt, d.max_tokens)
+            if last_send_s is not None and now > last_send_s:
+                due.clear()  # the window is over: what is still due is never sent
             if now >= next_sample:
                 snap = target.snapshot()
                 if snap is not None:
