@@ -31,20 +31,20 @@ def _h200():
 
 # name -> (mode, workload, profile, SimConfig fields (gpu: the profile's sizing, else the smoke one), digest)
 RUNS = {
-    "smoke-static": ("static", lambda: bw.w1_smoke(seed=0), _cpu, {}, "0c284361ed7ec537"),
-    "smoke-continuous": ("continuous", lambda: bw.w1_smoke(seed=0), _cpu, {}, "0bc9fcc959880659"),
-    "smoke-continuous+lru": ("continuous+lru", lambda: bw.w1_smoke(seed=0), _cpu, {}, "70d114e23a240b4e"),
-    "smoke-codesign": ("codesign", lambda: bw.w1_smoke(seed=0), _cpu, {}, "4caeb895d1c83a85"),
+    "smoke-static": ("static", lambda: bw.w1_smoke(seed=0), _cpu, {}, "64583d40e8fe098b"),
+    "smoke-continuous": ("continuous", lambda: bw.w1_smoke(seed=0), _cpu, {}, "c4884961ccc0927a"),
+    "smoke-continuous+lru": ("continuous+lru", lambda: bw.w1_smoke(seed=0), _cpu, {}, "60e9409bb92bcaca"),
+    "smoke-codesign": ("codesign", lambda: bw.w1_smoke(seed=0), _cpu, {}, "14d35c6e0e7edab4"),
     "smoke-codesign-tight": ("codesign", lambda: bw.w1_smoke(seed=1), _cpu,
-                             {"kv_cache_tokens": 1024}, "5dd2dfd33fcd86ad"),
+                             {"kv_cache_tokens": 1024}, "afb88fd32ba8a262"),
     "smoke-codesign-coord": ("codesign", lambda: bw.w1_smoke(seed=2), _cpu, {"feedback": COORD},
-                             "e30f109370d16b36"),
+                             "6a0c33e2c5589c86"),
     "gpu80-continuous+lru": ("continuous+lru", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200,
-                             {"gpu": True}, "091d9497a52a1dc5"),
+                             {"gpu": True}, "1418e7694989fb58"),
     "gpu80-codesign": ("codesign", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200, {"gpu": True},
-                       "75695d7a17133e74"),
+                       "5e02bc5458edeca6"),
     "gpu-phased-coord": ("codesign", lambda: scenarios.phased_w1([20.0, 80.0], 10.0), _h200,
-                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "553c55946982a31b"),
+                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "27871eb3c9007248"),
 }
 
 
