@@ -125,6 +125,16 @@ class PodTarget(KvloopServeTarget):
         log = open(Path(tempfile.gettempdir()) / f"{Path(self.control).stem}-sidecar.log", "w")
         self.sidecar = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.cmd_sidecar = cmd
+        try:  # a setting the sidecar refuses ends it at once: say so rather than run codesign without it
+            rc = self.sidecar.wait(3)
+        except subprocess.TimeoutExpired:
+            return
+        self.sidecar = None
+        raise RuntimeError(f"{self.name}: the sidecar exited ({rc}); log: {log.name}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and (
+            not self.with_sidecar or (self.sidecar is not None and self.sidecar.poll() is None))
 
     def info(self) -> dict:
         return {**super().info(), "sidecar": " ".join(getattr(self, "cmd_sidecar", [])) or None,
@@ -164,8 +174,10 @@ class CellTarget(Target):
         self.http = HTTPTarget(server.http.base_url, server.name, flavor="openai")
 
     def start(self) -> None:
-        if self.server.proc is None or self.server.proc.poll() is not None:
-            raise RuntimeError(f"{self.name}: the server is not running")
+        alive = getattr(self.server, "alive", lambda: self.server.proc is not None
+                        and self.server.proc.poll() is None)
+        if not alive():
+            raise RuntimeError(f"{self.name}: the server (or its sidecar) is not running")
         self.http.start()
 
     def submit(self, request_id, prompt, max_tokens):
