@@ -47,14 +47,16 @@ def _p(xs: list[float], q: float) -> float | None:
 
 
 def slo_report(records: Iterable[RequestRecord], slo: Slo) -> dict:
-    """slo_metrics under `slo`, TTFT and TPOT P50/P99 of the finished requests, refusals by reason
-    ("rejections") and other failures ("failures")."""
+    """slo_metrics under `slo`, the offered rate (requests over the span of their sends), TTFT and TPOT
+    P50/P99 of the finished requests, refusals by reason ("rejections") and other failures ("failures")."""
     recs = list(records)
     ok = [r for r in recs if r.ok]
     ttfts = [r.ttft for r in ok]
     tpots = [t for r in ok if (t := r.tpot) is not None]
     refused, failed = failures(recs)
-    return {**slo_metrics(recs, slo),
+    sends = [r.send_s for r in recs]
+    window = max(sends) - min(sends) if sends else 0.0
+    return {**slo_metrics(recs, slo), "offered_req_s": len(recs) / window if window > 0 else None,
             "ttft_p50_s": _p(ttfts, 50), "ttft_p99_s": _p(ttfts, 99),
             "tpot_p50_s": _p(tpots, 50), "tpot_p99_s": _p(tpots, 99),
             "rejections": refused, "failures": failed}
