@@ -104,6 +104,19 @@ class Observation:
     tier_hit_rates: Mapping[str, float] = field(default_factory=dict)  # each tier's hits / tokens asked of it
     requests_finished: int = 0
     tokens_generated: int = 0
+    # SLO outcomes of the requests finished over the observation (engine.core.slo; aborts are not judged):
+    # what the goodput and bandit laws steer on (sidecar.goodput)
+    slo_good: int = 0
+    slo_missed: Mapping[str, int] = field(default_factory=dict)  # MISS_REASONS -> requests
+    slo_slack_count: int = 0  # judged requests with a first token
+    slo_slack_mean: float | None = None  # their mean slack (1 instant, 0 at the bound, < 0 missed)
+    # requests that arrived: finished + refused + growth of those waiting or running (the record has no
+    # arrival counter; conservation gives it)
+    requests_arrived: int = 0
+
+    @property
+    def slo_judged(self) -> int:
+        return self.slo_good + sum(self.slo_missed.values())
 
 
 @dataclass(frozen=True)
@@ -373,8 +386,7 @@ class ControlLaw:
     def _budget(self, o: Observation) -> Decision:
         s, p, b = self.settings, self.settings.law, self.step_token_budget
         bounds = self.budget_bounds
-        rows = o.running if o.running_max is None else o.running_max
-        floor = int(bounds.clamp(math.ceil(rows) + bounds.min))
+        floor = self.decode_floor(o)
         decoding = o.num_decoding if o.decoding_max is None else o.decoding_max
         objective = s.tpot_p50_s
         inputs = _inputs(tpot_p50_s=o.tpot_p50_s, tpot_objective_s=objective, num_decoding=o.num_decoding,
@@ -400,6 +412,13 @@ class ControlLaw:
                 return Decision("step_token_budget", b, b, "cooldown", inputs)
             return self._move("step_token_budget", b, bounds.max, bounds, "tpot_headroom", inputs)
         return Decision("step_token_budget", b, b, "tpot_in_band", inputs)
+
+    def decode_floor(self, o: Observation) -> int:
+        """The least step budget: the most running rows (each decode row takes a token of it) plus the
+        budget's min (room for prefills)."""
+        bounds = self.budget_bounds
+        rows = o.running if o.running_max is None else o.running_max
+        return int(bounds.clamp(math.ceil(rows) + bounds.min))
 
     # ---- shared ---------------------------------------------------------------------------------
     def _apply(self, decisions: list[Decision]) -> None:

@@ -7,6 +7,7 @@ import math
 
 from kvloop.engine.control.records import ControlRecord
 from kvloop.engine.core.kv_stats import TIERS
+from kvloop.engine.core.slo import MISS_REASONS
 from kvloop.sidecar.law import Observation, memory_cap
 
 
@@ -57,9 +58,28 @@ class PeriodWindow:
 
     def delta(self, name: str) -> int:
         """How much a cumulative counter of the record grew over the period."""
+        return int(round(self.fdelta(name)))
+
+    def fdelta(self, name: str) -> float:
+        """The growth of a cumulative counter; across a new engine start (another start_id, or a counter that
+        went down) the counters began at zero, so the growth is the last value."""
         if self.first is None or self.last is None:
+            return 0.0
+        now, before = getattr(self.last, name), getattr(self.first, name)
+        if self.last.start_id != self.first.start_id or now < before:
+            return now
+        return now - before
+
+    def arrived(self) -> int:
+        """Requests that arrived over the period: those finished or refused, plus the growth of those in the
+        engine (waiting or running); across a new start, those in it now."""
+        first, last = self.first, self.last
+        if first is None or last is None:
             return 0
-        return max(0, int(getattr(self.last, name)) - int(getattr(self.first, name)))
+        inside = last.num_waiting + last.num_running
+        if last.start_id == first.start_id and last.requests_finished >= first.requests_finished:
+            inside -= first.num_waiting + first.num_running
+        return max(0, self.delta("requests_finished") + self.delta("rejections") + inside)
 
     def hit_rate(self) -> float | None:
         """All tiers' hits over the tokens looked up (every lookup asks the device first)."""
@@ -82,6 +102,7 @@ class PeriodWindow:
         if not self.n or self.last is None:
             return None
         first, last = self.first or self.last, self.last
+        slack_n = self.delta("slo_slack_count")
         return Observation(
             queue_depth=self.waiting_sum / self.n,
             running=self.running_sum / self.n,
@@ -105,4 +126,9 @@ class PeriodWindow:
             step_token_budget_max=last.step_token_budget_max,
             queue_growth=float(last.num_waiting - first.num_waiting),
             seconds=max(0.0, (last.time_ns - first.time_ns) / 1e9),
+            slo_good=self.delta("slo_good"),
+            slo_missed={r: self.delta(f"slo_missed_{r}") for r in MISS_REASONS},
+            slo_slack_count=slack_n,
+            slo_slack_mean=self.fdelta("slo_slack_sum") / slack_n if slack_n else None,
+            requests_arrived=self.arrived(),
         )
