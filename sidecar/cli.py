@@ -6,6 +6,8 @@ import argparse
 
 
 def add_sidecar_parser(sub) -> None:
+    from kvloop.sidecar.settings import LAWS
+
     p = sub.add_parser("sidecar", help="run the feedback coordinator (the pod's sidecar)")
     p.add_argument("--config", default=None, help="settings file (YAML or JSON), reloaded when it changes")
     p.add_argument("--control", default=None,
@@ -15,6 +17,9 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--mode", default=None, choices=("off", "observe", "enforce"),
                    help="override the settings' mode")
     p.add_argument("--period", type=float, default=None, help="override the settings' period in seconds")
+    p.add_argument("--law", default=None, choices=LAWS,
+                   help="override the settings' law (the trials' and the bandit's parameters: the settings "
+                        "file's trial and bandit keys)")
     p.set_defaults(func=cmd_sidecar)
 
 
@@ -22,4 +27,4 @@ def cmd_sidecar(args: argparse.Namespace) -> int:
     from kvloop.sidecar.main import run
 
     return run(config=args.config, control=args.control, host=args.host, port=args.port,
-               mode=args.mode, period=args.period)
+               mode=args.mode, period=args.period, law=args.law)

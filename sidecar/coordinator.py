@@ -78,7 +78,7 @@ class Coordinator:
     def sample(self) -> ControlRecord | None:
         """Reads one snapshot; returns it when fresh, else counts a stale read and returns None."""
         if self.watcher.poll():
-            self.law.update_settings(self.settings)
+            self.steer.update_settings(self.settings)
         link = self._open()
         snap = link.read_snapshot() if link else None
         if snap is None or snap.age_s > self.settings.snapshot_stale_after:

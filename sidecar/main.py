@@ -14,11 +14,11 @@ log = logging.getLogger("kvloop.sidecar")
 
 
 def run(config: str | None, control: str | None, host: str = "0.0.0.0", port: int = 9090,
-        mode: str | None = None, period: float | None = None) -> int:
+        mode: str | None = None, period: float | None = None, law: str | None = None) -> int:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    overrides = {k: v for k, v in (("mode", mode), ("period_s", period)) if v is not None}
+    overrides = {k: v for k, v in (("mode", mode), ("period_s", period), ("law_kind", law)) if v is not None}
     watcher = SettingsWatcher(config, overrides)
     coord = Coordinator(watcher, control_path=control)
     s = watcher.settings
@@ -32,8 +32,8 @@ def run(config: str | None, control: str | None, host: str = "0.0.0.0", port: in
     stop = threading.Event()
     loop = threading.Thread(target=coord.run, args=(stop, on_tick), name="coordinator", daemon=True)
     loop.start()
-    log.info("sidecar: mode=%s period=%ss control=%s annotation=%s", s.mode, s.period_s, coord.control_path,
-             "on" if publisher else "off")
+    log.info("sidecar: mode=%s law=%s period=%ss control=%s annotation=%s", s.mode, s.law_kind, s.period_s,
+             coord.control_path, "on" if publisher else "off")
     try:
         uvicorn.run(build_app(coord, alive=loop.is_alive), host=host, port=port, log_level="warning")
     finally:

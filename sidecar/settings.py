@@ -17,6 +17,19 @@ Shape (every key optional)::
           event_cooldown_s: 10, preemption_share: 0.1}
     control: {path: /run/kvloop/control.bin}
     annotation: {enabled: true, key: kvloop.io/feedback, heartbeat_s: 60}
+    law: goodput             # rules (default) | goodput | bandit; or law: {kind: goodput, kv_band_low: ...}
+    trial: {window_periods: 3, settle_periods: 1, margin: 0.02, noise_z: 1.0, min_judged: 20, min_proxy: 3,
+            proxy_margin: 0.02, cap_step: 1.25, watermark_step: 0.1, budget_step: 2.0, rest_periods: 10,
+            max_wait_periods: 12}
+    bandit: {cap_factors: [0.75, 1.0, 1.25], budget_factors: [0.25, 0.5, 1.0, 2.0], watermark_offsets: [0.0],
+             explore: 0.5, arm_periods: 2, min_judged: 5, seed: 0}
+
+Which law steers (`law`, `kvloop sidecar --law`): `rules` (sidecar.law: AIMD cap, watermark rules,
+TPOT-steered budget), `goodput` (sidecar.goodput: trials of one knob step each, kept when the SLO goodput
+rose, rolled back when not; `trial` sets them) or `bandit` (sidecar.bandit: a contextual bandit over a grid
+of knob settings, keyed by the load regime; `bandit` sets it). All three start at the same memory-derived
+values and keep the same safety rules. The bounds of every `trial` and `bandit` value are in TRIAL_LIMITS
+and BANDIT_LIMITS.
 
 The batch cap's `initial` holds only until the first request is seen: then the cap is placed at the
 memory-derived maximum (sidecar.law). Without one, the cap starts from the pool and the engine's max
@@ -86,6 +99,72 @@ class LawParams:
     event_cooldown_s: float = 10.0  # at most one event decision this often
 
 
+LAWS = ("rules", "goodput", "bandit")
+
+
+@dataclass(frozen=True)
+class TrialParams:
+    """The goodput law's trials (sidecar.goodput); bounds in TRIAL_LIMITS."""
+
+    window_periods: int = 3  # periods one window of judgement spans (the baseline and the trial alike)
+    # periods after a move that no window counts: the requests finishing then were admitted before it
+    settle_periods: int = 1
+    margin: float = 0.02  # keep a trial when the goodput share rose by more than this (absolute)...
+    noise_z: float = 1.0  # ... and by more than this many standard errors of the difference (0: none)
+    min_judged: int = 20  # requests judged in each window to compare goodput shares; fewer: the proxy
+    min_proxy: int = 3  # requests with a first token in each window for the proxy (mean slack); fewer: hold
+    proxy_margin: float = 0.02  # keep a trial judged on the proxy when the mean slack rose by more than this
+    cap_step: float = 1.25  # a cap trial multiplies or divides the cap by this (at least one request)
+    watermark_step: float = 0.1  # a watermark trial adds or takes this
+    budget_step: float = 2.0  # a step budget trial multiplies or divides the budget by this
+    rest_periods: int = 10  # after a round of trials with none kept, periods before the next round
+    max_wait_periods: int = 12  # a trial waits this long for traffic enough to judge it, then rolls back
+
+
+TRIAL_LIMITS = {"window_periods": (1, 20), "settle_periods": (0, 10), "margin": (0.0, 0.5),
+                "noise_z": (0.0, 5.0), "min_judged": (1, 100_000), "min_proxy": (1, 100_000),
+                "proxy_margin": (0.0, 1.0), "cap_step": (1.01, 4.0), "watermark_step": (0.01, 0.5),
+                "budget_step": (1.01, 8.0), "rest_periods": (0, 1000), "max_wait_periods": (1, 1000)}
+
+
+@dataclass(frozen=True)
+class BanditParams:
+    """The bandit law's arms and exploration (sidecar.bandit); bounds in BANDIT_LIMITS."""
+
+    cap_factors: tuple[float, ...] = (0.75, 1.0, 1.25)  # times the memory-derived cap
+    budget_factors: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)  # times the step budget at the engine's start
+    watermark_offsets: tuple[float, ...] = (0.0,)  # added to the watermark at the engine's start
+    explore: float = 0.5  # UCB's exploration weight (rewards lie in [0, 1])
+    arm_periods: int = 2  # periods an arm plays: the first settles, the rest are rewarded
+    min_judged: int = 5  # requests judged in a period to reward it with the goodput share; fewer: the proxy
+    seed: int = 0  # orders the untried arms and breaks ties
+
+
+BANDIT_LIMITS = {"cap_factors": (0.1, 4.0), "budget_factors": (0.05, 8.0), "watermark_offsets": (-0.9, 0.9),
+                 "explore": (0.0, 10.0), "arm_periods": (1, 20), "min_judged": (1, 100_000),
+                 "seed": (0, 2**32 - 1)}
+
+
+def _params(cls, raw, limits: dict, name: str):
+    """A params dataclass from a mapping: known keys only, each converted to its default's type and checked
+    against its bounds (tuples: every element, and at least one)."""
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{name} must be a mapping")
+    default = cls()
+    unknown = set(raw) - {f.name for f in fields(cls)}
+    if unknown:
+        raise SettingsError(f"{name}: unknown keys {sorted(unknown)}")
+    values = {}
+    for key, value in raw.items():
+        kind = type(getattr(default, key))
+        lo, hi = limits[key]
+        items = tuple(float(v) for v in value) if kind is tuple else (kind(value),)
+        if not items or not all(lo <= v <= hi for v in items):
+            raise SettingsError(f"{name}.{key} must lie in [{lo}, {hi}]")
+        values[key] = items if kind is tuple else items[0]
+    return cls(**values)
+
+
 def _default_bounds(d: D.Default, integer: bool) -> Bounds:
     conv = int if integer else float
     return Bounds(conv(d.value.min), conv(d.value.max), conv(d.value.max_step), None)
@@ -105,6 +184,9 @@ class Settings:
     tpot_p50_s: float | None = D.FEEDBACK_TPOT_P50_S.value
     max_queue_depth: int = D.FEEDBACK_MAX_QUEUE_DEPTH.value
     law: LawParams = field(default_factory=LawParams)
+    law_kind: str = "rules"  # which law steers (LAWS); the settings file's `law` key names it
+    trial: TrialParams = field(default_factory=TrialParams)
+    bandit: BanditParams = field(default_factory=BanditParams)
     event_path: bool = True  # decisions between periods (sidecar.law: ControlLaw.event)
     control_path: str | None = None
     annotation_enabled: bool = True
@@ -140,6 +222,12 @@ def parse_settings(raw: dict | None) -> Settings:
     targets = raw.get("targets") or {}
     ann = raw.get("annotation") or {}
     law_raw = raw.get("law") or {}
+    if isinstance(law_raw, str):  # law: goodput
+        law_raw = {"kind": law_raw}
+    law_raw = dict(law_raw)
+    law_kind = str(law_raw.pop("kind", d.law_kind))
+    if law_kind not in LAWS:
+        raise SettingsError(f"law must be one of {LAWS}")
     law = LawParams(**{f.name: type(getattr(d.law, f.name))(law_raw[f.name])
                        for f in fields(LawParams) if f.name in law_raw})
     if not 0 < law.kv_band_low <= law.kv_band_high <= 1 or not 0 < law.cut_factor < 1:
@@ -163,6 +251,9 @@ def parse_settings(raw: dict | None) -> Settings:
         tpot_p50_s=float(tpot) if tpot else None,
         max_queue_depth=int(targets.get("max_queue_depth") or 0),
         law=law,
+        law_kind=law_kind,
+        trial=_params(TrialParams, raw.get("trial") or {}, TRIAL_LIMITS, "trial"),
+        bandit=_params(BanditParams, raw.get("bandit") or {}, BANDIT_LIMITS, "bandit"),
         event_path=bool(raw.get("event_path", d.event_path)),
         control_path=(raw.get("control") or {}).get("path"),
         annotation_enabled=bool(ann.get("enabled", d.annotation_enabled)),

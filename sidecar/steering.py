@@ -7,26 +7,52 @@ targets go."""
 from __future__ import annotations
 
 from kvloop.engine.control.records import ControlRecord
+from kvloop.sidecar.bandit import BanditLaw
+from kvloop.sidecar.goodput import GoodputLaw
 from kvloop.sidecar.law import KNOBS, ControlLaw, Decision, Observation
 from kvloop.sidecar.observe import PeriodWindow, start_cap
 from kvloop.sidecar.settings import Settings
 
+LAW_CLASSES: dict[str, type[ControlLaw]] = {"rules": ControlLaw, "goodput": GoodputLaw, "bandit": BanditLaw}
+
+
+def make_law(settings: Settings) -> ControlLaw:
+    """The law the settings name (`law`: rules, goodput or bandit)."""
+    return LAW_CLASSES[settings.law_kind](settings)
+
 
 class Steering:
     def __init__(self, settings: Settings):
-        self.law = ControlLaw(settings)
+        self.law = make_law(settings)
         self.window = PeriodWindow()
         self.last: ControlRecord | None = None  # the previous sample (the event window's start)
         self.last_obs: Observation | None = None  # the last period's observation
+        self._start_args: dict | None = None  # what the law was last reset with (a new engine start)
+
+    def update_settings(self, settings: Settings) -> None:
+        """New settings; another law starts over from the engine's start, then takes the current targets
+        and memory estimate (no jump)."""
+        if settings.law_kind == self.law.settings.law_kind:
+            self.law.update_settings(settings)
+            return
+        old, self.law = self.law, make_law(settings)
+        if self._start_args is not None:
+            self.law.reset(**self._start_args)
+        law = self.law
+        law.batch_cap, law.watermark, law.step_token_budget = old.targets()
+        law.memory_max, law.footprint_blocks = old.memory_max, old.footprint_blocks
+        law._placed, law._anchor = old._placed, old._anchor
+        law.update_settings(settings)
 
     def start(self, rec: ControlRecord, first: bool) -> list[Decision]:
         """A new engine start: back to the initial targets, the period and event windows started over."""
         old = self.law.targets()
         law = self.law
         cap0 = start_cap(rec, law.fill)
-        law.reset(engine_cap=rec.batch_cap, engine_watermark=rec.watermark,
-                  engine_budget=rec.step_token_budget,
-                  start_cap=cap0, budget_ceiling=rec.step_token_budget_max)
+        self._start_args = dict(engine_cap=rec.batch_cap, engine_watermark=rec.watermark,
+                                engine_budget=rec.step_token_budget, start_cap=cap0,
+                                budget_ceiling=rec.step_token_budget_max)
+        law.reset(**self._start_args)
         self.window, self.last = PeriodWindow(), None
         inputs = {"engine_batch_cap": rec.batch_cap, "start_cap": cap0, "pool_blocks": rec.kv_blocks_total,
                   "max_model_len": rec.max_model_len, "engine_watermark": round(rec.watermark, 4),

@@ -33,7 +33,11 @@ def test_operator_rendered_config_parses(tmp_path):
                                  {"step_token_budget": {"min": 0}},
                                  {"step_token_budget": {"min": 512, "max": 256}},
                                  {"law": {"tpot_headroom": 1.5}}, {"law": {"budget_settle_s": -1}},
-                                 {"law": {"preemption_share": -0.1}}])
+                                 {"law": {"preemption_share": -0.1}}, {"law": "learned"},
+                                 {"law": {"kind": "pid"}}, {"trial": {"window_periods": 0}},
+                                 {"trial": {"margin": 0.9}}, {"trial": {"budget_step": 1.0}},
+                                 {"trial": {"windows": 3}}, {"bandit": {"budget_factors": []}},
+                                 {"bandit": {"cap_factors": [0.0]}}, {"trial": [1]}])
 def test_bad_settings_refused(raw):
     with pytest.raises(SettingsError):
         parse_settings(raw)
@@ -85,3 +89,21 @@ def test_configmap_style_symlink_swap(tmp_path):
     (tmp_path / "..data_tmp").symlink_to("v2")
     os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
     assert w.poll() and w.settings.mode == "enforce"
+
+
+def test_law_choice_and_its_parameters():
+    from kvloop.sidecar.settings import BanditParams, TrialParams
+
+    d = parse_settings({})
+    assert d.law_kind == "rules" and d.trial == TrialParams() and d.bandit == BanditParams()  # the default
+    assert parse_settings({"law": "goodput"}).law_kind == "goodput"
+    s = parse_settings({"law": {"kind": "bandit", "kv_band_low": 0.8},
+                        "trial": {"window_periods": 5, "margin": 0.05, "min_judged": 50, "budget_step": 1.5},
+                        "bandit": {"budget_factors": [0.5, 1, 2], "explore": 1, "seed": 3}})
+    assert s.law_kind == "bandit" and s.law.kv_band_low == 0.8
+    t = s.trial
+    assert (t.window_periods, t.margin, t.min_judged, t.budget_step) == (5, 0.05, 50, 1.5)
+    assert s.trial.settle_periods == TrialParams().settle_periods
+    assert s.bandit.budget_factors == (0.5, 1.0, 2.0) and s.bandit.explore == 1.0 and s.bandit.seed == 3
+    # kvloop sidecar --law
+    assert SettingsWatcher(None, {"law_kind": "goodput"}).settings.law_kind == "goodput"
