@@ -8,6 +8,7 @@ coordinator, so that one list of names drives the simulator (`kvloop simulate --
     codesign@cap24@tpot80           both
     codesign+coord                  the coordinator with the sidecar's default settings (--feedback default)
     codesign+coord@10s+events       ... with a 10 s period and the event path on (the period sweep)
+    codesign+coord:goodput          ... steered by the goodput law (:rules, :bandit; sidecar settings' law)
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ TPOT_OBJECTIVE_S: dict[str, float | None] = {"gpu": 0.05, "cpu": None}
 EVENT_PATH_FIELD = "event_path"
 
 _NAME = re.compile(r"^(?P<mode>[\w.+-]+?)(?:@cap(?P<cap>\d+))?(?:@tpot(?P<tpot>\d+(?:\.\d+)?))?"
-                   r"(?P<coord>\+coord(?:@(?P<period>\d+(?:\.\d+)?)s)?(?P<events>\+events)?)?$")
+                   r"(?P<coord>\+coord(?::(?P<law>[a-z]+))?(?:@(?P<period>\d+(?:\.\d+)?)s)?"
+                   r"(?P<events>\+events)?)?$")
 
 
 @dataclass(frozen=True)
@@ -42,27 +44,34 @@ class Variant:
     period_s: float | None = None  # None: the settings' period
     events: bool = False  # the coordinator's event path on
     tpot_ms: float | None = None  # the scheduler's TPOT target (admission waits while steps are slower)
+    law: str | None = None  # the coordinator's law (sidecar settings' law_kind); None: the settings'
 
     @property
     def name(self) -> str:
         out = self.mode + (f"@cap{self.cap}" if self.cap else "") + (f"@tpot{self.tpot_ms:g}" if self.tpot_ms
                                                                      else "")
         if self.coordinator:
-            out += "+coord" + (f"@{self.period_s:g}s" if self.period_s else "") + ("+events" if self.events
-                                                                                   else "")
+            out += ("+coord" + (f":{self.law}" if self.law else "") + (f"@{self.period_s:g}s" if self.period_s
+                                                                       else "")
+                    + ("+events" if self.events else ""))
         return out
 
 
 def parse_variant(name: str) -> Variant:
     m = _NAME.match(name.strip())
     if m is None:
-        raise ValueError(f"bad system name {name!r} (mode[@capN][@tpotMS][+coord[@Ps][+events]])")
+        raise ValueError(f"bad system name {name!r} (mode[@capN][@tpotMS][+coord[:law][@Ps][+events]])")
     policy = get_policy(m["mode"])  # raises on an unknown mode
     v = Variant(m["mode"], int(m["cap"]) if m["cap"] else None, bool(m["coord"]),
                 float(m["period"]) if m["period"] else None, bool(m["events"]),
-                float(m["tpot"]) if m["tpot"] else None)
+                float(m["tpot"]) if m["tpot"] else None, m["law"])
     if v.coordinator and not policy.feedback_loop:
         raise ValueError(f"{name!r}: the coordinator steers only feedback-loop modes, not {m['mode']!r}")
+    if v.law:
+        from kvloop.sidecar.settings import LAWS
+
+        if v.law not in LAWS:
+            raise ValueError(f"{name!r}: the coordinator's law is one of {LAWS}")
     if v.coordinator and v.cap:
         raise ValueError(f"{name!r}: a fixed cap and the coordinator exclude each other")
     if v.cap is not None and v.cap < 1:
@@ -127,6 +136,8 @@ def coordinator_settings(v: Variant, base=None, cap_max: int | None = None):
     s = base if base is not None else Settings()
     if v.period_s:
         s = replace(s, period_s=v.period_s)
+    if v.law:
+        s = replace(s, law_kind=v.law)
     if cap_max and cap_max > s.batch_cap.max:
         s = replace(s, batch_cap=replace(s.batch_cap, max=cap_max))
     if v.events:

@@ -1,9 +1,9 @@
-"""The sidecar's coordinator in virtual time: the same Steering (period window, event path, ControlLaw;
-sidecar.steering, unchanged) as the real one, fed with the engine snapshot mapped through the control
-block's own record mapping, with TTFT and TPOT percentiles kept as the engine hook keeps them, sampled at the
-real coordinator's rate (min(1 s, period/4)), deciding once a period and on events between, and applied as
-the engine hook applies targets: to the scheduler's live knobs (batch cap, watermark, step token budget),
-which its KV manager shares."""
+"""The sidecar's coordinator in virtual time: the same Steering (period window, event path, and the law the
+settings name: rules, goodput or bandit; sidecar.steering, unchanged) as the real one, fed with the engine
+snapshot mapped through the control block's own record mapping, with TTFT and TPOT percentiles kept as the
+engine hook keeps them, sampled at the real coordinator's rate (min(1 s, period/4)), deciding once a period
+and on events between, and applied as the engine hook applies targets: to the scheduler's live knobs (batch
+cap, watermark, step token budget), which its KV manager shares."""
 
 from __future__ import annotations
 
