@@ -74,12 +74,12 @@ def columns(result: dict) -> list[tuple[str, float]]:
 
 
 def goodput_ratio_grid(result: dict) -> tuple[list[str], list[str], list[list[float | None]]]:
-    """(rows: systems other than the reference, columns: 'trace x', goodput ratio to the reference's)."""
+    """(rows: systems other than the reference, columns: 'trace\nload', goodput ratio to the reference's)."""
     rows = [s for s in result["systems"] if s != REFERENCE]
     cols = columns(result)
     grid = [[_ratio(_goodput(cell(result, s, t, x)), _goodput(cell(result, REFERENCE, t, x)))
              for t, x in cols] for s in rows]
-    return rows, [f"{t} {x:g}x" for t, x in cols], grid
+    return rows, [f"{t}\n{x:g}x" for t, x in cols], grid  # two lines: the labels fit their cells
 
 
 def heatmap(result: dict, path: Path) -> bool:

@@ -66,7 +66,7 @@ def test_a_refusal_only_past_the_context_meets_the_length_goal_and_no_coordinato
 
 def test_heat_map_grid_is_goodput_over_the_reference():
     rows, cols, grid = matrix_report.goodput_ratio_grid(fabricated())
-    assert rows == ["codesign", "codesign+coord", "static"] and cols[0] == "W1-gpu 0.5x" and len(cols) == 9
+    assert rows == ["codesign", "codesign+coord", "static"] and cols[0] == "W1-gpu\n0.5x" and len(cols) == 9
     assert grid[0][0] == pytest.approx(10 / 8) and grid[2][4] == pytest.approx(0.5)
 
 
