@@ -38,6 +38,7 @@ class Sizing:
     # a step's budget while nothing decodes (None: the scheduler's default)
     idle_step_tokens: int | None = None
     disk_dir: str | None = None  # the disk tier is off unless a directory is given
+    queue_order: str | None = None  # the scheduler's waiting-queue order (None: its default)
 
     def scaled(self, f: float) -> Sizing:
         def s(x: int) -> int:
@@ -58,6 +59,8 @@ def mode_configs(mode: str, sizing: Sizing, kv_overrides: dict | None = None) ->
                       "tpot_target_ms": sizing.tpot_target_ms}
     if sizing.idle_step_tokens is not None:
         sched_kw["idle_step_tokens"] = sizing.idle_step_tokens
+    if sizing.queue_order is not None:
+        sched_kw["queue_order"] = sizing.queue_order
     if policy.static_batching:  # else the scheduler follows the KV manager's mode (auto)
         sched_kw.update(mode=policy.name, static_batch_size=sizing.static_batch,
                         static_fill_timeout_s=sizing.fill_timeout_s)

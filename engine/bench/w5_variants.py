@@ -6,6 +6,7 @@ coordinator, so that one list of names drives the simulator (`kvloop simulate --
     codesign@cap64                  coordinator off, batch cap fixed at 64 (the fixed-cap sweep)
     codesign@tpot80                 admission held to an 80 ms TPOT target (SchedulerConfig.tpot_target_ms)
     codesign@cap24@tpot80           both
+    codesign@work / @arrival        the scheduler's waiting-queue order (SchedulerConfig.queue_order)
     codesign+coord                  the coordinator with the sidecar's default settings (--feedback default)
     codesign+coord@10s+events       ... with a 10 s period and the event path on (the period sweep)
     codesign+coord:goodput          ... steered by the goodput law (:rules, :bandit; sidecar settings' law)
@@ -32,7 +33,7 @@ TPOT_OBJECTIVE_S: dict[str, float | None] = {"gpu": 0.05, "cpu": None}
 EVENT_PATH_FIELD = "event_path"
 
 _NAME = re.compile(r"^(?P<mode>[\w.+-]+?)(?:@cap(?P<cap>\d+))?(?:@tpot(?P<tpot>\d+(?:\.\d+)?))?"
-                   r"(?P<coord>\+coord(?::(?P<law>[a-z]+))?(?:@(?P<period>\d+(?:\.\d+)?)s)?"
+                   r"(?:@(?P<order>work|arrival))?(?P<coord>\+coord(?::(?P<law>[a-z]+))?(?:@(?P<period>\d+(?:\.\d+)?)s)?"
                    r"(?P<events>\+events)?)?$")
 
 
@@ -45,11 +46,13 @@ class Variant:
     events: bool = False  # the coordinator's event path on
     tpot_ms: float | None = None  # the scheduler's TPOT target (admission waits while steps are slower)
     law: str | None = None  # the coordinator's law (sidecar settings' law_kind); None: the settings'
+    queue_order: str | None = None  # the scheduler's waiting-queue order; None: its default
 
     @property
     def name(self) -> str:
         out = self.mode + (f"@cap{self.cap}" if self.cap else "") + (f"@tpot{self.tpot_ms:g}" if self.tpot_ms
                                                                      else "")
+        out += f"@{self.queue_order}" if self.queue_order else ""
         if self.coordinator:
             out += ("+coord" + (f":{self.law}" if self.law else "") + (f"@{self.period_s:g}s" if self.period_s
                                                                        else "")
@@ -60,11 +63,12 @@ class Variant:
 def parse_variant(name: str) -> Variant:
     m = _NAME.match(name.strip())
     if m is None:
-        raise ValueError(f"bad system name {name!r} (mode[@capN][@tpotMS][+coord[:law][@Ps][+events]])")
+        raise ValueError(f"bad system name {name!r} "
+                         "(mode[@capN][@tpotMS][@work|@arrival][+coord[:law][@Ps][+events]])")
     policy = get_policy(m["mode"])  # raises on an unknown mode
     v = Variant(m["mode"], int(m["cap"]) if m["cap"] else None, bool(m["coord"]),
                 float(m["period"]) if m["period"] else None, bool(m["events"]),
-                float(m["tpot"]) if m["tpot"] else None, m["law"])
+                float(m["tpot"]) if m["tpot"] else None, m["law"], m["order"])
     if v.coordinator and not policy.feedback_loop:
         raise ValueError(f"{name!r}: the coordinator steers only feedback-loop modes, not {m['mode']!r}")
     if v.law:
@@ -147,7 +151,9 @@ def coordinator_settings(v: Variant, base=None, cap_max: int | None = None):
 
 def sized(v: Variant, sizing):
     """The run's sizing: a fixed cap replaces max_num_seqs (the cap the scheduler starts from), a TPOT target
-    the sizing's."""
+    and a queue order the sizing's."""
     if v.cap:
         sizing = replace(sizing, max_num_seqs=v.cap)
+    if v.queue_order:
+        sizing = replace(sizing, queue_order=v.queue_order)
     return replace(sizing, tpot_target_ms=v.tpot_ms) if v.tpot_ms else sizing

@@ -151,6 +151,12 @@ def test_variant_names():
     for bad in ("codesign@tpot0", "codesign@tpot80@cap8", "codesign@tpotfast", "static@tpot80"):
         with pytest.raises(ValueError):
             parse_variant(bad)
+    v = parse_variant("codesign@work+coord:goodput")
+    assert (v.queue_order, v.law, v.name) == ("work", "goodput", "codesign@work+coord:goodput")
+    assert mode_configs("codesign", sized(v, Sizing()))[0].queue_order == "work"
+    assert mode_configs("codesign", Sizing())[0].queue_order == "arrival"  # the scheduler's default
+    with pytest.raises(ValueError):
+        parse_variant("codesign@fifo")
 
 
 def test_the_coordinators_tpot_objective_per_scale():
