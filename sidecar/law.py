@@ -58,6 +58,8 @@ hold the engine's own budget):
   7. otherwise hold (tpot_in_band, tpot_unknown).
 The budget never goes above the engine's configured budget (its ceiling, from the snapshot).
 Every change is clamped to [min, max]; a change the clamp swallows is a hold with reason "at_min"/"at_max".
+The batch cap's max is the settings' or the engine's own cap at its start, whichever is higher: the CPU
+default bound (64) must not cut an engine configured for more rows (the simulator's H200 runs 256).
 Every decision carries the inputs it was taken on.
 """
 
@@ -65,7 +67,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvloop.engine.core.knobs import KNOBS as ENGINE_KNOBS
 from kvloop.sidecar.settings import Bounds, Settings
@@ -149,7 +151,7 @@ def _inputs(**values: float | None) -> dict[str, float | None]:
 
 class ControlLaw:
     def __init__(self, settings: Settings):
-        self.settings = settings
+        self.given_settings = self.settings = settings  # settings: these, within the engine's own cap
         self.reset()
 
     @property
@@ -165,7 +167,8 @@ class ControlLaw:
         settings' initial, else `start_cap` (what the pool holds at the engine's max context), else the
         engine's own cap, else the lower bound. Watermark and budget: the settings' initial, else the
         engine's own value. budget_ceiling: the engine's configured budget (the budget never goes above)."""
-        s = self.settings
+        self._engine_cap = engine_cap
+        self.settings = s = self._with_engine_cap(self.given_settings)
         cap = next((c for c in (s.batch_cap.initial, start_cap, engine_cap) if c), s.batch_cap.min)
         mark = s.watermark.initial if s.watermark.initial is not None else engine_watermark
         self.budget_ceiling = budget_ceiling or None
@@ -187,10 +190,19 @@ class ControlLaw:
 
     def update_settings(self, settings: Settings) -> None:
         """New bounds apply at once (the current targets are clamped into them)."""
-        self.settings = settings
+        self.given_settings = settings
+        self.settings = settings = self._with_engine_cap(settings)
         self.batch_cap = int(settings.batch_cap.clamp(self.batch_cap))
         self.watermark = float(settings.watermark.clamp(self.watermark))
         self.step_token_budget = int(self.budget_bounds.clamp(self.step_token_budget))
+
+    def _with_engine_cap(self, settings: Settings) -> Settings:
+        """The settings with the batch cap's upper bound raised to the engine's own cap where that is higher:
+        an engine configured for more rows (a GPU's 256) is not cut to the CPU default's 64 by the bound."""
+        b, cap = settings.batch_cap, self._engine_cap
+        if not cap or cap <= b.max:
+            return settings
+        return replace(settings, batch_cap=replace(b, max=cap))
 
     def targets(self) -> tuple[int, float, int]:
         return self.batch_cap, self.watermark, self.step_token_budget

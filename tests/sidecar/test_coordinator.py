@@ -145,7 +145,9 @@ def test_initial_targets_from_the_engine_when_settings_have_none(tmp_path):
     engine.publish(EngineSnapshot(batch_cap=100, watermark=0.45, step_token_budget=384,
                                   step_token_budget_max=512))
     coord.sample()
-    assert coord.law.batch_cap == 64 and coord.law.watermark == 0.45  # clamped into the default bounds
+    # the engine's own cap raises the default bound (64) to it: a bound never cuts the engine's configured cap
+    assert coord.law.batch_cap == 100 and coord.law.settings.batch_cap.max == 100
+    assert coord.law.watermark == 0.45
     assert coord.law.step_token_budget == 384
     assert [d["reason"] for d in coord.status()["decisions"]] == ["engine_start"] * 3
 
@@ -269,3 +271,16 @@ def test_event_path_can_be_switched_off(tmp_path):
     assert {d["trigger"] for d in coord.status()["decisions"]} == {"start"}
     decisions = coord.tick()
     assert decisions[0].reason == "memory_derived_start"
+
+
+def test_the_engines_cap_widens_the_bound_across_settings_reloads():
+    from kvloop.sidecar.law import ControlLaw
+    from kvloop.sidecar.settings import Settings
+
+    law = ControlLaw(Settings())
+    law.reset(engine_cap=256)
+    assert law.batch_cap == 256 and law.settings.batch_cap.max == 256
+    law.update_settings(Settings())  # a reload of the defaults does not cut it back to 64
+    assert law.batch_cap == 256 and law.settings.batch_cap.max == 256
+    law.reset(engine_cap=16)  # a lower engine cap leaves the settings' bound as it is
+    assert law.settings.batch_cap.max == 64 and law.batch_cap == 16

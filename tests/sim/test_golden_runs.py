@@ -31,20 +31,20 @@ def _h200():
 
 # name -> (mode, workload, profile, SimConfig fields (gpu: the profile's sizing, else the smoke one), digest)
 RUNS = {
-    "smoke-static": ("static", lambda: bw.w1_smoke(seed=0), _cpu, {}, "64583d40e8fe098b"),
-    "smoke-continuous": ("continuous", lambda: bw.w1_smoke(seed=0), _cpu, {}, "c4884961ccc0927a"),
-    "smoke-continuous+lru": ("continuous+lru", lambda: bw.w1_smoke(seed=0), _cpu, {}, "60e9409bb92bcaca"),
-    "smoke-codesign": ("codesign", lambda: bw.w1_smoke(seed=0), _cpu, {}, "14d35c6e0e7edab4"),
+    "smoke-static": ("static", lambda: bw.w1_smoke(seed=0), _cpu, {}, "228cc78d4b3fe68d"),
+    "smoke-continuous": ("continuous", lambda: bw.w1_smoke(seed=0), _cpu, {}, "51d7f1fcf6106f6b"),
+    "smoke-continuous+lru": ("continuous+lru", lambda: bw.w1_smoke(seed=0), _cpu, {}, "e0dc2e361d6a9771"),
+    "smoke-codesign": ("codesign", lambda: bw.w1_smoke(seed=0), _cpu, {}, "ddd483fa789d742c"),
     "smoke-codesign-tight": ("codesign", lambda: bw.w1_smoke(seed=1), _cpu,
-                             {"kv_cache_tokens": 1024}, "afb88fd32ba8a262"),
+                             {"kv_cache_tokens": 1024}, "1afe5db476317394"),
     "smoke-codesign-coord": ("codesign", lambda: bw.w1_smoke(seed=2), _cpu, {"feedback": COORD},
-                             "6a0c33e2c5589c86"),
+                             "d1566935a5b9142a"),
     "gpu80-continuous+lru": ("continuous+lru", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200,
-                             {"gpu": True}, "1418e7694989fb58"),
+                             {"gpu": True}, "cfce5922959550e9"),
     "gpu80-codesign": ("codesign", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200, {"gpu": True},
-                       "5e02bc5458edeca6"),
+                       "40b165a7e6740fcd"),
     "gpu-phased-coord": ("codesign", lambda: scenarios.phased_w1([20.0, 80.0], 10.0), _h200,
-                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "27871eb3c9007248"),
+                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "e6d1d20c88e50cf7"),
 }
 
 
