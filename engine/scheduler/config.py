@@ -65,8 +65,11 @@ class SchedulerConfig:
     grouping_max_queue: int = 64
     # codesign's waiting queue (ordering.py): arrival (prefix grouping, fixed aging_s) or work (remaining
     # uncached prefill tokens, shortest first, aged past aging_factor x the median recent queue wait). The
-    # FCFS policies (continuous, continuous+lru) stay the arrival-order baselines: they ignore it
-    queue_order: str = option("arrival", flag="--queue-order", setting="scheduler.queue_order",
+    # FCFS policies (continuous, continuous+lru) stay the arrival-order baselines: they ignore it. work is the
+    # default: in the H200 simulator's matrix (bench/results/matrix_h200.json) it gave codesign 1.11x arrival
+    # order's goodput on W1-gpu and 1.02x on W5-gpu at 1.5x continuous+lru's capacity, 1.00-1.01x at the
+    # other loads and on the Mooncake trace, never below 0.997x
+    queue_order: str = option("work", flag="--queue-order", setting="scheduler.queue_order",
                               choices=QUEUE_ORDERS,
                               help="codesign's waiting-queue order: arrival (prefix grouping with fixed "
                                    "aging) or work (fewest uncached prompt tokens first, aging bound)")

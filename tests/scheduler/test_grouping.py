@@ -1,8 +1,14 @@
-"""Prefix grouping with aging, and plain FCFS when the queue is long (pure Python)."""
+"""Prefix grouping with aging, and plain FCFS when the queue is long, under queue_order arrival (pure
+Python; the work order has its own tests in test_ordering.py)."""
 
 from __future__ import annotations
 
-from sched_helpers import FakeClock, kv_config, make, req, run_all, step, toks
+from functools import partial
+
+import sched_helpers
+from sched_helpers import FakeClock, kv_config, req, run_all, step, toks
+
+make = partial(sched_helpers.make, queue_order="arrival")
 
 DOC = toks(1, 64)
 

@@ -41,8 +41,7 @@ def test_fewest_uncached_tokens_first_with_the_cached_prefix_counted():
 
 
 def test_arrival_order_keeps_prefix_grouping():
-    s = make(num_blocks=128, kv=kv_config(), max_num_seqs=1)
-    assert s.config.queue_order == "arrival"
+    s = make(num_blocks=128, kv=kv_config(), max_num_seqs=1, queue_order="arrival")
     s.add(req("warm", DOC + toks(99, 4), 2))
     run_all(s)
     for q in (req("miss40", toks(7, 40)), req("hit72", DOC + toks(8, 8)), req("miss20", toks(9, 20))):
@@ -155,3 +154,9 @@ def test_queue_order_is_checked():
         SchedulerConfig(queue_order="lpm")
     with pytest.raises(ValueError, match="aging_factor"):
         SchedulerConfig(aging_factor=-1.0)
+
+
+def test_work_order_is_the_default():
+    from kvloop.engine.scheduler.config import SchedulerConfig
+
+    assert SchedulerConfig().queue_order == "work"
