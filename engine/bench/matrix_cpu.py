@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-max", type=int, default=4, help="rates tried per trace (at least 3 when it can)")
     p.add_argument("--capacity", default="", help="skip the sweep for these traces: w1=0.5,w2=0.3,...")
     p.add_argument("--w1-scale", type=float, default=0.5, help="W1/W2 lengths (1: WORKLOADS.md's full W1)")
+    p.add_argument("--w5-scale", type=float, default=1.0, help="W5-cpu lengths (1: WORKLOADS.md's CPU scale)")
+    p.add_argument("--mooncake-scale", type=float, default=1.0,
+                   help="Mooncake lengths, times WORKLOADS.md's 32 tokens per hash id")
     p.add_argument("--smoke", action="store_true", help="W1-smoke-sized prompts on every trace (checks only)")
     p.add_argument("--seed", type=int, default=0, help="base of the per-run seeds")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -101,7 +104,7 @@ class Matrix:
     def __init__(self, args: argparse.Namespace, argv: list[str] | None):
         self.args = args
         self.opts = TraceOptions(traffic_s=args.traffic_s * args.scale, w1_scale=args.w1_scale,
-                                 smoke=args.smoke)
+                                 smoke=args.smoke, w5_scale=args.w5_scale, mooncake_scale=args.mooncake_scale)
         self.window = self.opts.traffic_s
         self.drain = args.drain_s * args.scale
         self.traces = [t.strip() for t in args.traces.split(",") if t.strip()]
@@ -119,6 +122,7 @@ class Matrix:
                      "commit": _git_commit(), "machine": machine_info(), "machine_class": machine_class(),
                      "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                      "traffic_s": self.window, "drain_s": self.drain, "w1_scale": args.w1_scale,
+                     "w5_scale": args.w5_scale, "mooncake_scale": args.mooncake_scale,
                      "smoke": args.smoke, "reference": args.reference, "subject": args.subject,
                      "knob_units": {t: KNOB_UNIT[t] for t in self.traces},
                      "vllm_dtype": {s.label: vllm_dtype(s.base) for s in vllm},

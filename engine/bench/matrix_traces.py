@@ -37,6 +37,10 @@ class TraceOptions:
     smoke: bool = False  # W1-smoke-sized prompts and outputs for every trace (tests, quick checks)
     mooncake_path: Path = MOONCAKE_PATH
     context: int = D.MAX_MODEL_LEN.value  # the served context (prompt + output) the rows are checked against
+    # W5-cpu's and the Mooncake replay's token lengths, times WORKLOADS.md's CPU scale (1: as written there;
+    # a CPU that prefills slower than the SLO's 1 s per 1,000 tokens meets no long prompt's TTFT bound)
+    w5_scale: float = 1.0
+    mooncake_scale: float = 1.0
 
 
 def _w1_params(knob: float, seed: int, opts: TraceOptions) -> W1Params:
@@ -58,6 +62,8 @@ def build_cell(trace: str, knob: float, seed: int, opts: TraceOptions) -> Worklo
     elif trace == "w5-cpu":
         p = replace(W5_CPU, chat_rate=W5_CPU.chat_rate * knob, rag_rate=W5_CPU.rag_rate * knob,
                     duration_s=opts.traffic_s, phase_s=opts.traffic_s / 2, seed=seed)
+        if opts.w5_scale != 1.0:
+            p = _scaled_w5(p, opts.w5_scale)
         if opts.smoke:
             p = replace(p, doc_tokens=SMOKE.doc_tokens, system_tokens=64, answer_tokens=SMOKE.answer_tokens,
                         reply_tokens=SMOKE.reply_tokens, turns=2)
@@ -73,7 +79,8 @@ def build_cell(trace: str, knob: float, seed: int, opts: TraceOptions) -> Worklo
 
 def _mooncake(knob: float, seed: int, opts: TraceOptions) -> Workload:
     n = max(2, round(knob * opts.traffic_s))
-    native = read_mooncake_jsonl(opts.mooncake_path, limit=n, length_scale=MOONCAKE_LENGTH_SCALE, seed=seed)
+    native = read_mooncake_jsonl(opts.mooncake_path, limit=n,
+                                 length_scale=MOONCAKE_LENGTH_SCALE * opts.mooncake_scale, seed=seed)
     span = max(r.arrival_s for r in native.requests)
     # rescale so that the n rows arrive over n / knob seconds (the trace's own gaps, stretched or squeezed)
     time_scale = (n / knob) / span if span > 0 else 1.0
@@ -85,6 +92,16 @@ def _mooncake(knob: float, seed: int, opts: TraceOptions) -> Workload:
     native.name = "mooncake"
     native.params.update(time_scale=time_scale, rows=n)
     return native
+
+
+def _scaled_w5(p, f: float):
+    """W5's token lengths (documents, system prompts, questions, turns, answers, replies) times f."""
+    def n(x: int) -> int:
+        return max(1, round(x * f))
+
+    return replace(p, doc_tokens=n(p.doc_tokens), system_tokens=n(p.system_tokens),
+                   question_tokens=n(p.question_tokens), answer_tokens=n(p.answer_tokens),
+                   user_tokens=n(p.user_tokens), reply_tokens=n(p.reply_tokens))
 
 
 def too_long(wl: Workload, context: int) -> list[str]:
