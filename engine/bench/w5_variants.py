@@ -6,7 +6,7 @@ coordinator, so that one list of names drives the simulator (`kvloop simulate --
     codesign@cap64                  coordinator off, batch cap fixed at 64 (the fixed-cap sweep)
     codesign@tpot80                 admission held to an 80 ms TPOT target (SchedulerConfig.tpot_target_ms)
     codesign@cap24@tpot80           both
-    codesign@work / @arrival        the scheduler's waiting-queue order (SchedulerConfig.queue_order)
+    codesign@work / @arrival / @slo the scheduler's waiting-queue order (SchedulerConfig.queue_order)
     codesign+coord                  the coordinator with the sidecar's default settings (--feedback default)
     codesign+coord@10s+events       ... with a 10 s period and the event path on (the period sweep)
     codesign+coord:goodput          ... steered by the goodput law (:rules, :bandit; sidecar settings' law)
@@ -33,7 +33,7 @@ TPOT_OBJECTIVE_S: dict[str, float | None] = {"gpu": 0.05, "cpu": None}
 EVENT_PATH_FIELD = "event_path"
 
 _NAME = re.compile(r"^(?P<mode>[\w.+-]+?)(?:@cap(?P<cap>\d+))?(?:@tpot(?P<tpot>\d+(?:\.\d+)?))?"
-                   r"(?:@(?P<order>work|arrival))?(?P<coord>\+coord(?::(?P<law>[a-z]+))?(?:@(?P<period>\d+(?:\.\d+)?)s)?"
+                   r"(?:@(?P<order>work|arrival|slo))?(?P<coord>\+coord(?::(?P<law>[a-z]+))?(?:@(?P<period>\d+(?:\.\d+)?)s)?"
                    r"(?P<events>\+events)?)?$")
 
 
@@ -64,7 +64,7 @@ def parse_variant(name: str) -> Variant:
     m = _NAME.match(name.strip())
     if m is None:
         raise ValueError(f"bad system name {name!r} "
-                         "(mode[@capN][@tpotMS][@work|@arrival][+coord[:law][@Ps][+events]])")
+                         "(mode[@capN][@tpotMS][@work|@arrival|@slo][+coord[:law][@Ps][+events]])")
     policy = get_policy(m["mode"])  # raises on an unknown mode
     v = Variant(m["mode"], int(m["cap"]) if m["cap"] else None, bool(m["coord"]),
                 float(m["period"]) if m["period"] else None, bool(m["events"]),

@@ -16,7 +16,7 @@ from kvloop.engine.core.slo import Slo
 
 STATIC_OOM = ("fail", "retry")
 CASCADE_GROUPS = ("auto", *SCOPES)
-QUEUE_ORDERS = ("arrival", "work")  # codesign's waiting-queue order (grouping.py, ordering.py)
+QUEUE_ORDERS = ("arrival", "work", "slo")  # codesign's waiting-queue order (grouping.py, ordering.py)
 
 
 def resolve_cascade_groups(setting: str, mode: str) -> str:
@@ -60,7 +60,8 @@ class SchedulerConfig:
     decode_reserve_tokens: int = 64
     # codesign grouping under queue_order arrival: a request waiting this long goes first (FCFS among the
     # aged); above grouping_max_queue waiting requests the order is plain FCFS (overload: fairness and O(1)
-    # per step). Under queue_order work, grouping_max_queue bounds the requests ordered (peeked) per step
+    # per step). Under queue_order work or slo, grouping_max_queue bounds the requests ordered (peeked) per
+    # step
     aging_s: float = 5.0
     grouping_max_queue: int = 64
     # codesign's waiting queue (ordering.py): arrival (prefix grouping, fixed aging_s) or work (remaining
@@ -72,19 +73,20 @@ class SchedulerConfig:
     queue_order: str = option("work", flag="--queue-order", setting="scheduler.queue_order",
                               choices=QUEUE_ORDERS,
                               help="codesign's waiting-queue order: arrival (prefix grouping with fixed "
-                                   "aging) or work (fewest uncached prompt tokens first, aging bound)")
+                                   "aging), work (fewest uncached prompt tokens first, aging bound) or slo "
+                                   "(earliest TTFT deadline under the SLO first, aging bound)")
     # 2: a queue's waits are near exponential, which pass twice their median one time in four, so the bound
     # leaves shortest-first free for most requests and catches those it keeps passing over. In the simulator
     # (W1-gpu at 160 req/s, overload) 2 gave codesign 1.18x arrival order's goodput at 1.23x its TTFT P99;
     # 1.5: 1.11x at 1.19x; 1: none
     aging_factor: float = option(2.0, flag="--aging-factor", setting="scheduler.aging_factor",
-                                 help="queue_order work: a request that waited this multiple of the median "
-                                      "recent queue wait goes first, in arrival order")
+                                 help="queue_order work or slo: a request that waited this multiple of the "
+                                      "median recent queue wait goes first, in arrival order")
     # 0.5 s: a quarter of the CPU SLO's 2 s TTFT base and half the GPU's 1 s, so a request passed over on a
     # lightly loaded engine (median wait near 0) still starts with most of its TTFT allowance left, yet
     # several steps long (CPU steps are 0.05-0.3 s), so a one-step wait does not age every request at once
     aging_floor_s: float = option(0.5, flag="--aging-floor-s", setting="scheduler.aging_floor_s",
-                                  help="queue_order work: the aging bound never falls below this many "
+                                  help="queue_order work or slo: the aging bound never falls below this many "
                                        "seconds")
     # decode cascade scope (resolve_cascade_groups): auto | nested | common
     cascade_groups: str = "auto"

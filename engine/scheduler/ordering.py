@@ -1,5 +1,5 @@
 """Cache-aware ordering of the waiting queue by remaining work, with an aging bound (codesign, queue_order
-`work`; pure Python).
+`work`; `slo`: by TTFT deadline instead, item 2's variant; pure Python).
 
 1. Preempted requests first, then aged ones, both oldest first, as `priority` (grouping.py): if one does not
    fit, admission stops there and holds the memory for it, so nobody passes it. A request is aged once its
@@ -59,9 +59,12 @@ class WaitReference:
 
 def order_by_work(waiting: Iterable[Sequence], running: Seq[Sequence], view: PrefixView, now: float,
                   enqueued: Callable[[Sequence], float], aged_after: float, max_queue: int, min_share: int,
-                  block_size: int, join_saving: Callable[[PrefixHit], float] | None = None
-                  ) -> tuple[list[Sequence], set[int]]:
-    """(candidates in offer order, ids of the priority ones)."""
+                  block_size: int, join_saving: Callable[[PrefixHit], float] | None = None,
+                  deadline: Callable[[Sequence], float] | None = None) -> tuple[list[Sequence], set[int]]:
+    """(candidates in offer order, ids of the priority ones). With `deadline` (queue_order slo: when each
+    request's TTFT bound runs out) the rest go earliest deadline first, those already past theirs after the
+    ones that can still make it (serving a lost request first makes others miss too), remaining work breaking
+    ties; else shortest remaining work first."""
     priority, rest = [], []
     for s in waiting:
         (priority if s.num_preemptions or now - enqueued(s) > aged_after else rest).append(s)
@@ -75,6 +78,10 @@ def order_by_work(waiting: Iterable[Sequence], running: Seq[Sequence], view: Pre
             continue
         left = max(0, s.num_prompt_tokens - peek.blocks * block_size)
         saving = join_saving(peek) if join_saving is not None and peek.shared else 0.0
-        keyed.append((left, -saving, enqueued(s), s))
+        if deadline is None:
+            keyed.append((left, -saving, enqueued(s), s))
+        else:
+            due = deadline(s)
+            keyed.append((due < now, due, left, s))
     keyed.sort(key=lambda x: x[:3])
     return priority + [x[3] for x in keyed] + rest[max_queue:], {id(s) for s in priority}

@@ -218,11 +218,12 @@ class Scheduler:
     def _admit_grouped_peeking(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         cfg = self.config
         min_share = max(1, self.kv.config.min_prefix_tokens // self.kv.block_size)
-        if cfg.queue_order == "work":
+        if cfg.queue_order in ("work", "slo"):
             aged_after = self.waits.aged_after(cfg.aging_factor, cfg.aging_floor_s)
             order, priority = order_by_work(self.waiting, self.running, self.view, now, self.enqueued,
                                             aged_after, cfg.grouping_max_queue, min_share, self.kv.block_size,
-                                            self.join_saving_us)
+                                            self.join_saving_us,
+                                            self._ttft_deadline if cfg.queue_order == "slo" else None)
         else:
             order, priority = order_waiting(self.waiting, self.running, self.view, now, self.enqueued,
                                             cfg.aging_s, cfg.grouping_max_queue, min_share,
@@ -255,6 +256,10 @@ class Scheduler:
             headroom -= need
             place(batch, seq, n)
             budget -= n
+
+    def _ttft_deadline(self, seq: Sequence) -> float:
+        """When seq's TTFT bound under the SLO runs out, on the scheduler's clock."""
+        return seq.arrival_time + self.slo_ledger.slo.ttft_bound(seq.num_prompt_tokens)
 
     # ---- the step-cost function in grouped admission ------------------------------------------------
     def join_saving_us(self, hit: PrefixHit) -> float:

@@ -154,7 +154,7 @@ def test_variant_names():
     v = parse_variant("codesign@work+coord:goodput")
     assert (v.queue_order, v.law, v.name) == ("work", "goodput", "codesign@work+coord:goodput")
     assert mode_configs("codesign", sized(v, Sizing()))[0].queue_order == "work"
-    assert mode_configs("codesign", Sizing())[0].queue_order == "arrival"  # the scheduler's default
+    assert mode_configs("codesign", Sizing())[0].queue_order == "work"  # the scheduler's default
     with pytest.raises(ValueError):
         parse_variant("codesign@fifo")
 

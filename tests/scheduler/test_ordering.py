@@ -160,3 +160,20 @@ def test_work_order_is_the_default():
     from kvloop.engine.scheduler.config import SchedulerConfig
 
     assert SchedulerConfig().queue_order == "work"
+
+
+def test_slo_order_is_earliest_deadline_first_and_lost_ones_last():
+    s = make(num_blocks=128, kv=kv_config(), queue_order="slo", slo_ttft_s=1.0, slo_ttft_per_1k_s=0.0)
+    s.add(req("warm", DOC + toks(99, 4), 2))
+    run_all(s)  # DOC is cached
+    lost = req("lost", toks(5, 20))
+    lost.arrival_time = -5.0  # its 1 s bound ran out at -4.0
+    early_miss = req("early_miss", toks(7, 40))
+    early_miss.arrival_time = 0.0  # due at 1.0
+    late_hit = req("late_hit", DOC + toks(8, 8))
+    late_hit.arrival_time = 0.5  # due at 1.5: its cached prefix does not let it pass an earlier deadline
+    for q in (lost, late_hit, early_miss):
+        s.add(q)
+    order, _ = order_by_work(s.waiting, s.running, s.view, 0.2, s.enqueued, 1e9, 64, 1, s.kv.block_size,
+                             deadline=s._ttft_deadline)
+    assert [q.request_id for q in order] == ["early_miss", "late_hit", "lost"]
