@@ -184,7 +184,11 @@ class Settings:
     tpot_p50_s: float | None = D.FEEDBACK_TPOT_P50_S.value
     max_queue_depth: int = D.FEEDBACK_MAX_QUEUE_DEPTH.value
     law: LawParams = field(default_factory=LawParams)
-    law_kind: str = "rules"  # which law steers (LAWS); the settings file's `law` key names it
+    # which law steers (LAWS); the settings file's `law` key names it. goodput: on live servers (AVX2 AMD,
+    # bench/results/matrix_cpu.json) it met 32 of issue 57's 34 goals against the rules law's 28: on W1 at
+    # continuous+lru's capacity 1.05x its goodput where the rules law's cap raises cost 0.70x (65 TPOT misses
+    # against 16); in the H200 simulator (matrix_h200.json) at least the rules law's goodput in every cell
+    law_kind: str = "goodput"
     trial: TrialParams = field(default_factory=TrialParams)
     bandit: BanditParams = field(default_factory=BanditParams)
     event_path: bool = True  # decisions between periods (sidecar.law: ControlLaw.event)

@@ -18,13 +18,16 @@ NAMES = {"kvloop:feedback_batch_cap", "kvloop:feedback_watermark", "kvloop:feedb
          "kvloop:feedback_stale_reads", "kvloop:feedback_last_decision_timestamp_seconds"}
 
 
+RULES = {"law_kind": "rules"}  # the decisions these tests expect are the rules law's
+
+
 def test_registry_lists_names_without_a_coordinator():
     assert NAMES <= {m.name for m in build_registry().collect()}
 
 
 def test_endpoints(tmp_path):
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3))
-    coord = Coordinator(SettingsWatcher(None), control_path=str(tmp_path / "c.bin"))
+    coord = Coordinator(SettingsWatcher(None, RULES), control_path=str(tmp_path / "c.bin"))
     engine.publish(EngineSnapshot(num_waiting=0, num_running=1, kv_usage=0.1, batch_cap=8, watermark=0.25,
                                   step_token_budget=512, step_token_budget_max=512))
     coord.sample()

@@ -31,6 +31,8 @@ class Clock:
 def setup(tmp_path):
     def make(mode="enforce", **extra):
         cfg = tmp_path / "sidecar.json"
+        law = extra.pop("law", {})  # these tests follow the rules law's decisions
+        extra["law"] = {"kind": "rules", **law} if isinstance(law, dict) else law
         cfg.write_text(json.dumps({"mode": mode, "period_s": 1, "snapshot_stale_s": 5,
                                    "batch_cap": {"min": 1, "max": 64, "max_step": 8, "initial": 8},
                                    "watermark": {"min": 0, "max": 0.9, "max_step": 0.1, "initial": 0.3},
@@ -201,7 +203,7 @@ def loaded(running: int, waiting: int = 0, preemptions: int = 0, held: int = 0, 
 def test_cap_starts_from_the_pool_then_the_first_request_places_it_within_a_second(tmp_path):
     clock = Clock()
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
-    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0})
+    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0, "law_kind": "rules"})
     coord = Coordinator(watcher, control_path=str(tmp_path / "c.bin"), clock=clock)
     engine.publish(loaded(0))
     coord.sample()
@@ -221,7 +223,7 @@ def test_cap_starts_from_the_pool_then_the_first_request_places_it_within_a_seco
 def test_event_path_reacts_to_a_preemption_burst_within_a_second(tmp_path):
     clock = Clock()
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
-    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0})
+    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0, "law_kind": "rules"})
     coord = Coordinator(watcher, control_path=str(tmp_path / "c.bin"), clock=clock)
     sample_every = min(1.0, coord.settings.period_s / 4)
     engine.publish(loaded(0))
@@ -261,7 +263,8 @@ def test_a_request_running_at_the_engine_start_places_the_cap_at_once(tmp_path):
 def test_event_path_can_be_switched_off(tmp_path):
     clock = Clock()
     engine = ControlLink(tmp_path / "c.bin", Targets(8, 0.3), clock=lambda: int(clock() * 1e9))
-    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0, "event_path": False})
+    watcher = SettingsWatcher(None, {"period_s": 30.0, "snapshot_stale_s": 60.0, "event_path": False,
+                                    "law_kind": "rules"})
     coord = Coordinator(watcher, control_path=str(tmp_path / "c.bin"), clock=clock)
     for preemptions in (0, 0, 9):
         engine.publish(loaded(40, held=600, preemptions=preemptions))

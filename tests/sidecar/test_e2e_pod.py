@@ -63,7 +63,7 @@ def test_engine_and_sidecar_processes(tmp_path):
         "mode": "enforce", "period_s": 1, "stale_after_s": 4, "snapshot_stale_s": 5,
         "batch_cap": {"min": 1, "max": 16, "max_step": 4},
         "watermark": {"min": 0.0, "max": 0.8, "max_step": 0.1, "initial": 0.3},
-        "law": {"hysteresis_periods": 1}}))
+        "law": {"kind": "rules", "hysteresis_periods": 1}}))  # the rules law: this waits for its raise
     eport, sport = free_port(), free_port()
     # 10 s of staleness: long enough to observe "last targets kept" on a loaded machine,
     # short enough to wait out

@@ -95,7 +95,7 @@ def test_law_choice_and_its_parameters():
     from kvloop.sidecar.settings import BanditParams, TrialParams
 
     d = parse_settings({})
-    assert d.law_kind == "rules" and d.trial == TrialParams() and d.bandit == BanditParams()  # the default
+    assert d.law_kind == "goodput" and d.trial == TrialParams() and d.bandit == BanditParams()  # the default
     assert parse_settings({"law": "goodput"}).law_kind == "goodput"
     s = parse_settings({"law": {"kind": "bandit", "kv_band_low": 0.8},
                         "trial": {"window_periods": 5, "margin": 0.05, "min_judged": 50, "budget_step": 1.5},
@@ -106,4 +106,4 @@ def test_law_choice_and_its_parameters():
     assert s.trial.settle_periods == TrialParams().settle_periods
     assert s.bandit.budget_factors == (0.5, 1.0, 2.0) and s.bandit.explore == 1.0 and s.bandit.seed == 3
     # kvloop sidecar --law
-    assert SettingsWatcher(None, {"law_kind": "goodput"}).settings.law_kind == "goodput"
+    assert SettingsWatcher(None, {"law_kind": "rules"}).settings.law_kind == "rules"

@@ -50,7 +50,8 @@ def test_cap_starts_from_the_pool_and_is_placed_by_the_first_footprint(simulate)
 def test_step_token_budget_steered_to_the_tpot_objective(simulate):
     # An objective no step can meet while prefills wait: the budget comes down in bounded steps, and the
     # scheduler runs with what the coordinator targets.
-    settings = replace(Settings(period_s=2.0), tpot_p50_s=1e-4, step_token_budget=Bounds(16, 4096, 64, None))
+    settings = replace(Settings(period_s=2.0, law_kind="rules"), tpot_p50_s=1e-4,
+                       step_token_budget=Bounds(16, 4096, 64, None))
     wl = bw.w1(0.25, num_doc_questions=30, num_sessions=0, rate=50.0)
     sim, res = simulate("codesign", wl=wl, feedback=settings)
     budgets = [d for d in res["feedback"]["changes"] if d["knob"] == "step_token_budget"

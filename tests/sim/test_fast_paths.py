@@ -235,11 +235,11 @@ def test_tuple_keys_simulate_as_the_engine_keys(simulate, monkeypatch, mode):
     sizing = Sizing(kv_cache_tokens=1536, host_cache_tokens=2048, disk_cache_tokens=0, max_num_seqs=12,
                     max_num_batched_tokens=96, static_batch=4)
     tuple_sim, with_tuples = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
-                                      sizing=sizing, feedback=Settings(period_s=2.0))
+                                      sizing=sizing, feedback=Settings(period_s=2.0, law_kind="rules"))
     assert isinstance(tuple_sim.kv._hasher, TupleChainKeys)
     monkeypatch.setattr(simulator, "TupleChainKeys", ChainHasher)
     chain_sim, with_chains = simulate(mode, wl=bw.w1(0.25, num_doc_questions=16, num_sessions=4, rate=4.0),
-                                      sizing=sizing, feedback=Settings(period_s=2.0))
+                                      sizing=sizing, feedback=Settings(period_s=2.0, law_kind="rules"))
     assert isinstance(chain_sim.kv._hasher, ChainHasher)
     assert with_tuples["client"] == with_chains["client"] and with_tuples["server"] == with_chains["server"]
     assert with_tuples["feedback"] == with_chains["feedback"] and with_tuples["feedback"]["changes"]

@@ -38,13 +38,13 @@ RUNS = {
     "smoke-codesign-tight": ("codesign", lambda: bw.w1_smoke(seed=1), _cpu,
                              {"kv_cache_tokens": 1024}, "1afe5db476317394"),
     "smoke-codesign-coord": ("codesign", lambda: bw.w1_smoke(seed=2), _cpu, {"feedback": COORD},
-                             "19105dfffb571f64"),
+                             "388108993ad3d0ce"),
     "gpu80-continuous+lru": ("continuous+lru", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200,
                              {"gpu": True}, "cfce5922959550e9"),
     "gpu80-codesign": ("codesign", lambda: scenarios.gpu_w1(80.0, duration_s=20.0), _h200, {"gpu": True},
                        "d8509dfe88ee5a77"),
     "gpu-phased-coord": ("codesign", lambda: scenarios.phased_w1([20.0, 80.0], 10.0), _h200,
-                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "8f7cfeca4388e95a"),
+                         {"gpu": True, "feedback": Settings(period_s=5.0)}, "a5669b746994f858"),
 }
 
 

@@ -68,17 +68,17 @@ def test_a_tpot_objective_steers_the_step_budget():
     """The coordinator's TPOT objective moves the step token budget in the simulator: one below the
     weight-read floor (no step is that fast) cuts it to the decode floor, never under it; without
     one the budget holds."""
-    steered = run("codesign+coord@5s+events", tpot_objective_s=0.005)[0]
+    steered = run("codesign+coord:rules@5s+events", tpot_objective_s=0.005)[0]
     budget = [b for b in steered["timeline"]["step_token_budget"] if b is not None]
     cuts = [d for d in steered["feedback"]["changes"]
             if d["knob"] == "step_token_budget" and d["reason"] == "tpot_objective"]
     assert budget[0] == 2048 and min(budget) < 2048 and cuts
     assert all(d["new"] >= d["inputs"]["decode_floor"] and d["inputs"]["tpot_p50_s"] > 0.005 for d in cuts)
     assert steered["whole"]["failed"] == 0
-    md = w5_report.markdown(w5_report.build({"codesign+coord@5s+events": steered}, {}, "gpu"), [])
+    md = w5_report.markdown(w5_report.build({"codesign+coord:rules@5s+events": steered}, {}, "gpu"), [])
     # the report shows the knob
     assert f"| {min(budget):g} / " in md and "step budget min / median / max" in md
-    held = run("codesign+coord@5s+events")[0]
+    held = run("codesign+coord:rules@5s+events")[0]
     assert {b for b in held["timeline"]["step_token_budget"] if b is not None} == {2048}
 
 
