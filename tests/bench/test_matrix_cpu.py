@@ -103,3 +103,19 @@ def test_goals_from_a_fabricated_result(tmp_path):
     assert result["plots"] == ["m_vs_lru.png", "m_vs_vllm.png"]
     result["goals"] = R.goals(result)
     assert "## Goals (" in R.markdown(result)
+
+
+def test_w5_and_mooncake_lengths_scale(tmp_path):
+    rows = tmp_path / "trace.jsonl"
+    rows.write_text("\n".join(json.dumps({"timestamp": 500 * i, "input_length": 1024, "output_length": 64,
+                                          "hash_ids": [0, 1]}) for i in range(10)))
+    full = build_cell("mooncake", 1.0, 1, TraceOptions(traffic_s=10.0, mooncake_path=rows))
+    quarter = build_cell("mooncake", 1.0, 1,
+                         TraceOptions(traffic_s=10.0, mooncake_path=rows, mooncake_scale=0.25))
+    assert [len(r.prompt) for r in full.requests] == [64] * 10  # 1,024 tokens at 1/16
+    assert [len(r.prompt) for r in quarter.requests] == [16] * 10
+    assert quarter.params["block_tokens"] == 8  # 8 tokens per hash id
+    full_w5 = build_cell("w5-cpu", 1.0, 1, TraceOptions()).params
+    quarter_w5 = build_cell("w5-cpu", 1.0, 1, TraceOptions(w5_scale=0.25)).params
+    for key in ("doc_tokens", "system_tokens", "question_tokens", "answer_tokens", "reply_tokens"):
+        assert quarter_w5[key] == round(full_w5[key] * 0.25)
