@@ -30,7 +30,14 @@ from kvloop.engine.bench.matrix_systems import (
     vllm_dtype,
     wait_server_idle,
 )
-from kvloop.engine.bench.matrix_traces import KNOB_UNIT, TRACES, TraceOptions, build_cell, offered_rate
+from kvloop.engine.bench.matrix_traces import (
+    KNOB_UNIT,
+    MOONCAKE_LENGTH_SCALE,
+    TRACES,
+    TraceOptions,
+    build_cell,
+    offered_rate,
+)
 from kvloop.engine.bench.metrics import GOOD_SHARE_FOR_CAPACITY, client_metrics, slo_capacity
 from kvloop.engine.bench.sizing import Sizing
 
@@ -133,6 +140,7 @@ class Matrix:
             "sweep": {}, "capacity": {}, "cells": [], "missing": {}, "goals": []}
 
     def _notes(self) -> list[str]:
+        args = self.args
         return [
             "Each cell sends its arrivals for the window; chat turns due after it are not sent; requests "
             "still unfinished --drain-s after the window are timeouts (failed).",
@@ -143,8 +151,9 @@ class Matrix:
             "No-hit TTFT P99: requests whose server reported 0 cached prompt tokens "
             "(usage.prompt_tokens_details; vLLM with --enable-prompt-tokens-details, kvloop always); where a "
             "server reports none, n/a.",
-            "Mooncake rows: 32 tokens per hash id; rows longer than the served context are kept, refused by "
-            "the server and counted (cell field too_long).",
+            f"Mooncake rows: {512 * MOONCAKE_LENGTH_SCALE * args.mooncake_scale:g} tokens per hash id; rows "
+            "longer than the served context are kept, refused by the server and counted (cell field "
+            "too_long).",
             "Systems run one after another on their own server, each taking every trace and load in turn.",
         ]
 

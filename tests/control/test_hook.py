@@ -120,7 +120,8 @@ def test_snapshot_counts_decoding_rows_and_the_prompt_blocks_still_to_prefill():
     from kvloop.engine.scheduler.snapshot import build_snapshot
 
     kv = KVCacheManager(64, 16, KVConfig())
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=48, idle_step_tokens=0, max_model_len=2048), kv)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=48, idle_step_tokens=0, max_model_len=2048,
+                                      queue_order="arrival"), kv)  # r0 first, as it came
     for i, n in enumerate((80, 8)):
         sched.add(Sequence(f"r{i}", list(range(100 + i, 100 + i + n)),
                            SamplingParams(max_tokens=4, ignore_eos=True)))

@@ -125,7 +125,9 @@ def test_every_field_the_sidecar_reads_moves(make, tmp_path, monkeypatch):
     hits = engine.snapshot()
     assert hits.prefix_hits("device") and hits.prefix_hits("host") and hits.num_preemptions
 
-    restarted = run.start(sched=dict(max_num_seqs=3, max_num_batched_tokens=128, max_model_len=4096),
+    # no request meets a 1 ns TTFT: the SLO's ttft misses move; the static engine's 1 ns TPOT: its tpot ones
+    restarted = run.start(sched=dict(max_num_seqs=3, max_num_batched_tokens=128, max_model_len=4096,
+                                     slo_ttft_s=1e-9),
                           # same disk directory; another budget and max context
                           **{**codesign, "watermark": 0.1})
     run.add(DOC + tokens(14, 8))  # the document from the disk tier
@@ -138,7 +140,8 @@ def test_every_field_the_sidecar_reads_moves(make, tmp_path, monkeypatch):
     run.drain()
 
     static = run.start(mode="static", kv_cache_tokens=128, block_size=32,
-                       sched=dict(static_batch_size=3, static_fill_timeout_s=0.0), host_cache_tokens=0)
+                       sched=dict(static_batch_size=3, static_fill_timeout_s=0.0, slo_ttft_s=600.0,
+                                  slo_tpot_s=1e-9), host_cache_tokens=0)
     for i in range(3):  # three reservations of two blocks in a pool of four: one does not fit
         run.add(tokens(30 + i, 50), max_tokens=8)
     run.drain()

@@ -43,7 +43,8 @@ def test_single_prompt(make_engine, hf_model, tokenizer):
 
 
 def test_batch_of_different_lengths_in_one_flattened_step(make_engine, hf_model, tokenizer):
-    engine = make_engine(kv_cache_tokens=2048, max_num_batched_tokens=4096)
+    # arrival order: the step's rows in the order the prompts came (the work order puts the shortest first)
+    engine = make_engine(kv_cache_tokens=2048, max_num_batched_tokens=4096, queue_order="arrival")
     shuffle_free_blocks(engine, 1)
     engine.runner.keep_all_logits = True
     prompts = [tokenizer.encode(p) for p in PROMPTS[:4]]
