@@ -27,8 +27,13 @@ import httpx
 import yaml
 
 from kvloop.engine.bench.kvloop_serve import KvloopServeTarget
-from kvloop.engine.bench.systems import ServerProcessTarget, VllmCpuTarget, _free_port, missing_reason
-from kvloop.engine.bench.targets.base import Target
+from kvloop.engine.bench.systems import (
+    OverHTTP,
+    ServerProcessTarget,
+    VllmCpuTarget,
+    _free_port,
+    missing_reason,
+)
 from kvloop.engine.bench.targets.http import HTTPTarget, parse_prometheus
 from kvloop.engine.core import defaults as D
 from kvloop.engine.core.cpu import cpu_capabilities
@@ -165,7 +170,7 @@ def start_server(spec: SystemSpec, sizing) -> ServerProcessTarget:
     return server
 
 
-class CellTarget(Target):
+class CellTarget(OverHTTP):
     """One cell's client against a running server: a fresh HTTP client per cell, the server left running."""
 
     def __init__(self, server: ServerProcessTarget):
@@ -179,18 +184,6 @@ class CellTarget(Target):
         if not alive():
             raise RuntimeError(f"{self.name}: the server (or its sidecar) is not running")
         self.http.start()
-
-    def submit(self, request_id, prompt, max_tokens):
-        self.http.submit(request_id, prompt, max_tokens)
-
-    def poll(self, timeout):
-        return self.http.poll(timeout)
-
-    def idle(self):
-        return self.http.idle()
-
-    def snapshot(self):
-        return self.http.snapshot()
 
     def info(self) -> dict:
         return self.server.info()

@@ -70,7 +70,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerProcessTarget(Target):
+class OverHTTP(Target):
+    """A target whose requests go through its `http` client (an HTTPTarget)."""
+
+    http: Target
+
+    def submit(self, request_id, prompt, max_tokens):
+        self.http.submit(request_id, prompt, max_tokens)
+
+    def poll(self, timeout):
+        return self.http.poll(timeout)
+
+    def idle(self):
+        return self.http.idle()
+
+    def snapshot(self):
+        return self.http.snapshot()
+
+
+class ServerProcessTarget(OverHTTP):
     """A peer's OpenAI-style server, started on 127.0.0.1 for the run and stopped at close()."""
 
     health_path = "/health"
@@ -95,18 +113,6 @@ class ServerProcessTarget(Target):
         wait_ready(self.proc, f"http://127.0.0.1:{self.port}{self.health_path}", self.start_timeout_s,
                    f"{self.name} (log: {log.name})")
         self.http.start()
-
-    def submit(self, request_id, prompt, max_tokens):
-        self.http.submit(request_id, prompt, max_tokens)
-
-    def poll(self, timeout):
-        return self.http.poll(timeout)
-
-    def idle(self):
-        return self.http.idle()
-
-    def snapshot(self):
-        return self.http.snapshot()
 
     def info(self) -> dict:
         return {"cmd": " ".join(self.cmd)}
