@@ -30,8 +30,23 @@ SOURCES = ("stdlib-py", "site-md", "site-metadata")
 MAX_FILE_CHARS = 200_000  # a longer file is read up to here: one chunk needs a few KB
 _IDENT = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{3,}\b")
 _WORD = re.compile(r"\b[a-z]{6,}\b")
-_COMMON = frozenset(keyword.kwlist) | {"self", "None", "True", "False", "return", "import", "from", "that",
-                                       "this", "with", "should", "would", "there", "their", "which"}
+_COMMON = frozenset(keyword.kwlist) | {
+    "self",
+    "None",
+    "True",
+    "False",
+    "return",
+    "import",
+    "from",
+    "that",
+    "this",
+    "with",
+    "should",
+    "would",
+    "there",
+    "their",
+    "which",
+}
 
 
 class TextTokenizer(Protocol):
@@ -69,14 +84,24 @@ class CopyDoc:
         return hashlib.sha256(self.text.encode()).hexdigest()
 
     def describe(self) -> dict:
-        return {"doc_id": self.doc_id, "source": self.source, "path": self.path, "root": self.root,
-                "start_char": self.start_char, "chars": len(self.text), "sha256": self.sha256}
+        return {
+            "doc_id": self.doc_id,
+            "source": self.source,
+            "path": self.path,
+            "root": self.root,
+            "start_char": self.start_char,
+            "chars": len(self.text),
+            "sha256": self.sha256,
+        }
 
 
 def source_roots() -> dict[str, Path]:
     paths = sysconfig.get_paths()
-    return {"stdlib-py": Path(paths["stdlib"]), "site-md": Path(paths["purelib"]),
-            "site-metadata": Path(paths["purelib"])}
+    return {
+        "stdlib-py": Path(paths["stdlib"]),
+        "site-md": Path(paths["purelib"]),
+        "site-metadata": Path(paths["purelib"]),
+    }
 
 
 def candidate_files(sources: tuple[str, ...] = SOURCES) -> list[tuple[str, str]]:
@@ -88,8 +113,11 @@ def candidate_files(sources: tuple[str, ...] = SOURCES) -> list[tuple[str, str]]
         if src == "stdlib-py":
             files = root.glob("*.py")
         elif src == "site-md":
-            files = (p for p in root.rglob("*.md") if "licenses" not in p.parts
-                     and not p.name.upper().startswith("LICENSE"))
+            files = (
+                p
+                for p in root.rglob("*.md")
+                if "licenses" not in p.parts and not p.name.upper().startswith("LICENSE")
+            )
         elif src == "site-metadata":
             files = root.glob("*.dist-info/METADATA")
         else:
@@ -118,7 +146,7 @@ def chunk(text: str, tokenizer: TextTokenizer, doc_tokens: int, rng: random.Rand
     first = next(i for i, (a, _) in enumerate(offsets) if a >= start)
     end = offsets[min(first + doc_tokens, len(offsets)) - 1][1]
     cut = text.rfind("\n", start, end)
-    body = text[start:cut + 1 if cut > start else end]
+    body = text[start : cut + 1 if cut > start else end]
     return (start, body) if body.strip() and body.count("\n") >= 3 else None
 
 
@@ -134,7 +162,9 @@ def pick_docs(p: CopyParams, tokenizer: TextTokenizer) -> list[CopyDoc]:
     for fs in by_source.values():
         rng.shuffle(fs)
     # the sources take turns, so code and prose both appear however many files each has
-    turns = [fs[i] for i in range(max(map(len, by_source.values()))) for fs in by_source.values() if i < len(fs)]
+    turns = [
+        fs[i] for i in range(max(map(len, by_source.values()))) for fs in by_source.values() if i < len(fs)
+    ]
     docs: list[CopyDoc] = []
     for src, rel in turns:
         if len(docs) == p.num_docs:
@@ -161,7 +191,7 @@ def _with_typo(text: str, rng: random.Random) -> tuple[str, str, str] | None:
     m = rng.choice(words)
     w = m.group()
     wrong = w[:2] + w[3] + w[2] + w[4:]
-    return text[:m.start()] + wrong + text[m.end():], wrong, w
+    return text[: m.start()] + wrong + text[m.end() :], wrong, w
 
 
 def instruction(task: str, doc: CopyDoc, rng: random.Random) -> tuple[str, str, str]:
@@ -175,24 +205,36 @@ def instruction(task: str, doc: CopyDoc, rng: random.Random) -> tuple[str, str, 
         return doc.text, f"Quote the text above exactly, starting from the line:\n{lines[a]}", task
     if task == "continue":
         a = rng.randrange(0, max(1, len(lines) // 2))
-        head = "\n".join(lines[a:a + 3])
+        head = "\n".join(lines[a : a + 3])
         return doc.text, f"Continue the text above from these lines, copying what follows them:\n{head}", task
     if task == "rename":
         name = _identifier(doc.text)
         if name is not None:
-            return doc.text, (f"Rewrite the text above with every `{name}` renamed to `{name}_renamed`. "
-                              "Change nothing else."), task
+            return (
+                doc.text,
+                (
+                    f"Rewrite the text above with every `{name}` renamed to `{name}_renamed`. "
+                    "Change nothing else."
+                ),
+                task,
+            )
         task = "reformat"
     if task == "typo":
         typo = _with_typo(doc.text, rng)
         if typo is not None:
             shown, wrong, _ = typo
-            return shown, (f"The text above misspells a word as `{wrong}`. Rewrite the whole text with it "
-                           "fixed."), task
+            return (
+                shown,
+                (f"The text above misspells a word as `{wrong}`. Rewrite the whole text with it fixed."),
+                task,
+            )
         task = "reformat"
     if task == "reformat":
-        return doc.text, ("Rewrite the text above inside a fenced code block, each line indented by four "
-                          "spaces."), task
+        return (
+            doc.text,
+            ("Rewrite the text above inside a fenced code block, each line indented by four spaces."),
+            task,
+        )
     raise ValueError(f"unknown task {task!r} (one of {', '.join(TASKS)})")
 
 
@@ -201,18 +243,23 @@ def build_copy(p: CopyParams, tokenizer: TextTokenizer, name: str = "copy") -> W
     0 s (the streams runner sends them in order as its streams free up)."""
     docs = pick_docs(p, tokenizer)
     rng = random.Random(f"copy-questions:{p.seed}")
-    wl = Workload(name, params={"generator": "copy", **asdict(p), "docs": [d.describe() for d in docs],
-                                "tasks": {}})
+    wl = Workload(
+        name, params={"generator": "copy", **asdict(p), "docs": [d.describe() for d in docs], "tasks": {}}
+    )
     specs: list[RequestSpec] = []
     for d in docs:
         first = rng.randrange(len(TASKS))
         for k in range(p.questions_per_doc):
             task = TASKS[(first + k) % len(TASKS)]
             shown, ask, task = instruction(task, d, rng)
-            messages = [{"role": "system", "content": p.system}, {"role": "user", "content": f"{shown}\n\n{ask}"}]
+            messages = [
+                {"role": "system", "content": p.system},
+                {"role": "user", "content": f"{shown}\n\n{ask}"},
+            ]
             prompt = tokenizer.encode_chat(messages)
-            specs.append(RequestSpec(f"{d.doc_id}-q{k}", f"copy-{task}", 0.0, prompt, p.answer_tokens,
-                                     d.doc_id))
+            specs.append(
+                RequestSpec(f"{d.doc_id}-q{k}", f"copy-{task}", 0.0, prompt, p.answer_tokens, d.doc_id)
+            )
     rng.shuffle(specs)
     wl.requests = specs
     wl.params["tasks"] = dict(Counter(s.kind for s in specs))
