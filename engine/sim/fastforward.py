@@ -73,7 +73,6 @@ class FastForward:
         """Steps from this boundary (arrivals taken, observations made, work to do) while it can."""
         sim, rows = self.sim, self.rows
         sched, heap = sim.scheduler, sim._heap
-        until = sim.config.until_s if sim.config.until_s is not None else math.inf
         rows.reset(sched.running)
         self._stale = True
         while True:
@@ -87,7 +86,8 @@ class FastForward:
                 if ran != CONTINUE:
                     return ran
             # the next boundary, as the step loop comes to it
-            if sim.now >= until:
+            # until_s read live: a fleet (fleet.py) lowers it while this runs
+            if sim.now >= (sim.config.until_s if sim.config.until_s is not None else math.inf):
                 return self._exit(CONTINUE)
             while heap and heap[0][0] <= sim.now:
                 sim.arrive_next()

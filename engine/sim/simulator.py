@@ -181,9 +181,9 @@ class Simulator:
 
     def _loop(self) -> None:
         cfg, sched, heap = self.config, self.scheduler, self._heap
-        until = cfg.until_s if cfg.until_s is not None else math.inf
         fast = cfg.fast_forward and not cfg.check_integrity_every
-        while self.now < until:
+        # until_s read at every boundary: a fleet (fleet.py) lowers it while the loop runs
+        while self.now < (cfg.until_s if cfg.until_s is not None else math.inf):
             while heap and heap[0][0] <= self.now:
                 self.arrive_next()
             self._observe()
