@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvloop.engine.server import errors
+from kvloop.engine.server import errors, render
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.chat import create_chat_completion
 from kvloop.engine.server.completions import create_completion
@@ -68,6 +68,8 @@ def build_app(engine: AsyncEngine, metrics: EngineMetrics, settings: ServerSetti
     @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(body, request, engine, settings)
+
+    render.install(app, engine, settings)  # /v1/*/render, /tokenize, /detokenize: what routers call
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health():

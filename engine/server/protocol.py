@@ -4,9 +4,12 @@ bounded to what the engine can represent: integers to their native width (a seed
 
 Unknown fields are rejected with a 400 that names them (OpenAI's API does the same; vLLM only logs them):
 a misspelt or unsupported parameter silently dropped answers as if it had been honoured. Parameters of
-OpenAI's API that this server knows but does not implement are declared here and refused by name in
-engine.server.unsupported. Bounds that only the engine knows (context length, vocabulary) are checked
-later. Responses are plain dicts: building a pydantic model per streamed token would cost throughput."""
+OpenAI's API, and the vLLM and SGLang extensions that routers forward (vllm-router 0.1.17 and
+sglang-router 0.3.2 add no_stop_trim, skip_special_tokens, separate_reasoning... to every request, at
+their defaults), that this server knows but does not implement are declared here and refused by name
+in engine.server.unsupported unless their value is one it serves anyway. Bounds that only the engine
+knows (context length, vocabulary) are checked later. Responses are plain dicts: building a pydantic model
+per streamed token would cost throughput."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ MAX_NAME_CHARS = 256  # model, user, message names, cache keys
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
 MAX_STOP_TOKEN_IDS = 64
+INT32_MIN = -(2**31)
 Number = StrictFloat | StrictInt
 Name = Annotated[StrictStr, Field(max_length=MAX_NAME_CHARS)]
 Count = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
@@ -111,6 +115,27 @@ class _Sampling(_Base):
     store: Any = None
     metadata: Any = None
     prompt_cache_key: Name | None = None  # the prefix cache matches by content: every key is honoured
+    # vLLM / SGLang extensions (engine.server.unsupported says which values are served)
+    no_stop_trim: StrictBool = False  # SGLang's name for include_stop_str_in_output
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 0
+    return_hidden_states: StrictBool = False  # SGLang
+    priority: Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)] = 0
+    request_id: Name | None = None  # the response's id (vLLM); engine requests keep ids of their own
+    add_special_tokens: StrictBool | None = None  # None: the endpoint default (chat false, completions true)
+    min_p: Any = None
+    repetition_penalty: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    truncate_prompt_tokens: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    cache_salt: Any = None
+    kv_transfer_params: Any = None
+    return_tokens_as_token_ids: Any = None
+    data_parallel_rank: Any = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -131,6 +156,18 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Any = None
     verbosity: Any = None
     web_search_options: Any = None
+    # vLLM / SGLang chat extensions
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    # this model has no reasoning parser: every value of these serves the same text (no reasoning_content)
+    separate_reasoning: StrictBool = True  # SGLang
+    stream_reasoning: StrictBool = True  # SGLang
+    include_reasoning: StrictBool = True  # vLLM
+    echo: Any = None  # vLLM's chat echo (the last message repeated): refused unless false
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    documents: Any = None
+    mm_processor_kwargs: Any = None
 
 
 Prompt = StrictStr | Annotated[list[StrictStr], Field(min_length=1)] | Annotated[list[StrictInt],
@@ -142,6 +179,38 @@ class CompletionRequest(_Sampling):
     prompt: Prompt
     max_tokens: Count | None = 16
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: StrictBool = False
+    echo: StrictBool = False  # the prompt's text before each choice's (not with logprobs: no prompt logprobs)
     suffix: StrictStr | None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None  # only best_of == n: no reranking
+
+
+class TokenizeCompletionRequest(_Base):
+    """vLLM's /tokenize body for a raw prompt."""
+
+    model: Name | None = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class TokenizeChatRequest(_Base):
+    """vLLM's /tokenize body for chat messages (the chat template applied, as /v1/chat/completions does);
+    what vllm-router sends to learn a chat request's tokens for cache-aware routing."""
+
+    model: Name | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    return_token_strs: StrictBool = False
+    # known to vLLM, refused by name unless empty (engine.server.unsupported)
+    tools: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    documents: Any = None
+    mm_processor_kwargs: Any = None
+
+
+class DetokenizeRequest(_Base):
+    model: Name | None = None
+    tokens: Annotated[list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]], Field(max_length=1 << 20)]

@@ -55,10 +55,14 @@ def check_unicode(text: str, param: str) -> None:
                           param) from exc
 
 
-def encode(engine: AsyncEngine, text: str, param: str) -> list[int]:
-    """A raw prompt: special-token strings in it are the control tokens they name, as in vLLM."""
+def encode(engine: AsyncEngine, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    """A raw prompt: special-token strings in it are the control tokens they name, as in vLLM.
+    add_special_tokens (vLLM's, default true) adds what the model's tokenizer adds to a text (its BOS);
+    false leaves the text's own tokens only."""
     check_unicode(text, param)
-    return engine.tokenizer.encode(text)
+    if add_special_tokens:
+        return engine.tokenizer.encode(text)
+    return engine.tokenizer.backend.encode(text, add_special_tokens=False).ids
 
 
 def check_prompt(engine: AsyncEngine, ids: list[int], max_tokens: int | None, param: str) -> int:
@@ -90,7 +94,8 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
                               temperature=1.0 if req.temperature is None else req.temperature,
                               top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, seed=seed,
                               stop=req.stop or [], stop_token_ids=req.stop_token_ids or [],
-                              include_stop_str_in_output=req.include_stop_str_in_output,
+                              # SGLang's no_stop_trim is the same promise: the stop string stays
+                              include_stop_str_in_output=req.include_stop_str_in_output or req.no_stop_trim,
                               ignore_eos=req.ignore_eos,
                               logprobs=logprobs, presence_penalty=req.presence_penalty or 0.0,
                               frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {},
@@ -158,6 +163,7 @@ class Call:
     settings: ServerSettings
     request: Request
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    response_id: str | None = None  # the client's request_id (vLLM's extension); engine ids stay self.id's
     created: int = field(default_factory=lambda: int(time.time()))
     index: dict[str, int] = field(default_factory=dict)
     prompt_of: dict[str, int] = field(default_factory=dict)
@@ -216,6 +222,11 @@ class Call:
             error.request_id = rid  # a stream marks that choice finish_reason "error"
             raise error
         return rid, item
+
+    @property
+    def public_id(self) -> str:
+        """The id the response shows: the client's request_id when it sent one."""
+        return self.response_id or self.id
 
     @property
     def unfinished(self) -> bool:
