@@ -1,4 +1,4 @@
-"""Whether a prefix found in a lower tier (host, disk) is loaded or recomputed (pure Python).
+"""Whether a prefix found in a lower tier (host, disk, remote) is loaded or recomputed (pure Python).
 
 A host or disk load is not always faster than recomputing: on a GPU, 16 tokens of an 8B model prefill in
 about 0.4 ms while their K/V (2 MiB) takes as long from a 5 GB/s disk. The decision compares, per block,
@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 
 HOST_PRIOR_BYTES_S = 10e9  # a host -> device block copy before any is measured (a CPU memcpy; PCIe is faster)
 DISK_PRIOR_BYTES_S = 1e9  # a block file read and checked, before any is measured
+# a value fetched from the remote store and checked, before any is measured: 10 GbE less its overheads; the
+# reads and writes then measure the link (kv.remote_client)
+REMOTE_PRIOR_BYTES_S = 1e9
 DEFAULT_BLOCK_LOAD_S = 1e-4  # a prior when the block's bytes are unknown (no tier mover)
 
 
@@ -67,15 +70,17 @@ class TierCosts:
 
     def __init__(self, alpha: float = 0.1):
         self.alpha = alpha
-        self.load_block_s = {"host": DEFAULT_BLOCK_LOAD_S, "disk": 10 * DEFAULT_BLOCK_LOAD_S}
+        self.load_block_s = {"host": DEFAULT_BLOCK_LOAD_S, "disk": 10 * DEFAULT_BLOCK_LOAD_S,
+                             "remote": 10 * DEFAULT_BLOCK_LOAD_S}
         self.token_s: float | None = None
         self.pair_s = 0.0
-        self.loads_measured = {"host": 0, "disk": 0}
+        self.loads_measured = {"host": 0, "disk": 0, "remote": 0}
         self.fixed = False  # prices set by a cost model (the simulator): measurements are ignored
 
     def set_load_prior(self, block_bytes: int) -> None:
         """Priors from a block's size, for tiers nothing has been measured on yet."""
-        for tier, rate in (("host", HOST_PRIOR_BYTES_S), ("disk", DISK_PRIOR_BYTES_S)):
+        for tier, rate in (("host", HOST_PRIOR_BYTES_S), ("disk", DISK_PRIOR_BYTES_S),
+                           ("remote", REMOTE_PRIOR_BYTES_S)):
             if not self.loads_measured[tier] and not self.fixed:
                 self.load_block_s[tier] = block_bytes / rate
 

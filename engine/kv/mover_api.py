@@ -22,6 +22,16 @@ class Mover(Protocol):
         """Makes the next disk_scan list these files in this order (oldest first), after any others."""
     def flush(self, timeout: float | None = None) -> bool:
         """Waits (at most timeout seconds) for the queued writes; True when all have landed."""
+    # the remote tier (kv.remote_client through the mover; kv.remote_mixin asks these)
+    def remote_available(self) -> bool:
+        """A remote store is configured and up (False: no remote tier now)."""
+    def remote_contains(self, hashes: list[int]) -> list[bool]: ...
+    def remote_prefetch(self, hashes: list[int]) -> None:
+        """Fetches and checks these blocks in one batch, for the remote_read calls that follow."""
+    def remote_read(self, h: int, block: int) -> bool:
+        """Copies h's prefetched (else fetched) value into device block; False when missing or bad."""
+    def remote_write(self, h: int, tier: str, index: int) -> bool:
+        """Queues a write of device block or host slot `index` as h; False when dropped (down, queue full)."""
 
 
 class NullMover:
@@ -50,3 +60,18 @@ class NullMover:
 
     def flush(self, timeout: float | None = None) -> bool:
         return True
+
+    def remote_available(self) -> bool:
+        return False
+
+    def remote_contains(self, hashes: list[int]) -> list[bool]:
+        return [False] * len(hashes)
+
+    def remote_prefetch(self, hashes: list[int]) -> None:
+        pass
+
+    def remote_read(self, h: int, block: int) -> bool:
+        return False
+
+    def remote_write(self, h: int, tier: str, index: int) -> bool:
+        return False

@@ -1,7 +1,9 @@
 """The only code that moves K/V tensors between tiers: device pool <-> host tier copies, and the disk
 tier's files, written behind by a background thread through a bounded queue (a full queue drops the
 write, the caller counts it; the step never waits on disk). Reads verify the file header and checksum;
-a bad file is deleted and reported as a miss. Loads into the device (host copies, disk reads) are timed
+a bad file is deleted and reported as a miss. The remote tier's values go through kv.remote_client (bytes,
+checks, the writer thread, the store's health); here they are copied out of and into the pool. Loads into the
+device (host copies, disk reads) are timed
 and reported to the KV manager's TierCosts, which decides whether a lower-tier prefix is loaded or
 recomputed (kv.load_or_recompute)."""
 
@@ -17,11 +19,13 @@ import torch
 
 from kvloop.engine.kv import disk_format as fmt
 from kvloop.engine.kv.load_or_recompute import TierCosts
+from kvloop.engine.kv.remote_client import RemoteKV
 
 
 class TierMover:
     def __init__(self, kv_cache: torch.Tensor, host_slots: int = 0, disk_dir: str | None = None,
-                 fingerprint: str = "", queue_size: int = 64, costs: TierCosts | None = None):
+                 fingerprint: str = "", queue_size: int = 64, costs: TierCosts | None = None,
+                 remote: RemoteKV | None = None):
         self.kv = kv_cache  # [layers, 2, blocks, block_size, kv_heads, head_dim]
         layers, two, _, bs, heads, dim = kv_cache.shape
         self.block_shape = [layers, two, bs, heads, dim]
@@ -44,13 +48,25 @@ class TierMover:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
             self._writer.start()
+        self.remote = remote
+        self._fetched: dict[int, memoryview] = {}  # the remote values of the lookup under way
 
     @classmethod
     def for_manager(cls, kv, kv_cache: torch.Tensor, fingerprint: str) -> TierMover:
         cfg = kv.config
-        return cls(kv_cache, kv.host.num_slots if kv.host is not None else 0,
-                   cfg.disk_dir if kv.disk is not None else None,
-                   fingerprint, cfg.disk_queue_size, kv.tier_costs)
+        mover = cls(kv_cache, kv.host.num_slots if kv.host is not None else 0,
+                    cfg.disk_dir if kv.disk is not None else None,
+                    fingerprint, cfg.disk_queue_size, kv.tier_costs)
+        if kv.remote is not None:
+            mover.remote = mover.open_remote(cfg, kv.stats, kv.tier_costs)
+        return mover
+
+    def open_remote(self, cfg, stats, costs: TierCosts | None) -> RemoteKV:
+        from kvloop.engine.kv.remote_tier import PASSWORD_ENV, open_store
+
+        store = open_store(cfg.kv_remote_url, cfg.kv_remote_timeout_ms / 1000, os.environ.get(PASSWORD_ENV))
+        return RemoteKV(store, cfg.kv_remote_url, self.fingerprint, self.dtype_name, self.block_shape, stats,
+                        costs, cfg.remote_queue_size)
 
     # ---- device <-> host ------------------------------------------------------------------------
     def device_to_host(self, block: int, slot: int) -> None:
@@ -132,8 +148,37 @@ class TierMover:
             except OSError:
                 pass  # gone or never landed: nothing to order
 
+    # ---- remote ---------------------------------------------------------------------------------
+    def remote_available(self) -> bool:
+        return self.remote is not None and self.remote.up
+
+    def remote_contains(self, hashes: list[int]) -> list[bool]:
+        return self.remote.contains(hashes)
+
+    def remote_prefetch(self, hashes: list[int]) -> None:
+        self._fetched = self.remote.fetch(hashes) if hashes else {}
+
+    def remote_read(self, h: int, block: int) -> bool:
+        payload = self._fetched.pop(h, None)
+        if payload is None:
+            payload = self.remote.fetch([h]).get(h)
+        if payload is None:
+            return False
+        tensor = torch.frombuffer(payload, dtype=torch.uint8).view(self.kv.dtype).view(self.block_shape)
+        self.kv[:, :, block].copy_(tensor)
+        return True
+
+    def remote_write(self, h: int, tier: str, index: int) -> bool:
+        if not self.remote.up:
+            return False  # no copy for a write that would be dropped
+        src = (self.kv if tier == "device" else self.host)[:, :, index]
+        data = torch.empty(self.block_shape, dtype=self.kv.dtype).copy_(src)
+        return self.remote.put(h, memoryview(data.view(torch.uint8).numpy()).cast("B"))
+
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for the queued writes (at most timeout seconds); True when all have landed."""
+        if self.remote is not None and not self.remote.flush(timeout):
+            return False
         if self._writer is None:
             return True
         q = self._queue
@@ -141,6 +186,8 @@ class TierMover:
             return q.all_tasks_done.wait_for(lambda: not q.unfinished_tasks, timeout)
 
     def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         if self._writer is not None:
             self._queue.join()
             self._queue.put(None)

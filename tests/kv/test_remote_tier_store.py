@@ -1,0 +1,149 @@
+"""The remote KV tier's client against a real redis-server: round trip, namespaces, damaged values as misses,
+a dead or silent store as misses with one log line and an error count, URL checks, and the price of a slow
+link deciding for recomputation."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+from remote_redis import RedisServer, free_port, wait_for
+
+from kvloop.engine.core.kv_stats import KVStats
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.kv.load_or_recompute import TierCosts
+from kvloop.engine.kv.remote_client import RemoteKV
+from kvloop.engine.kv.remote_tier import block_key, open_store
+
+SHAPE = [2, 2, 4, 1, 8]  # layers, K/V, tokens, heads, head dim
+NBYTES = 2 * 2 * 4 * 1 * 8 * 4  # float32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield s
+    s.kill()
+
+
+def client(url: str, dtype: str = "float32", shape=SHAPE, fingerprint: str = "model-a",
+           timeout_s: float = 2.0) -> RemoteKV:
+    return RemoteKV(open_store(url, timeout_s, None), url, fingerprint, dtype, shape, KVStats(), TierCosts())
+
+
+def payload(seed: int) -> memoryview:
+    return memoryview(bytes((seed + i) % 251 for i in range(NBYTES)))
+
+
+def test_round_trip(server):
+    writer = client(server.url)
+    assert writer.put(11, payload(1)) and writer.put(12, payload(2))
+    assert writer.flush(10) and writer.stats.remote_writes == 2
+    reader = client(server.url)  # another engine: nothing pending, all from the store
+    assert reader.contains([11, 12, 13]) == [True, True, False]
+    got = reader.fetch([11, 12, 13])
+    assert bytes(got[11]) == bytes(payload(1)) and bytes(got[12]) == bytes(payload(2)) and 13 not in got
+    assert reader.stats.remote_bytes_read > 2 * NBYTES and reader.costs.loads_measured["remote"] == 1
+    assert writer.stats.remote_bytes_written == 2 * NBYTES
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize("other", [{"dtype": "bfloat16"}, {"shape": [2, 2, 8, 1, 8]},
+                                   {"fingerprint": "model-b"}])
+def test_another_dtype_block_size_or_model_is_a_miss(server, other):
+    writer = client(server.url)
+    writer.put(21, payload(3))
+    writer.flush(10)
+    foreign = client(server.url, **other)
+    assert foreign.contains([21]) == [False] and foreign.fetch([21]) == {}
+    writer.close()
+    foreign.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "garbage"])
+def test_damaged_values_are_misses(server, damage):
+    writer = client(server.url)
+    writer.put(31, payload(4))
+    writer.put(32, payload(5))
+    writer.flush(10)
+    redis = server.client()
+    key = block_key(writer.ns, 31)
+    value = bytearray(redis.get(key))
+    if damage == "flip":
+        value[-3] ^= 0x10
+    elif damage == "truncate":
+        value = value[:-16]
+    elif damage == "foreign":  # another block's value under this key: its header names another hash
+        value = bytearray(redis.get(block_key(writer.ns, 32)))
+    else:
+        value = bytearray(b"not a block")
+    redis.set(key, bytes(value))
+    reader = client(server.url)
+    assert reader.contains([31]) == [True]  # there, but not usable
+    assert reader.fetch([31, 32]).keys() == {32}
+    assert reader.stats.remote_bad_values == 1
+    writer.close()
+    reader.close()
+
+
+def test_refused_store_is_misses_one_log_line_and_errors(caplog):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="kvloop.kv.remote"):
+        remote = client(url, timeout_s=0.2)
+        assert wait_for(lambda: remote.stats.remote_errors >= 1)  # the writer's first ping
+        for _ in range(3):
+            assert remote.contains([1, 2]) == [False, False] and remote.fetch([1]) == {}
+            assert not remote.put(1, payload(1))
+    assert not remote.up and remote.stats.remote_connected == 0
+    assert remote.stats.remote_writes_dropped == 3
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1, "one line per state change, not per call"
+    remote.close()
+
+
+def test_silent_store_times_out():
+    with socket.socket() as listener:  # accepts connections (the kernel's backlog) and never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+        remote = client(url, timeout_s=0.05)
+        assert wait_for(lambda: remote.stats.remote_errors >= 1)
+        assert remote.contains([1]) == [False] and remote.stats.remote_connected == 0
+        remote.close()
+
+
+def test_store_back_is_up_again(tmp_path):
+    server = RedisServer(tmp_path)
+    remote = client(server.url, timeout_s=0.5)
+    server.kill()
+    assert remote.contains([1]) == [False] and not remote.up
+    server.start()
+    try:
+        assert wait_for(lambda: remote.up)  # the writer's pings, backing off from 0.5 s
+        assert remote.put(41, payload(6)) and remote.flush(10) and remote.contains([41]) == [True]
+        assert remote.stats.remote_connected == 1
+    finally:
+        remote.close()
+        server.kill()
+
+
+@pytest.mark.parametrize("url, message", [
+    ("redis://:secret@127.0.0.1:6379/0", "KVLOOP_KV_REMOTE_PASSWORD"),
+    ("http://127.0.0.1:6379", "scheme"),
+    ("redis:///0", "no host"),
+])
+def test_bad_urls_are_refused_clearly(url, message):
+    with pytest.raises(ValueError, match=message):
+        KVConfig(kv_remote_url=url)
+
+
+def test_slow_link_recomputes():
+    costs = TierCosts()
+    costs.set_load_prior(737280)  # an fp32 SmolLM2 block: the prior says load
+    costs.observe_compute(1000, 1.0)  # 1 ms a token: 16 ms a block
+    assert costs.blocks_to_use(["remote"] * 4, 16) == 4
+    for _ in range(40):  # a link measured at 50 ms a block
+        costs.observe_load("remote", 1, 0.05)
+    assert costs.blocks_to_use(["remote"] * 4, 16) == 0
