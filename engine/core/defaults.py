@@ -53,6 +53,16 @@ RETENTION_WATERMARK = Default(
     "ended the W5 runs at 0.0-0.2 (final_watermark in w5_cpu*, w5_h200*), never at the operator's former "
     "0.3")
 
+# ---- speculative decoding (engine/scheduler/speculation.py) ----------------------------------------------
+SPECULATION = Default(
+    "off", "",
+    "prompt-lookup speculation is exact (tests/engine/test_speculation*.py) but not yet measured against "
+    "W1 and the copy-heavy workload (issue 56): off until bench/results/speculative.json says auto pays")
+SPECULATION_MAX_TOKENS = Default(
+    4, "proposed tokens per request and step",
+    "issue 56's 4-8 proposals at about one decode row's cost each while the step is small; 4 keeps a "
+    "single stream's verifying step within the bf16-weight kernel's 12 decode-sized rows with room for others")
+
 # ---- the SLO (engine/core/slo.py): what a good request is ------------------------------------------------
 _SLO_WHY = "../shared/WORKLOADS.md, 'The SLO, goodput and capacity' (issue 57): the project's one objective"
 SLO_TTFT_BASE_S = Default(2.0, "s", _SLO_WHY + "; CPU scale")
@@ -101,6 +111,17 @@ ADMIT_MIN_REQUESTS = Default(
 HOST_ADMIT_MIN_REQUESTS = Default(2, "distinct requests",
                                   "host tier gate: blocks offered twice are copied down")
 MIN_PREFIX_TOKENS = Default(64, "tokens", "shorter matches are misses: no pinning, no promotion")
+KV_REMOTE_TIMEOUT_MS = Default(
+    200.0, "ms",
+    "the remote KV tier's bound on connecting and on each reply (kv.redis_store): in a cluster a block's GET "
+    "takes about a millisecond, so a store slower than this is down for the engine (misses, retried in the "
+    "background), not a stall of every step; not measured against a loaded store")
+
+# ---- KV events for routers (engine/kv/events_publisher.py) ----------------------------------------------
+KV_EVENTS_TOPIC = Default(
+    "kv-events", "ZeroMQ topic",
+    "the first frame of every batch; routers subscribe by prefix (vllm-router's --kv-event-source takes any; "
+    "llm-d's subscriber reads the pod from a topic of the form kv@<pod>@<model>: set it so there)")
 
 # ---- the feedback loop (sidecar/settings.py; the operator's spec.feedback) -------------------------------
 CONTROL_STALE_AFTER_S = Default(

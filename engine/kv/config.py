@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvloop.engine.core import defaults as D
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import CachePolicy, get_cache_policy
+from kvloop.engine.kv.remote_tier import check_url
 
 
 @dataclass
@@ -39,9 +40,37 @@ class KVConfig:
                                   help="disk tier directory; none disables it")
     disk_cache_tokens: int = 262144
     disk_queue_size: int = 64  # write-behind queue; a full queue drops the write (counted)
+    # The remote tier (kv.remote_mixin, kv.remote_tier), shared by engines: the store, its timeout, the gate
+    # (distinct requests before a block is written; 1: every computed block, since a peer's first request
+    # for it is the one a shared tier serves) and the write-behind queue. The password comes from the
+    # environment (KVLOOP_KV_REMOTE_PASSWORD), never a flag.
+    kv_remote_url: str = option("", flag="--kv-remote-url", setting="kv_cache.remote_url",
+                                help="remote KV tier shared by engines: redis://HOST:PORT/DB (Redis or "
+                                     "Valkey; rediss:// for TLS, unix:///path.sock), password from the "
+                                     "environment variable KVLOOP_KV_REMOTE_PASSWORD; run the store with "
+                                     "maxmemory and maxmemory-policy allkeys-lru; empty: no remote tier")
+    kv_remote_timeout_ms: float = option(D.KV_REMOTE_TIMEOUT_MS, flag="--kv-remote-timeout-ms",
+                                         setting="kv_cache.remote_timeout_ms",
+                                         help="remote KV store timeout for connecting and each reply; a "
+                                              "store past it is down (misses) until it answers again")
+    remote_admit_min_requests: int = 1
+    remote_queue_size: int = 64
     ghost_entries: int = 65536  # bound of the ghost table (about 200 bytes per entry)
     gclock_max: int = 3  # GCLOCK counter ceiling
     regret_window: int = 4096  # an eviction is regretted if its hash is asked for within this many evictions
+    # KV events for routers (kv/events_publisher.py), published where the manager lives
+    kv_events_endpoint: str = option("", flag="--kv-events-endpoint", setting="kv_events.endpoint",
+                                     help="publish KV cache events in vLLM's format (block stored / "
+                                          "removed / all cleared) on a ZeroMQ PUB socket at this address, "
+                                          "e.g. "
+                                          "tcp://*:5557 (bound; an address without * is connected to); "
+                                          "empty: off")
+    kv_events_topic: str = option(D.KV_EVENTS_TOPIC, flag="--kv-events-topic", setting="kv_events.topic",
+                                  help="the ZeroMQ topic of the KV events")
+    kv_events_replay_endpoint: str = option("", flag="--kv-events-replay-endpoint",
+                                            setting="kv_events.replay_endpoint",
+                                            help="a ZeroMQ ROUTER address answering vLLM's replay requests "
+                                                 "for the last 10,000 KV event batches; empty: no replay")
 
     def __post_init__(self) -> None:
         get_cache_policy(self.mode)  # raises ValueError naming the cache policies
@@ -49,11 +78,15 @@ class KVConfig:
             raise ValueError("watermark must be in [0, 1)")
         for name in ("admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests",
                      "ghost_entries",
-                     "gclock_max", "regret_window", "disk_queue_size"):
+                     "gclock_max", "regret_window", "disk_queue_size", "remote_admit_min_requests",
+                     "remote_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if min(self.min_prefix_tokens, self.host_cache_tokens, self.disk_cache_tokens) < 0:
             raise ValueError("token counts must be >= 0")
+        if self.kv_remote_timeout_ms <= 0:
+            raise ValueError("kv_remote_timeout_ms must be > 0")
+        check_url(self.kv_remote_url)
 
     @property
     def cache_policy(self) -> CachePolicy:

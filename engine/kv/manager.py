@@ -48,6 +48,7 @@ from kvloop.engine.kv.block_pool import BlockPool
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.copy_value import CopyValue
 from kvloop.engine.kv.disk_tier import DiskTier
+from kvloop.engine.kv.event_log import KVEventLog, TokenRecordingHasher
 from kvloop.engine.kv.eviction import make_policy
 from kvloop.engine.kv.ghost import GhostTable
 from kvloop.engine.kv.hashing import ROOT, BlockKeys, ChainHasher
@@ -58,6 +59,7 @@ from kvloop.engine.kv.mover_api import Mover, NullMover
 from kvloop.engine.kv.persist import PersistMixin
 from kvloop.engine.kv.prefix_index import PrefixIndex
 from kvloop.engine.kv.prefix_match import PrefixMatch
+from kvloop.engine.kv.remote_mixin import RemoteMixin, make_remote_index
 from kvloop.engine.kv.swap import SwapMixin
 from kvloop.engine.kv.two_class import TwoClass
 
@@ -66,7 +68,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return (num_tokens + block_size - 1) // block_size
 
 
-class KVCacheManager(SwapMixin, PersistMixin):
+class KVCacheManager(SwapMixin, PersistMixin, RemoteMixin):
     def __init__(self, num_blocks: int, block_size: int, config: KVConfig | None = None, extra_key: str = "",
                  block_keys: Callable[[int, bytes], BlockKeys] = ChainHasher):
         # A bare manager is the plain allocator (mode continuous); the engine passes its configured mode.
@@ -95,6 +97,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
         disk_slots = cfg.disk_cache_tokens // block_size
         with_disk = self.cache_policy.lower_tiers and cfg.disk_dir and disk_slots
         self.disk = DiskTier(disk_slots) if with_disk else None
+        # the remote tier below the disk, shared with other engines (kv.remote_mixin); None: not configured
+        self.remote = make_remote_index(cfg, self.cache_policy.lower_tiers)
         self.stats = KVStats()
         self.regret = RegretWindow(cfg.regret_window)
         self.mover: Mover = NullMover()
@@ -111,6 +115,13 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._last_served: dict[str, int] = {}  # hit tokens by tier counted for the last looked-up request
         # disk writes of one allocation, see _take_blocks
         self._disk_batch: list[tuple[int, int]] | None = None
+        # KV events for routers: published from a thread of their own where the config names an endpoint
+        self.events_publisher = None
+        if cfg.kv_events_endpoint:
+            from kvloop.engine.kv.events_publisher import KVEventPublisher  # zmq only where events are on
+
+            self.events_publisher = KVEventPublisher.attach(self, cfg.kv_events_endpoint, cfg.kv_events_topic,
+                                                            cfg.kv_events_replay_endpoint)
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""
@@ -119,6 +130,26 @@ class KVCacheManager(SwapMixin, PersistMixin):
             for h in mover.disk_scan():
                 for victim in self.disk.add(h):
                     mover.disk_delete(victim)
+
+    def attach_events(self, log: KVEventLog) -> None:
+        """Reports the device prefix index's stores and drops to `log` (KV events for routers). Called before
+        the first request: the block keys are re-hashed by a ChainHasher that also remembers each key's
+        token ids, which stored events carry (kv/event_log.py)."""
+        assert not self.index.slots, "attach_events before any block is indexed"
+        hasher = TokenRecordingHasher(self.block_size, self._extra)
+        self._hasher = hasher
+        log.hasher = hasher
+        self.index.events = log
+
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every block cached on the device (vLLM's reset_prefix_cache); False, changing nothing,
+        while any sequence holds blocks. Reported as one all-cleared event."""
+        if self.num_referenced_blocks or self._swapped:
+            return False
+        for slot in self.index.clear():
+            self.policy.forget(slot)
+            self.pool.put_free(slot)
+        return True
 
     # ---- counts ---------------------------------------------------------------------------------
     @property
@@ -201,7 +232,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
     def _lookup_tiers(self) -> tuple[str, ...]:
         """The tiers a prefix lookup asks, top down (as _tier_of reads them)."""
         host = self.cache_policy.lower_tiers and self.host is not None
-        return ("device",) + (("host",) if host else ()) + (("disk",) if self.disk is not None else ())
+        return ("device",) + (("host",) if host else ()) + (("disk",) if self.disk is not None else ()) + (
+            ("remote",) if self.remote is not None else ())
 
     def _attach_prefix(self, seq: Sequence) -> int:
         tokens = seq.token_ids
@@ -209,6 +241,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         hashes = self.keys(seq)
         if self.cache_policy.heat_gated:
             self.ghost.record_all(hashes, seq.request_id)
+        self._remote_probe(hashes, len(tokens))  # one round trip to the store, where it is configured
         matched = self._matched_tiers(hashes, len(tokens))
         found = self._worth_using(matched)
         self.stats.lower_tier_recomputed += len(matched) - found
@@ -228,6 +261,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         by_tier: dict[str, int] = {"device": shared * bs} if shared else {}
         from_disk: list[int] = []
         parent = hashes[shared - 1] if shared else ROOT
+        self._remote_prefetch(hashes[shared:found], matched[shared:found])
         for h in hashes[shared:found]:
             tier = self._attach(seq, h, parent)
             if tier is None:
@@ -237,6 +271,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
                 from_disk.append(h)
             seq.block_hashes.append(h)
             parent = h
+        self._remote_done()
         if from_disk:
             self.disk.touch_chain(from_disk)
         if by_tier.get("host"):
@@ -313,6 +348,8 @@ class KVCacheManager(SwapMixin, PersistMixin):
             return "host"
         if self.disk is not None and self.disk.has(h):
             return "disk"
+        if self._remote_has(h):
+            return "remote"
         return None
 
     def _attach(self, seq: Sequence, h: int, parent: int) -> str | None:
@@ -334,6 +371,10 @@ class KVCacheManager(SwapMixin, PersistMixin):
             self.mover.host_to_device(slot, block)
             self.host.hit(slot)
             self.stats.promotions_host += 1
+        elif tier == "remote":
+            if not self._remote_load(h, block):
+                self._free_taken(block)
+                return None
         elif self.mover.disk_read(h, block):
             self.stats.promotions_disk += 1  # recency: lookup_prefix touches the chain afterwards
         else:
@@ -444,6 +485,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
             existing = index.slots.get(h)
             if existing is None:
                 index.add(own, h, parent)
+                self._remote_offer(h, "device", own)  # computed here: peers may use it now
             elif existing != own:  # equal keys hold equal K/V: keep one copy
                 self._ref_indexed(existing)
                 seq.block_table[i] = existing
@@ -462,6 +504,16 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self._unref_all(seq.block_table)
         seq.block_table = []
         seq.block_hashes = []
+
+    def trim(self, seq: Sequence, keep_blocks: int) -> None:
+        """Gives back seq's blocks past its first keep_blocks (never an indexed one): the slots a speculative
+        step took for proposals that were not accepted (engine/scheduler/speculation.py)."""
+        keep = max(keep_blocks, len(seq.block_hashes))
+        if keep >= len(seq.block_table) or self.is_swapped(seq):
+            return
+        tail = seq.block_table[keep:]
+        del seq.block_table[keep:]
+        self._unref_all(tail)
 
     def _unref_all(self, blocks: list[int]) -> None:
         """Drops one reference to each block; every full block no one holds any more stays cached, in its
@@ -531,6 +583,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
                 self._disk_batch.append((h, block))
             else:
                 self._disk_write(h, "device", block)
+        self._remote_offer(h, "device", block)  # the gate's count may have grown since it was committed
 
     def _host_earned(self, h: int) -> bool:
         """Whether a host copy keeps its place under pressure (the host tier's verdict on a hash)."""
@@ -545,6 +598,7 @@ class KVCacheManager(SwapMixin, PersistMixin):
         self.stats.host_evictions += 1
         if self.disk is not None and self.ghost.count(h) >= self.config.disk_admit_min_requests:
             self._disk_write(h, "host", slot)
+        self._remote_offer(h, "host", slot)
 
     def _disk_write(self, h: int, tier: str, index: int) -> None:
         if self._disk_queue(h, tier, index):

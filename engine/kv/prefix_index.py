@@ -7,8 +7,12 @@ block names it as parent; only leaves are evicted, so no cached block is ever or
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from kvloop.engine.kv.hashing import ROOT
+
+if TYPE_CHECKING:
+    from kvloop.engine.kv.event_log import KVEventLog
 
 
 class PrefixIndex:
@@ -16,6 +20,8 @@ class PrefixIndex:
         self._slot_of: dict[int, int] = {}
         self._entry: dict[int, tuple[int, int]] = {}  # slot -> (hash, parent hash)
         self._children: dict[int, int] = {}  # hash -> number of indexed children
+        # KV events (kv/event_log.py): every add and remove reported, for routers; None: off (one `if`)
+        self.events: KVEventLog | None = None
 
     def __len__(self) -> int:
         return len(self._slot_of)
@@ -43,6 +49,8 @@ class PrefixIndex:
         self._entry[slot] = (h, parent)
         if parent != ROOT:
             self._children[parent] = self._children.get(parent, 0) + 1
+        if self.events is not None:
+            self.events.stored(h, parent)
 
     def remove(self, slot: int) -> int:
         h, parent = self._entry.pop(slot)
@@ -55,7 +63,19 @@ class PrefixIndex:
                 self._children[parent] = left
             else:
                 del self._children[parent]
+        if self.events is not None:
+            self.events.removed(h)
         return h
+
+    def clear(self) -> list[int]:
+        """Drops every entry (a cache reset); returns their slots. Reported as one all-cleared event."""
+        slots = list(self._entry)
+        self._slot_of.clear()
+        self._entry.clear()
+        self._children.clear()
+        if self.events is not None:
+            self.events.cleared()
+        return slots
 
     def parent_of(self, slot: int) -> int:
         return self._entry[slot][1]

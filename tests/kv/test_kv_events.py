@@ -1,0 +1,128 @@
+"""KV events in vLLM's format (engine/kv/events_publisher.py): a real SUB socket decodes the batches, and
+its mirror of stored minus removed blocks must be the engine's device prefix index, with each block's
+parent and token ids."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+import pytest
+from kv_events_sub import Subscriber, mirror
+from kv_helpers import greedy, run, tokens
+
+from kvloop.engine.kv.events_publisher import to_events
+from kvloop.engine.kv.hashing import ROOT
+from kvloop.engine.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, wire_hash
+
+TOPIC = "kv@pod-a@smol"
+_count = itertools.count()
+
+
+@pytest.fixture
+def evented(make_engine, tmp_path):
+    """make(**kv) -> (engine publishing on ipc sockets under tmp_path, a subscriber connected to them)."""
+    made = []
+
+    def make(**kv):
+        n = next(_count)
+        pub, replay = f"ipc://{tmp_path}/ev{n}", f"ipc://{tmp_path}/replay{n}"
+        engine = make_engine(kv_events_endpoint=pub, kv_events_topic=TOPIC, kv_events_replay_endpoint=replay,
+                             **kv)
+        sub = Subscriber(pub, TOPIC, replay)
+        made.append((engine, sub))
+        return engine, sub
+
+    yield make
+    for engine, sub in made:
+        sub.close()
+        engine.kv.events_publisher.close()
+
+
+def settle(engine, sub: Subscriber) -> list:
+    """Everything the engine published so far, as the subscriber sees it: what it missed while joining
+    (a PUB socket drops messages sent before a subscription arrives) is replayed, as vLLM's protocol does."""
+    engine.kv.events_publisher.publish_pending()  # not waiting for the thread's next turn
+    sub.poll(2.0)
+    sub.replay(0)
+    return sub.events()
+
+
+def index_view(engine) -> dict[int, tuple[int | None, tuple[int, ...]]]:
+    """The engine's device prefix index in the mirror's terms (hashes as on the wire)."""
+    index, out = engine.kv.index, {}
+    for h, parent in index.entries().values():
+        out[wire_hash(h)] = (None if parent == ROOT else wire_hash(parent), None)
+    return out
+
+
+def test_stored_events_name_the_indexed_blocks(evented):
+    engine, sub = evented()
+    ids = tokens(1, 70)
+    _, seq = run(engine, "a", ids, n=12)
+    events = settle(engine, sub)
+    assert isinstance(events[0], AllBlocksCleared)  # a start forgets what the endpoint held before
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert stored and not any(isinstance(e, BlockRemoved) for e in events)
+    held = mirror(events)
+    assert {h: p for h, (p, _) in held.items()} == {h: p for h, (p, _) in index_view(engine).items()}
+    # the chain in order: each block's tokens are the sequence's, its parent the block before
+    bs = engine.kv.block_size
+    keys = engine.kv._hasher(seq.token_ids)[: len(held)]
+    assert len(held) == (len(ids) + 12 - 1) // bs  # every computed full block, output blocks too
+    for i, h in enumerate(keys):
+        parent, block_ids = held[wire_hash(h)]
+        assert block_ids == tuple(seq.token_ids[i * bs : (i + 1) * bs])
+        assert parent == (None if i == 0 else wire_hash(keys[i - 1]))
+    assert all(e.block_size == bs and e.medium == "GPU" and e.lora_id is None for e in stored)
+
+
+def test_evictions_are_removed_events_and_the_mirror_matches(evented):
+    engine, sub = evented(kv_cache_tokens=8 * 16)  # 8 blocks: each request evicts the last one's
+    for i in range(4):
+        run(engine, f"r{i}", tokens(10 + i, 60), n=4)
+    run(engine, "again", tokens(10, 60), n=4)  # a prefix hit on what is still cached, then more evictions
+    events = settle(engine, sub)
+    assert any(isinstance(e, BlockRemoved) for e in events)
+    assert engine.kv.stats.evictions > 0
+    held = mirror(events)
+    assert set(held) == set(index_view(engine))
+    assert all(p == index_view(engine)[h][0] for h, (p, _) in held.items())
+
+
+def test_reset_is_all_cleared(evented):
+    engine, sub = evented()
+    run(engine, "a", tokens(3, 50), n=4)
+    assert engine.kv.num_cached_blocks > 0
+    assert engine.kv.reset_prefix_cache()
+    events = settle(engine, sub)
+    assert isinstance(events[-1], AllBlocksCleared)
+    assert mirror(events) == {} and len(engine.kv.index) == 0
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    engine.kv.check_integrity([])
+    # the cache works after a reset, and the router learns it again
+    run(engine, "b", tokens(3, 50), n=4)
+    assert set(mirror(settle(engine, sub))) == set(index_view(engine)) != set()
+
+
+def test_reset_refused_while_blocks_are_held(make_engine):
+    engine = make_engine()
+    engine.add_request("held", tokens(4, 40), greedy(8))
+    engine.step()
+    assert not engine.kv.reset_prefix_cache()
+    engine.drain(max_steps=100)
+
+
+def test_events_off_costs_no_socket(make_engine):
+    engine = make_engine()
+    assert engine.kv.events_publisher is None and engine.kv.index.events is None
+
+
+def test_wire_format_is_vllm_array_like():
+    """A batch is [ts, [events]]; an event is [tag, fields...] with trailing defaults left out, as vLLM's
+    array_like msgspec structs and llm-d's decoder (an array led by the tag string) read them."""
+    raw = [("stored", 5, ROOT, bytes(8 * 2)), ("stored", 6, 5, bytes(8 * 2)), ("removed", 5), ("cleared",)]
+    batch = KVEventBatch(1.5, to_events(raw, 2))
+    plain = msgspec.msgpack.decode(msgspec.msgpack.encode(batch))
+    assert plain == [1.5, [["BlockStored", [5, 6], None, [0, 0, 0, 0], 2, None, "GPU"],
+                           ["BlockRemoved", [5], "GPU"], ["AllBlocksCleared"]]]
