@@ -18,7 +18,9 @@ from kvloop.engine.core.policy import policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
 from kvloop.operator import step_budget as SB
-from kvloop.operator.spec import DEFAULTS, SLO_BOUNDS
+from kvloop.operator import remote_store as RS
+from kvloop.operator.routing import MODES, PREFIX_SCORING
+from kvloop.operator.spec import DEFAULTS, SLO_BOUNDS, SPECULATION, SPECULATION_MODES
 
 
 def _d(path: str) -> Any:
@@ -155,6 +157,69 @@ def image(key: str, desc: str) -> dict[str, Any]:
     return out
 
 
+def remote_schema() -> dict[str, Any]:
+    """spec.engine.kvCache.remote, with RS's rules as CEL (remote_problems says the same for stored objects)."""
+    managed = "(has(self.managed) && self.managed)"
+    size, memory = _q("self.storage.size"), _q("self.maxMemory")
+    return o(
+        "A remote KV tier below host and disk, shared by every pod: an existing Redis or Valkey store (url, "
+        "with passwordSecretRef when it needs a password), or managed: true for a Valkey StatefulSet the "
+        "operator runs (with a PersistentVolumeClaim, a PodDisruptionBudget and a generated password "
+        "unless passwordSecretRef names one). Unset: no remote tier.", {
+            "url": s("An existing store: redis://host:port/db or rediss:// for TLS. No password in it.",
+                     minLength=9, maxLength=2048),
+            "passwordSecretRef": o("The Secret key holding the store's password (the engine reads it from "
+                                   "KVLOOP_KV_REMOTE_PASSWORD).", {
+                                       "name": s("Secret name.", minLength=1, maxLength=253),
+                                       "key": s("Key in the Secret.", minLength=1, maxLength=253)},
+                                   required=["name", "key"]),
+            "timeoutMs": i("Timeout of each store call, ms (unset: the engine's --kv-remote-timeout-ms "
+                           "default); a slow store turns into misses.", 1, 60000),
+            "managed": b("Run a Valkey store for this InferenceService.", RS.REMOTE_DEFAULTS["managed"]),
+            "maxMemory": {**QUANTITY, "default": RS.REMOTE_DEFAULTS["maxMemory"],
+                          "description": "The managed store's memory for blocks (Valkey maxmemory; the "
+                                         "least recently used blocks go first beyond it)."},
+            "storage": o("The managed store's volume (a PersistentVolumeClaim per store pod).", {
+                "size": {**QUANTITY, "description": "Size of the claim (at least maxMemory)."},
+                "storageClassName": s("Storage class (unset: the cluster's default).", maxLength=253)}),
+            "image": image("kvCache.remote.image", f"Valkey image (default {C.VALKEY_IMAGE})."),
+        },
+        rules=[
+            (f"has(self.url) != {managed}", RS.ONE_OF),
+            ("!has(self.url) || self.url.matches('^rediss?://')", RS.SCHEME),
+            (f"!{managed} || (has(self.storage) && has(self.storage.size))", RS.NEEDS_STORAGE),
+            (f"{managed} || (!has(self.storage) && !has(self.image))", RS.MANAGED_ONLY),
+            (f"!has(self.maxMemory) || {memory}.compareTo(quantity('{RS.MIN_MAX_MEMORY}')) >= 0",
+             RS.MAX_MEMORY),
+            (f"!(has(self.storage) && has(self.storage.size) && has(self.maxMemory)) || "
+             f"{size}.compareTo({memory}) >= 0", RS.STORAGE_FITS),
+        ])
+
+
+def routing_schema() -> dict[str, Any]:
+    return o("How requests reach the pods.", {
+        "mode": s("none: a plain Service spreads requests over the pods. InferencePool: the Gateway API "
+                  "Inference Extension's InferencePool over the pods and an endpoint picker that sends each "
+                  "request to the pod holding most of its prefix, weighed against queue length and KV-cache "
+                  "use (for more than one replica; route to it with an HTTPRoute from your Gateway).",
+                  list(MODES), _d("routing.mode")),
+        "inferencePool": o("The InferencePool's endpoint picker.", {
+            "prefixScoring": s("estimated: the upstream picker scores prefixes from its own routing history; "
+                               "precise: llm-d's scheduler scores them from the KV events each pod publishes "
+                               "(every pod then publishes them on port 5557).", list(PREFIX_SCORING),
+                               _d("routing.inferencePool.prefixScoring")),
+            "pickerImage": image("routing.inferencePool.pickerImage",
+                                 f"Endpoint picker image (default {C.EPP_IMAGE}, or {C.EPP_PRECISE_IMAGE} "
+                                 "for precise)."),
+            "endpointPicker": o("An existing endpoint picker Service to use instead of rendering one.", {
+                "name": s("Service name of the endpoint picker.", minLength=1, maxLength=253),
+                "port": i("Its gRPC port.", 1, 65535, C.EPP_GRPC_PORT),
+                "failureMode": s("What the gateway does when the picker is down.",
+                                 ["FailOpen", "FailClose"], "FailOpen")}, required=["name"]),
+        }, default={}),
+    }, default={})
+
+
 def spec_schema() -> dict[str, Any]:
     model = o("Which model to serve.", {
         "source": s("embedded: the SmolLM2-135M-Instruct GGUF inside the image; pvc: a path on a "
@@ -187,6 +252,7 @@ def spec_schema() -> dict[str, Any]:
     }, default={},
     rules=[("self.storage != 'pvc' || has(self.claimName)", "disk storage pvc needs claimName")])
     kv = o("Paged, tiered KV cache.", {
+        "remote": remote_schema(),
         "devicePoolMiB": i("Device pool (GPU memory; RAM on CPU) in MiB (default: the engine's 65,536 tokens "
                            "of the embedded model's bf16 KV).", 16, 1048576,
                            _d("engine.kvCache.devicePoolMiB")),
@@ -231,6 +297,10 @@ def spec_schema() -> dict[str, Any]:
                               "Unset: no target, the batch cap alone bounds the running requests.", 1.0,
                               600000.0),
         }, default={}),
+        "speculation": s("Speculative decoding: ngram proposes tokens from the request's own prompt and output "
+                         "(prompt lookup) and verifies them in the same step, exactly; auto turns it on where "
+                         "the cost model says it pays; off: none. Unset: kvloop serve's default.",
+                         list(SPECULATION_MODES), SPECULATION.value if SPECULATION is not None else None),
         "kvCache": kv,
     }, default={})
     bound_cap = o("Batch cap bounds and step.", {
@@ -326,15 +396,7 @@ def spec_schema() -> dict[str, Any]:
                               pattern=r"^[0-9]+(ms|s|m|h)$"),
                 "labels": {"type": "object", "description": "Extra labels (to match a Prometheus selector).",
                            "additionalProperties": {"type": "string"}}}, default={})}, default={}),
-        "routing": o("Routing integrations.", {
-            "inferencePool": o("Create an InferencePool (Gateway API Inference Extension).", {
-                "enabled": b("Create it.", _d("routing.inferencePool.enabled")),
-                "endpointPicker": o("The endpoint picker service that routes by prefix cache and load.", {
-                    "name": s("Service name of the endpoint picker.", minLength=1, maxLength=253),
-                    "port": i("Its gRPC port.", 1, 65535, 9002),
-                    "failureMode": s("What the gateway does when the picker is down.",
-                                     ["FailOpen", "FailClose"], "FailOpen")}),
-            }, default={})}, default={}),
+        "routing": routing_schema(),
         "service": o("The Service in front of the pods.", {
             "type": s("Service type.", ["ClusterIP", "NodePort", "LoadBalancer"], _d("service.type")),
             "port": i("Service port for the OpenAI API.", 1, 65535, _d("service.port"))}, default={}),
@@ -361,8 +423,6 @@ def spec_schema() -> dict[str, Any]:
          "self.engine.scheduler.maxNumSeqs <= self.feedback.batchCap.max",
          "engine.scheduler.maxNumSeqs (the engine's batch cap) must lie within feedback.batchCap bounds"),
         *SB.spec_rules(),
-        ("!self.routing.inferencePool.enabled || has(self.routing.inferencePool.endpointPicker)",
-         "routing.inferencePool needs endpointPicker"),
         *memory_rules(),
     ])
 

@@ -27,8 +27,11 @@ PLURALS = {
     "ConfigMap": "configmaps", "Deployment": "deployments", "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets", "ServiceMonitor": "servicemonitors",
     "InferencePool": "inferencepools", "Pod": "pods", "PersistentVolumeClaim": "persistentvolumeclaims",
-    "InferenceService": "inferenceservices", "Event": "events",
+    "InferenceService": "inferenceservices", "Event": "events", "Secret": "secrets",
+    "StatefulSet": "statefulsets",
 }
+# A child with this annotation is created once and never patched (a generated password must not change).
+CREATE_ONLY = "kvloop.io/create-only"
 
 
 class ApiError(Exception):
@@ -195,7 +198,7 @@ class KubeClient:
         if live is None:
             await self.request("POST", api_path(api, kind, ns), json=obj)
             return "created"
-        if is_subset(obj, live):
+        if is_subset(obj, live) or (meta.get("annotations") or {}).get(CREATE_ONLY) == "true":
             return "unchanged"
         await self.request("PATCH", api_path(api, kind, ns, name), json=obj,
                            content_type="application/merge-patch+json")

@@ -6,12 +6,13 @@ each with the owner reference that lets Kubernetes garbage-collect it with its o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from kvloop.operator import constants as C
-from kvloop.operator import step_budget
+from kvloop.operator import engine_keys, remote_store, routing, step_budget
 from kvloop.operator.render_pod import model_path, render_pod_template
 from kvloop.operator.spec import gpu_count, with_defaults
 
@@ -20,7 +21,7 @@ OWNED_KINDS: tuple[tuple[str, str], ...] = (
     ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "ConfigMap"), ("apps/v1", "Deployment"),
     ("v1", "Service"), ("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"),
-    ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("inference.networking.k8s.io/v1", "InferencePool"), ("v1", "Secret"), ("apps/v1", "StatefulSet"),
 )
 
 
@@ -30,6 +31,15 @@ def owner_reference(name: str, uid: str) -> dict[str, Any]:
 
 
 def engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    config = _engine_config(name, spec)
+    if spec["engine"].get("speculation") is not None:
+        engine_keys.put(config, "--speculation", spec["engine"]["speculation"])
+    remote_store.engine_settings(config, name, spec)
+    routing.engine_settings(config, spec)
+    return config
+
+
+def _engine_config(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     eng, kv, slo = spec["engine"], spec["engine"]["kvCache"], spec["slo"]
     return {
         "model": {"source": spec["model"]["source"], "path": model_path(spec),
@@ -86,7 +96,10 @@ def _dump(obj: dict[str, Any]) -> str:
 
 
 def render_children(name: str, namespace: str, uid: str, raw_spec: dict[str, Any],
-                    default_image: str = C.DEFAULT_IMAGE) -> list[dict[str, Any]]:
+                    default_image: str = C.DEFAULT_IMAGE,
+                    new_password: Callable[[], str] = remote_store.new_password) -> list[dict[str, Any]]:
+    """Every child; `new_password` makes the managed store's password when the operator generates it (the
+    Secret is created once and then left alone, kube.apply)."""
     spec = with_defaults(raw_spec)
     owner = [owner_reference(name, uid)]
     labels = C.common_labels(name)
@@ -144,15 +157,6 @@ def render_children(name: str, namespace: str, uid: str, raw_spec: dict[str, Any
                      "endpoints": [{"port": "http", "path": "/metrics", "interval": sm["interval"]},
                                    {"port": "feedback", "path": "/metrics", "interval": sm["interval"]}]},
         })
-    pool = spec["routing"]["inferencePool"]
-    if pool["enabled"]:
-        epp = pool.get("endpointPicker") or {}
-        children.append({
-            "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": meta(name),
-            "spec": {"selector": {"matchLabels": C.selector_labels(name)},
-                     "targetPorts": [{"number": C.ENGINE_PORT}],
-                     "endpointPickerRef": {"name": epp.get("name", f"{name}-epp"),
-                                           "port": {"number": epp.get("port", 9002)},
-                                           "failureMode": epp.get("failureMode", "FailOpen")}},
-        })
+    children += routing.render_routing(name, namespace, spec, meta)
+    children += remote_store.render_managed_store(name, spec, meta, new_password)
     return children

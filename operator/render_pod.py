@@ -7,6 +7,7 @@ import posixpath
 from typing import Any
 
 from kvloop.operator import constants as C
+from kvloop.operator import remote_store, routing
 from kvloop.operator.limits import DEFAULT_ENGINE_RESOURCES, SIDECAR_RESOURCES
 from kvloop.operator.spec import gpu_count
 
@@ -116,8 +117,9 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
         "imagePullPolicy": pull,
         "command": ["kvloop", "serve", "--host", "0.0.0.0", "--port", str(C.ENGINE_PORT),
                     "--config", f"{C.CONFIG_DIR}/engine.yaml"],
-        "ports": [{"name": "http", "containerPort": C.ENGINE_PORT, "protocol": "TCP"}],
-        "env": env,
+        "ports": [{"name": "http", "containerPort": C.ENGINE_PORT, "protocol": "TCP"},
+                  *routing.engine_ports(spec)],
+        "env": env + remote_store.engine_env(name, spec),
         "resources": spec.get("resources") or DEFAULT_ENGINE_RESOURCES,
         "startupProbe": _http_probe("/health", "http", periodSeconds=5, failureThreshold=120),
         "livenessProbe": _http_probe("/health", "http", periodSeconds=10, failureThreshold=3),

@@ -17,6 +17,7 @@ from kvloop.engine.core import defaults as D
 from kvloop.engine.core.policy import DEFAULT_POLICY
 from kvloop.operator import step_budget
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
+from kvloop.operator.remote_store import remote_problems
 from kvloop.operator.limits import (
     SIDECAR_FLOORS,
     image_problems,
@@ -24,6 +25,12 @@ from kvloop.operator.limits import (
     quantity_or_none,
     resource_problems,
 )
+
+
+# kvloop serve --speculation's default, once the engine's table has it; until then the operator renders the
+# key only when the spec sets it, so an empty InferenceService still runs kvloop serve's configuration.
+SPECULATION: D.Default | None = getattr(D, "SPECULATION", None)
+SPECULATION_MODES = ("auto", "ngram", "off")
 
 
 def _bounds(d: D.Default) -> dict[str, Any]:
@@ -38,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
         "dtype": D.DTYPE.value,
         "blockSize": D.BLOCK_SIZE.value,
         "maxModelLen": D.MAX_MODEL_LEN.value,
+        **({"speculation": SPECULATION.value} if SPECULATION is not None else {}),
         "scheduler": {"mode": DEFAULT_POLICY, "maxNumSeqs": D.BATCH_CAP.value,
                       "maxNumBatchedTokens": D.STEP_TOKEN_BUDGET.value, "chunkedPrefill": True},
         "kvCache": {
@@ -68,7 +76,8 @@ DEFAULTS: dict[str, Any] = {
             "ttftPerThousandPromptTokensSeconds": D.SLO_TTFT_PER_1K_S.value,
             "tpotSeconds": D.SLO_TPOT_S.value},
     "observability": {"logLevel": "info", "serviceMonitor": {"enabled": False, "interval": "30s"}},
-    "routing": {"inferencePool": {"enabled": False}},
+    # mode none: a plain Service; InferencePool: the Gateway API Inference Extension's pool and picker
+    "routing": {"mode": "none", "inferencePool": {"prefixScoring": "estimated"}},
     "service": {"type": "ClusterIP", "port": 8000},
     "podDisruptionBudget": {"maxUnavailable": 1},
 }
@@ -124,6 +133,7 @@ def problems(spec: dict[str, Any]) -> list[str]:
         out.append("engine.scheduler.maxNumBatchedTokens is smaller than one KV block")
     out += step_budget.problems(spec)
     out += slo_problems(spec["slo"])
+    out += remote_problems(spec)
     disk = kv["disk"]
     if disk["enabled"] and disk["storage"] == "pvc" and not disk.get("claimName"):
         # The CEL rule rejects this too; kept for objects written before the rule existed.

@@ -229,13 +229,14 @@ def declare_resources(fake: KubeFake, inference_services: bool = True) -> None:
                                            verbs=verbs)
     for res, kind in [("apps/v1/deployments", "Deployment"), ("v1/services", "Service"),
                       ("v1/configmaps", "ConfigMap"), ("v1/serviceaccounts", "ServiceAccount"),
-                      ("v1/pods", "Pod"), ("v1/events", "Event"),
+                      ("v1/pods", "Pod"), ("v1/events", "Event"), ("v1/secrets", "Secret"),
+                      ("apps/v1/statefulsets", "StatefulSet"),
                       ("rbac.authorization.k8s.io/v1/roles", "Role"),
                       ("rbac.authorization.k8s.io/v1/rolebindings", "RoleBinding"),
                       ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget"),
                       ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor")]:
         fake.resources[res] = info(kind=kind, singular=kind.lower(), namespaced=True, verbs=verbs,
-                                   subresources={"status"} if kind in ("Deployment", "Pod") else set())
+                                   subresources={"status"} if kind in ("Deployment", "Pod", "StatefulSet") else set())
 
 
 def _parse_path_with_namespaces(path: str) -> Any:

@@ -17,7 +17,7 @@ POOLS = "inference.networking.k8s.io/v1/inferencepools"
 MONITORS = "monitoring.coreos.com/v1/servicemonitors"
 PDBS = "policy/v1/poddisruptionbudgets"
 EVERYTHING = dict(replicas=2, observability={"serviceMonitor": {"enabled": True}},
-                  routing={"inferencePool": {"enabled": True}})
+                  routing={"mode": "InferencePool"})
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +35,7 @@ async def generation_done(kube, generation: int) -> None:
 @pytest.mark.parametrize("change,resource", [
     ({"replicas": 1}, PDBS),
     ({"observability": {"serviceMonitor": {"enabled": False}}}, MONITORS),
-    ({"routing": {"inferencePool": {"enabled": False}}}, POOLS),
+    ({"routing": {"mode": "none"}}, POOLS),
 ], ids=["pdb-after-scale-to-1", "servicemonitor-disabled", "inferencepool-disabled"])
 async def test_child_no_longer_rendered_is_pruned(kube, operator, change, resource):
     await create(kube, cr_body(**EVERYTHING))

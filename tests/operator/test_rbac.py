@@ -110,26 +110,31 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
     async with operator_cli(kube, tmp_path, "--peering=kvloop"):
         await send(kube, "POST", BASE,
                    cr_body(replicas=2, observability={"serviceMonitor": {"enabled": True}},
-                                               routing={"inferencePool": {"enabled": True}}))
+                           routing={"mode": "InferencePool"},
+                           engine={"kvCache": {"remote": {"managed": True, "storage": {"size": "2Gi"}}}}))
         await eventually(lambda: status_of(kube).get("observedGeneration") == 1, timeout=20)
         await send(kube, "PATCH", f"{BASE}/{NAME}",
                    {"spec": {"observability": {"serviceMonitor": {"enabled": False}},
-                             "routing": {"inferencePool": {"enabled": False}}}})
+                             "routing": {"mode": "none"},
+                             "engine": {"kvCache": {"remote": None}}}})
         await send(kube, "PATCH", f"{BASE}/{NAME}/scale", {"spec": {"replicas": 1}})
         await eventually(lambda: obj(kube, "policy/v1/poddisruptionbudgets") is None, timeout=20)
         await eventually(lambda: obj(kube, POOLS) is None)
+        await eventually(lambda: obj(kube, "apps/v1/statefulsets", f"{NAME}-kv") is None)
         await send(kube, "DELETE", f"{BASE}/{NAME}", {})
         await eventually(lambda: obj(kube, CR) is None, timeout=20)
     needs = operator_needs(kube)
     for must in [("apps", "deployments", "delete"), ("policy", "poddisruptionbudgets", "list"),
                  ("inference.networking.k8s.io", "inferencepools", "delete"),
+                 ("apps", "statefulsets", "delete"), ("", "secrets", "create"),
                  ("kopf.dev", "clusterkopfpeerings", "patch"),
                  (C.GROUP, f"{C.PLURAL}/status", "patch"), (C.GROUP, f"{C.PLURAL}/finalizers", "update")]:
         assert must in needs, (must, sorted(needs))  # the scenario really exercised it
     # RBAC forbids granting what one does not hold: the per-service Role's rules count too.
-    role = next(c for c in render_children(NAME, "ns", "uid", {}) if c["kind"] == "Role")
-    needs |= {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
-              for v in rule["verbs"]}
+    for role in (c for c in render_children(NAME, "ns", "uid", {"routing": {"mode": "InferencePool"}})
+                 if c["kind"] == "Role"):  # the sidecar's and the endpoint picker's
+        needs |= {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
+                  for v in rule["verbs"]}
     for name, rules in [("manifests/base", base_rules()),
                         ("chart prod-values",
                          chart_rules(k8s_tools, "-f", str(CHART / "examples" / "prod-values.yaml")))]:

@@ -48,7 +48,7 @@ def test_the_tpot_target_reaches_the_engine_settings(tmp_path):
 
 def test_gpu_spec_gets_toleration_and_no_surge():
     out = kinds({"resources": {"limits": {"nvidia.com/gpu": 1}}, "engine": {"device": "cuda"}, "replicas": 2,
-                 "routing": {"inferencePool": {"enabled": True, "endpointPicker": {"name": "epp"}}}})
+                 "routing": {"mode": "InferencePool", "inferencePool": {"endpointPicker": {"name": "epp"}}}})
     dep = out["Deployment"]["spec"]
     assert dep["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert {"key": "nvidia.com/gpu", "operator": "Exists",
@@ -271,7 +271,8 @@ def test_owned_kinds_cover_every_rendered_kind():
     from kvloop.operator.render import OWNED_KINDS
 
     spec = {"replicas": 2, "observability": {"serviceMonitor": {"enabled": True}},
-            "routing": {"inferencePool": {"enabled": True}}}
+            "routing": {"mode": "InferencePool"},
+            "engine": {"kvCache": {"remote": {"managed": True, "storage": {"size": "2Gi"}}}}}
     assert {c["kind"] for c in render_children("x", "ns", "uid", spec)} == {kind for _, kind in OWNED_KINDS}
 
 
