@@ -8,6 +8,7 @@ the engine's first snapshot), so rate() has a baseline."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import prometheus_client
@@ -69,6 +70,10 @@ class SnapshotCollector(Collector):
                                 "Prompt tokens looked up in the prefix cache.",
                                 s.prefix_queries("device"))
         yield self._gauge("vllm:kv_cache_usage_perc", "Device KV-cache use, 0..1.", s.kv_usage)
+        # vLLM's name before 0.10, still the default KV metric of older Gateway API Inference Extension EPPs
+        yield self._gauge("vllm:gpu_cache_usage_perc", "Device KV-cache use, 0..1 (vLLM's older name).",
+                          s.kv_usage)
+        yield from self._gateway_metrics()
         kv = GaugeMetricFamily("kvloop:kv_cache_usage_perc", "KV-cache use per tier, 0..1.",
                                labels=["model_name", "tier"])
         for tier, v in s.kv_use_by_tier().items():
@@ -139,6 +144,24 @@ class SnapshotCollector(Collector):
         mode = {"mode": s.kv_mode} if s.kv_mode else {}
         info.add_metric([], {"model_name": self._model, **self._cache_config, **mode})
         yield info
+
+
+    def _gateway_metrics(self):
+        """What the Gateway API Inference Extension's endpoint picker reads beyond queue and KV use (its
+        model server protocol, docs/proposals/003-model-server-protocol): vllm:lora_requests_info (a gauge
+        whose value is the last update's time; no adapters here, max_lora 0) and vllm:cache_config_info,
+        whose block_size and num_gpu_blocks labels size the prefix-cache scorer when it tunes itself."""
+        lora = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters running and waiting (none here).",
+                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        lora.add_metric(["0", "", ""], time.time())
+        yield lora
+        if "block_size" in self._cache_config:
+            info = InfoMetricFamily("vllm:cache_config", "KV-cache configuration, in vLLM's label names.")
+            info.add_metric([], {"block_size": self._cache_config["block_size"],
+                                 "num_gpu_blocks": self._cache_config.get("num_blocks", ""),
+                                 "cache_dtype": self._cache_config.get("dtype", ""),
+                                 "enable_prefix_caching": "True"})
+            yield info
 
 
 class EngineMetrics:

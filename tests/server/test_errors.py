@@ -83,7 +83,7 @@ CASES = [
     ("completion_too_many_prompts", "POST", COMP, comp(prompt=["a"] * 100), 400),
     ("completion_too_many_choices", "POST", COMP, comp(prompt=["a"] * 8, n=16), 400),
     ("completion_logprobs_too_many", "POST", COMP, comp(logprobs=100), 400),
-    ("completion_echo_unsupported", "POST", COMP, comp(echo=True), 400),
+    ("completion_echo_with_logprobs", "POST", COMP, comp(echo=True, logprobs=1), 400),
     ("completion_over_context", "POST", COMP, comp(prompt=[5] * MAX_MODEL_LEN), 400),
     ("unknown_model_get", "GET", "/v1/models/nope", None, 404),
     ("unknown_route", "POST", "/v1/nothing", comp(), 404),

@@ -257,7 +257,7 @@ def test_chat_parameter_refused_by_name(oai, kw, param):
 
 COMPLETION_REFUSED = [
     ({"best_of": 2}, "best_of"),
-    ({"echo": True}, "echo"),
+    ({"echo": True, "logprobs": 1}, "echo"),  # echo alone is served; with logprobs it needs prompt logprobs
     ({"suffix": "end"}, "suffix"),
     ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
     ({"max_tokens": 2**40}, "max_tokens"),
