@@ -31,6 +31,9 @@ class KVStats:
     hit_tokens_device: int = 0
     hit_tokens_host: int = 0
     hit_tokens_disk: int = 0
+    # the remote tier (kv.remote_mixin): asked for what no local tier served, where one is configured
+    query_tokens_remote: int = 0
+    hit_tokens_remote: int = 0
     short_prefix_misses: int = 0  # matches shorter than min_prefix_tokens, treated as misses
     # device blocks evicted before they earned their place (the heat gate's probation class; the name is
     # the metric's, kvloop:cache_admissions_refused, from when the gate refused blocks at release)
@@ -54,9 +57,21 @@ class KVStats:
     disk_bad_files: int = 0  # corrupt, truncated or foreign files: missed and deleted
     swaps_out: int = 0
     swaps_in: int = 0
+    # the remote tier: blocks loaded from it (its hits), blocks asked and not served (absent, gone when read,
+    # corrupt or foreign), values that failed their checks, blocks written and dropped (queue full or store
+    # down), failed calls to the store, bytes over the link, and whether the store answers now (1/0, a gauge)
+    promotions_remote: int = 0
+    remote_misses: int = 0
+    remote_bad_values: int = 0
+    remote_writes: int = 0
+    remote_writes_dropped: int = 0
+    remote_errors: int = 0
+    remote_bytes_read: int = 0
+    remote_bytes_written: int = 0
+    remote_connected: int = 0
 
     def hit_tokens(self) -> int:
-        return self.hit_tokens_device + self.hit_tokens_host + self.hit_tokens_disk
+        return self.hit_tokens_device + self.hit_tokens_host + self.hit_tokens_disk + self.hit_tokens_remote
 
     def queries(self, tier: str) -> int:
         return getattr(self, f"query_tokens_{tier}")

@@ -31,6 +31,7 @@ log = logging.getLogger("kvloop.kv.remote")
 RETRY_S = 0.5  # first wait before trying a store that failed
 MAX_RETRY_S = 30.0
 WRITE_BATCH = 8  # queued writes sent in one pipeline
+_WAKE = object()  # queued by a failure on the step's thread: the writer starts its retries
 
 
 class RemoteKV:
@@ -108,7 +109,8 @@ class RemoteKV:
 
     def _payload(self, h: int, value: bytes) -> memoryview | None:
         try:
-            return fmt.decode(memoryview(value), h, self.fingerprint, self.dtype, self.block_shape)
+            # writable: torch reads the payload in place (and warns on read-only buffers)
+            return fmt.decode(memoryview(bytearray(value)), h, self.fingerprint, self.dtype, self.block_shape)
         except fmt.BadBlockFile:
             return None
 
@@ -159,7 +161,7 @@ class RemoteKV:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            hashes = [h for h in batch if h is not None]
+            hashes = [h for h in batch if isinstance(h, int)]
             try:
                 if hashes:
                     self._write(hashes)
@@ -219,6 +221,10 @@ class RemoteKV:
             self.stats.remote_errors += 1
             self.stats.remote_connected = 0
         if was_up:
+            try:
+                self._queue.put_nowait(_WAKE)  # a full queue wakes the writer anyway
+            except queue.Full:
+                pass
             log.warning("remote KV store %s failed (%s: %s): remote tier reads are misses and writes are "
                         "dropped until it answers (retried in the background)", self.url, what, error)
 

@@ -68,6 +68,8 @@ class RemoteMixin:
 
     def _remote_prefetch(self: KVCacheManager, hashes: Sequence[int], tiers: Sequence[str]) -> None:
         """Fetches the remote blocks a lookup is about to attach, in one batch."""
+        if self.remote is None:
+            return
         wanted = [h for h, tier in zip(hashes, tiers, strict=True) if tier == "remote"]
         if wanted:
             self.mover.remote_prefetch(wanted)
