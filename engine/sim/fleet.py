@@ -2,12 +2,14 @@
 and KV manager (fleet_replica.py), on one virtual clock behind a router model (fleet_router.py), with an
 optional shared remote KV tier (fleet_tier.py).
 
-The clock: requests arrive at the fleet (the workload's arrivals, and chat turns when the previous turn's
-reply ends plus the think time); each is routed when it arrives, from the pods' state then. Before an
-arrival at t is routed, every replica with work is stepped to its first step boundary at or after t (the
-replica with the earliest clock first), as the single-replica loop takes an arrival at the first boundary
-at or after it; a follow-up a replica sends stops that replica at its time. One replica behind any router
-runs exactly as the single-replica simulator (tests/sim/test_fleet.py).
+The clock: the router scrapes the pods' metrics every `scrape_s` (the endpoint picker refreshes its pods'
+metrics every 50 ms by default), and routes every request that arrives before the next scrape from what it
+read then (plus what it sent since) into that replica's arrival heap; then each replica steps to its first
+boundary at or after the next scrape, the replica with the earliest clock first. A chat turn that a reply
+brings is routed when the reply ends if it is due before the next scrape (a replica stepped ahead of it takes
+it at its next boundary: counted as late), else at the scrape before it is due. A replica's heap thus holds
+what a single replica's workload would hand it, and one replica behind any router runs exactly as the
+single-replica simulator (tests/sim/test_fleet.py).
 
     python -m kvloop.engine.sim.fleet --replicas 8 --policy prefix_aware --shared-tier --rate 640
 """
@@ -41,6 +43,12 @@ class FleetConfig:
     link: NetworkLink = field(default_factory=NetworkLink)
     sim: SimConfig = field(default_factory=SimConfig)  # each replica's (copied)
     seed: int = 0  # the router's tie-breaks
+    # the router's metrics period: the endpoint picker's default refresh (its --refresh-metrics-interval);
+    # None: that with several replicas, none with one (no choice to make: it runs as one simulator, unsplit)
+    scrape_s: float | None = None
+
+
+SCRAPE_S = 0.05
 
 
 class Fleet:
@@ -61,27 +69,29 @@ class Fleet:
         self.router = Router(config.policy, self.replicas, config.seed)
         # the replicas' own chain keys (KVCacheManager keys blocks with the model's name as salt)
         self._keys = TupleChainKeys(bs, profile.model.name.encode())
-        self._heap: list[tuple[float, int, RequestSpec, ReplicaSim | None]] = []
+        self._heap: list[tuple[float, int, RequestSpec]] = []  # arrivals not yet routed
         self._n = 0
-        self._current: ReplicaSim | None = None  # the replica being stepped
+        self._tick_end = 0.0  # the next scrape: requests due before it are routed now
+        self.late = {"count": 0, "max_s": 0.0, "total_s": 0.0}  # follow-ups routed to a replica ahead of them
         self.fetched_tokens = 0  # prompt tokens fetched from the shared tier
         self.routed = 0
         self.replica_results: list[dict] = []
 
     # ---- events ------------------------------------------------------------------------------------------
-    def _push(self, t: float, spec: RequestSpec, target: ReplicaSim | None) -> None:
-        heapq.heappush(self._heap, (t, self._n, spec, target))
+    def _push(self, t: float, spec: RequestSpec) -> None:
+        heapq.heappush(self._heap, (t, self._n, spec))
         self._n += 1
 
     def submit(self, spec: RequestSpec) -> None:
-        """A follow-up turn, due at spec.arrival: routed then; the replica that sent it stops by then."""
-        self._push(spec.arrival, spec, None)
-        if self._current is not None:
-            self._current.stop_by(spec.arrival)
+        """A follow-up turn, due at spec.arrival: routed now if it is due before the next scrape."""
+        if spec.arrival < self._tick_end:
+            self._route(spec)
+        else:
+            self._push(spec.arrival, spec)
 
     def run(self) -> dict:
         for spec in self.source.initial():
-            self._push(spec.arrival, spec, None)
+            self._push(spec.arrival, spec)
         collecting = gc.isenabled()
         gc.disable()  # as Simulator.run: the loop makes garbage that reference counting frees
         try:
@@ -92,38 +102,39 @@ class Fleet:
         return self.result()
 
     def _loop(self) -> None:
-        heap, reps = self._heap, self.replicas
+        heap, reps, dt = self._heap, self.replicas, self.config.scrape_s
+        if dt is None:
+            dt = SCRAPE_S if len(reps) > 1 else math.inf
         until = self.config.sim.until_s if self.config.sim.until_s is not None else math.inf
+        tick = 0.0
         while True:
-            t = min(heap[0][0] if heap else math.inf, until)
-            behind = [r for r in reps if r.now < t and r.busy()]
-            if behind:
-                r = min(behind, key=_clock)
-                self._current = r
-                r.advance(t)
-                self._current = None
-                continue
-            if not heap or heap[0][0] >= until:
+            if not any(r.busy() for r in reps):
+                if not heap:
+                    break
+                if dt < math.inf:  # all idle: on to the next arrival's tick
+                    tick = max(tick, math.floor(heap[0][0] / dt) * dt)
+            if tick >= until:
                 break
-            _, _, spec, target = heapq.heappop(heap)
-            if target is None:
-                self._route(spec, t)
-            else:
-                target.in_flight -= 1
-                target.deliver(spec)
+            self.router.scrape()
+            self._tick_end = end = min(tick + dt, until)
+            while heap and heap[0][0] < end:
+                self._route(heapq.heappop(heap)[2])
+            for r in sorted(reps, key=_clock):
+                if r.now < end and r.busy():
+                    r.advance(end)
+            tick = end
 
-    def _route(self, spec: RequestSpec, now: float) -> None:
+    def _route(self, spec: RequestSpec) -> None:
         self.routed += 1
         r = self.replicas[self.router.pick(spec.prompt).pod]
-        delay = self._fetch(r, spec.prompt, now) if self.shared is not None else 0.0
-        if delay > 0:  # queued there once the fetch is done; the client's clock started now
-            self.sent_at[spec.request_id] = now
-            r.in_flight += 1
-            self._push(now + delay, replace(spec, arrival=now + delay), r)
-        else:
-            r.deliver(spec)
+        if r.now > spec.arrival:  # stepped past it already (a reply's turn, due soon): its next boundary
+            late = r.now - spec.arrival
+            self.late["count"] += 1
+            self.late["total_s"] += late
+            self.late["max_s"] = max(self.late["max_s"], late)
+        r.deliver(spec)
 
-    def _fetch(self, r: ReplicaSim, prompt: list[int], now: float) -> float:
+    def fetch(self, r: ReplicaSim, prompt: list[int], now: float) -> float:
         """Reads into r's host tier the blocks of `prompt` the shared tier holds past r's own match, where
         loading them beats recomputing them; the seconds the read takes (0: nothing read)."""
         kv, bs = r.kv, self.block_size

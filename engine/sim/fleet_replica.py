@@ -1,10 +1,15 @@
 """One replica of a simulated fleet: the single-replica Simulator itself (its scheduler, KV manager, cost
 model, fast-forward and recorder, unchanged), fed by the fleet instead of a workload of its own, and run a
-stretch at a time on the fleet's clock (`advance`). What differs is only where requests come from and go:
-follow-up chat turns go back to the fleet's router, finished and prefilled blocks are written to the shared
-tier when there is one, and a request that waited for a shared-tier fetch keeps its time of sending."""
+stretch at a time on the fleet's clock (`advance`). Requests the router sent it wait in its own arrival heap,
+as a single replica's workload does. What differs is only where requests come from and go: follow-up chat
+turns go back to the fleet's router; with a shared tier, a request that arrives first reads from the tier
+what it holds of its prompt past this replica's own cache (where that pays) and is queued when the read is
+done, keeping its time of sending, and prefilled and finished blocks are written to the tier."""
 
 from __future__ import annotations
+
+import heapq
+from dataclasses import replace
 
 from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.scheduler.bookkeeping import Sampled
@@ -33,7 +38,7 @@ class ReplicaSim(Simulator):
     def __init__(self, index: int, profile, feed: FleetFeed, config: SimConfig, fleet):
         super().__init__(profile, feed, config)
         self.index, self.fleet = index, fleet
-        self.in_flight = 0  # routed here, still being fetched from the shared tier
+        self._fetched: set[str] = set()  # requests whose shared-tier read is done (or was not worth making)
 
     # ---- what the router reads (a pod's metrics) --------------------------------------------------
     @property
@@ -65,24 +70,33 @@ class ReplicaSim(Simulator):
         return bool(self._heap) or self.scheduler.has_work()
 
     def advance(self, until: float) -> None:
-        """Steps to the first boundary at or after `until` (earlier where a follow-up it sends is due
-        sooner), or until it has nothing left to do."""
+        """Steps to the first boundary at or after `until`, or until it has nothing left to do."""
         self.config.until_s = until
         self._loop()
 
-    def stop_by(self, t: float) -> None:
-        """Something this replica's stretch brought about is due at t: stop there (the loop reads until_s at
-        every boundary)."""
-        if self.config.until_s is None or t < self.config.until_s:
-            self.config.until_s = t
+    def _idle_to(self, t: float) -> None:
+        """As the Simulator's, stopping at the stretch's end: a request routed here later may be due before t
+        (nothing changes while it idles, so the stop changes nothing else)."""
+        until = self.config.until_s
+        super()._idle_to(t if until is None else min(t, until))
 
     def deliver(self, spec: RequestSpec) -> None:
+        """A request the router sent here, due at spec.arrival."""
         self._push(spec)
 
     # ---- hooks on the Simulator's bookkeeping ------------------------------------------------------------
     def arrive_next(self) -> None:
         spec = self._heap[0][2]
+        if self.fleet.shared is not None and spec.request_id not in self._fetched:
+            self._fetched.add(spec.request_id)
+            delay = self.fleet.fetch(self, spec.prompt, self.now)
+            if delay > 0:  # queued once the read is done; the client's clock started at its arrival
+                heapq.heappop(self._heap)
+                self.fleet.sent_at[spec.request_id] = spec.arrival
+                self._push(replace(spec, arrival=self.now + delay))
+                return
         super().arrive_next()
+        self._fetched.discard(spec.request_id)
         sent = self.fleet.sent_at.pop(spec.request_id, None)
         if sent is not None:  # it waited for a fetch: the client sent it when the router got it
             self.rec.records[spec.request_id].send_s = sent

@@ -28,7 +28,8 @@ def fleet_summary(fleet, per_replica: list[dict], slo: Slo | None = None) -> dic
     out = {
         "fleet": {"replicas": cfg.replicas, "policy": cfg.policy, "shared_tier": cfg.shared_tier,
                   "mode": cfg.sim.mode, "profile": fleet.profile.name, "model": fleet.profile.model.name,
-                  "routed": fleet.routed, "picks": list(fleet.router.picks),
+                  "routed": fleet.routed, "picks": list(fleet.router.picks), "scrape_s": cfg.scrape_s,
+                  "late_follow_ups": dict(fleet.late),
                   "virtual_s": max(r.now for r in fleet.replicas),
                   "steps": sum(r.num_steps for r in fleet.replicas)},
         "slo": slo_report(recs, slo or slo_for(fleet.profile.name)),

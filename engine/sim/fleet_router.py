@@ -1,7 +1,12 @@
 """The fleet's router model: which replica a request goes to, from what a router can see of each pod.
 
 - round_robin: in turn.
-- least_load: fewest requests in the pod (running + waiting + on their way to it), ties to the lowest index.
+Every policy but round_robin reads the pods' metrics as of the last scrape (fleet.py scrapes on a period); the
+load counts of least_load and of the batch-cap signal add the requests the router sent each pod since (a
+router counts what it sends), the picker's own scorers do not (as the picker: its queue scorer reads the
+scraped queue alone).
+
+- least_load: fewest requests in the pod (running + waiting), ties to the lowest index.
 - prefix_aware: the Gateway API Inference Extension's endpoint picker as its default InferencePool chart
   configures it (config/charts/inferencepool/templates/epp-config.yaml: queue-scorer weight 2,
   kv-cache-utilization-scorer weight 2, prefix-cache-scorer weight 3; the max-score picker, ties broken at
@@ -42,8 +47,6 @@ class PodView(Protocol):
     @property
     def running(self) -> int: ...
     @property
-    def in_flight(self) -> int: ...  # sent to it, not yet queued there (a shared-tier fetch)
-    @property
     def kv_usage(self) -> float: ...
     @property
     def kv_blocks(self) -> int: ...
@@ -51,6 +54,17 @@ class PodView(Protocol):
     def batch_cap(self) -> int: ...
     @property
     def watermark(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """A pod's metrics as of the router's last scrape."""
+
+    waiting: int
+    running: int
+    kv_usage: float
+    batch_cap: int
+    watermark: float
 
 
 class ApproxPrefixIndex:
@@ -105,6 +119,15 @@ class Router:
         self.index = ApproxPrefixIndex(len(pods), [p.kv_blocks for p in pods]) if policy.startswith(
             "prefix") else None
         self.picks = [0] * len(pods)
+        self.metrics: list[Scraped] = []
+        self.sent = [0] * len(pods)  # requests sent to each pod since the last scrape (the router knows them)
+        self.scrape()
+
+    def scrape(self) -> None:
+        """Reads every pod's metrics (the picker refreshes them on a period, fleet.py's scrape_s)."""
+        self.metrics = [Scraped(p.waiting, p.running, p.kv_usage, p.batch_cap, p.watermark)
+                        for p in self.pods]
+        self.sent = [0] * len(self.pods)
 
     def pick(self, prompt: list[int]) -> Pick:
         if self.policy == "round_robin":
@@ -112,28 +135,28 @@ class Router:
             self._next = (pod + 1) % len(self.pods)
             out = Pick(pod)
         elif self.policy == "least_load":
-            loads = [p.running + p.waiting + p.in_flight for p in self.pods]
+            loads = [m.running + m.waiting + n for m, n in zip(self.metrics, self.sent, strict=True)]
             out = Pick(loads.index(min(loads)))
         else:
             out = self._score(prompt)
         self.picks[out.pod] += 1
+        self.sent[out.pod] += 1
         return out
 
     def _score(self, prompt: list[int]) -> Pick:
-        pods = self.pods
         hashes = self._hash(prompt, PICKER_MAX_BLOCKS)
         matched = self.index.longest(hashes)
-        queues = [p.waiting + p.in_flight for p in pods]
+        queues = [m.waiting for m in self.metrics]  # as scraped (the picker's queue scorer reads no more)
         lo, hi = min(queues), max(queues)
         signals = self.policy == "prefix_aware+signals"
         best, best_score, best_parts, ties = -1, -1.0, None, 0
-        for i, p in enumerate(pods):
+        for i, (p, sent) in enumerate(zip(self.metrics, self.sent, strict=True)):
             parts = {"queue": 1.0 if hi == lo else (hi - queues[i]) / (hi - lo),
                      "prefix": matched.get(i, 0) / len(hashes) if hashes else 0.0}
             if signals:
                 w = p.watermark
                 parts["kv"] = max(0.0, 1.0 - p.kv_usage / w) if w > 0 else 0.0
-                parts["cap"] = max(0.0, 1.0 - (p.running + p.waiting + p.in_flight) / max(1, p.batch_cap))
+                parts["cap"] = max(0.0, 1.0 - (p.running + p.waiting + sent) / max(1, p.batch_cap))
             else:
                 parts["kv"] = 1.0 - p.kv_usage
             score = sum(WEIGHTS.get(k, CAP_WEIGHT) * v for k, v in parts.items())
