@@ -61,6 +61,10 @@ class SnapshotCollector(Collector):
         s = self._snapshot() or EngineSnapshot()
         st = s.kv_stats
         hits = {t: s.prefix_hits(t) for t in TIERS}
+        # a remote KV tier is configured: its client reports the store up, or has failed to reach it
+        remote = bool(st.remote_connected or st.remote_errors)
+        if remote:
+            hits["remote"] = st.hit_tokens_remote
         for prefix in ("kvloop", "vllm"):
             yield self._gauge(f"{prefix}:num_requests_waiting", "Requests waiting to be scheduled.",
                               s.num_waiting)
@@ -87,7 +91,7 @@ class SnapshotCollector(Collector):
                           "Prompt tokens asked of each tier: the device is asked "
                           "for every token looked up, a lower tier for those the tiers above it did not "
                           "serve.",
-                          {t: s.prefix_queries(t) for t in TIERS}, "tier")
+                          {t: s.prefix_queries(t) for t in TIERS + (("remote",) if remote else ())}, "tier")
         yield self._counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions)
         yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).",
                           s.num_preemptions_by_kind, "kind")
@@ -140,6 +144,7 @@ class SnapshotCollector(Collector):
         yield self._counter("kvloop:eviction_regret",
                             "Evicted blocks asked for again within the regret window.",
                             st.eviction_regret)
+        yield from self._remote_metrics(st, remote)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
         mode = {"mode": s.kv_mode} if s.kv_mode else {}
         info.add_metric([], {"model_name": self._model, **self._cache_config, **mode})
@@ -162,6 +167,30 @@ class SnapshotCollector(Collector):
                                  "cache_dtype": self._cache_config.get("dtype", ""),
                                  "enable_prefix_caching": "True"})
             yield info
+
+
+    def _remote_metrics(self, st, remote: bool):
+        """The remote KV tier (engine/kv/remote_client.py); zeros where there is none, and no up gauge."""
+        if remote:
+            yield self._gauge("kvloop:kv_remote_up", "Whether the remote KV store answers (1), or is down "
+                              "(0: its reads are misses and writes dropped until it answers again).",
+                              st.remote_connected)
+        yield self._counter("kvloop:kv_remote_errors", "Failed calls to the remote KV store (refused, timed "
+                            "out past --kv-remote-timeout-ms, error replies); while it is down it is not "
+                            "called, so not counted.", st.remote_errors)
+        yield self._counter("kvloop:kv_remote_hits", "Blocks loaded from the remote KV tier.",
+                            st.promotions_remote)
+        yield self._counter("kvloop:kv_remote_misses", "Blocks asked of the remote KV tier and not served: "
+                            "absent, gone when read, or a value that failed its checks.", st.remote_misses)
+        yield self._counter("kvloop:kv_remote_bad_values", "Remote KV values that failed their checks "
+                            "(corrupt, truncated, another block's or model's): misses.",
+                            st.remote_bad_values)
+        yield self._counter("kvloop:kv_remote_writes", "Blocks written to the remote KV tier.",
+                            st.remote_writes)
+        yield self._counter("kvloop:kv_remote_writes_dropped", "Remote KV writes dropped: the write queue "
+                            "full or the store down.", st.remote_writes_dropped)
+        yield self._split("kvloop:kv_remote_bytes", "Bytes over the link to the remote KV store.",
+                          {"read": st.remote_bytes_read, "write": st.remote_bytes_written}, "direction")
 
 
 class EngineMetrics:

@@ -9,8 +9,12 @@ import pytest
 from kv_helpers import run, tokens
 from remote_redis import RedisServer, wait_for
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvloop.engine.kv.mover_api import NullMover
 from kvloop.engine.kv.tier_mover import TierMover
+from kvloop.engine.server.metrics import EngineMetrics
 
 DOC = tokens(7, 192)  # 12 blocks of a long shared document
 QUESTIONS = [tokens(70 + i, 16) for i in range(3)]
@@ -40,6 +44,13 @@ def remote_engine(make_engine, url: str, **kv):
     return engine
 
 
+def scrape(engine) -> dict[tuple[str, str], float]:
+    """Prometheus samples of the engine's snapshot: (sample name, direction or tier label) -> value."""
+    text = generate_latest(EngineMetrics("m", engine.snapshot).registry).decode()
+    return {(s.name, s.labels.get("direction", s.labels.get("tier", ""))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def no_failures(engine) -> bool:
     return engine.step_failures == 0 and not engine.request_failures
 
@@ -65,6 +76,11 @@ def test_document_prefilled_on_a_is_a_remote_hit_on_b(make_engine, cold, tmp_pat
         assert st.query_tokens_remote > 0 and st.remote_bytes_read > 0 and st.remote_errors == 0
         assert b.kv.tier_costs.loads_measured["remote"] >= 1
         assert no_failures(b) and all_free(b)
+        m = scrape(b)
+        assert m["kvloop:kv_remote_up", ""] == 1 and m["kvloop:kv_remote_hits_total", ""] == len(DOC) // 16
+        assert m["kvloop:prefix_cache_hits_total", "remote"] == len(DOC)
+        assert m["kvloop:kv_remote_bytes_total", "read"] == st.remote_bytes_read
+        assert scrape(a)["kvloop:kv_remote_writes_total", ""] == a.kv.stats.remote_writes
     finally:
         for engine in (a, b):
             if engine is not None:
@@ -89,6 +105,7 @@ def test_store_killed_mid_run(make_engine, cold, tmp_path, caplog):
         out, seq = run(b, "after-kill", DOC + QUESTIONS[2], N)  # the store is gone as B reads it
         assert seq.num_cached_tokens == 0 and out.token_ids == cold[2]  # recomputed, exactly
         assert b.kv.stats.remote_errors >= 1 and b.kv.stats.remote_connected == 0
+        assert scrape(b)["kvloop:kv_remote_up", ""] == 0 and scrape(b)["kvloop:kv_remote_errors_total", ""] >= 1
         out, seq = run(b, "while-down", DOC + QUESTIONS[1], N)
         assert out.token_ids == cold[1]
         assert no_failures(b) and all_free(b)
