@@ -6,9 +6,16 @@ STAMP := $(VENV)/.kvloop-installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install kernels serve test lint bench-decode fuzz clean
+.PHONY: install kernels redis-server serve test lint bench-decode fuzz clean
 
-install: $(STAMP) kernels
+install: $(STAMP) kernels redis-server
+
+# redis-server (Debian's package) for the remote KV tier's tests (tests/kv/test_remote_tier*.py, which skip
+# without it) and local fleets: installed when it is missing and we are root (CI: a fresh Debian 12).
+redis-server:
+	@command -v redis-server >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y redis-server \
+		|| (apt-get update && apt-get install -y redis-server)
+	@command -v redis-server >/dev/null || echo "kvloop: no redis-server (not root): the remote KV tier's tests skip"
 
 # torch first and exactly: a bare `torch` requirement would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml setup.py
