@@ -26,6 +26,7 @@ from kvloop.engine.model.registry import build_model
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.compiled_step import resolve_compile
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
+from kvloop.engine.runner.row_invariance import size_classes
 from kvloop.engine.scheduler.bookkeeping import Sampled
 from kvloop.engine.scheduler.scheduler import RequestRejected, Scheduler
 from kvloop.engine.scheduler.slo_ledger import SloLedger
@@ -150,6 +151,12 @@ class EngineCore:
                                   compile=resolve_compile(config.compile, config.dtype, config.device),
                                   fingerprint=fingerprint)
         self.scheduler.set_attention_cost(self.runner.attention_cost)
+        # proposals never carry a step into sizes that its linears round differently (exactness);
+        # auto counts decode-sized steps' extra rows free up to the bf16-weight kernel's bound
+        if self.scheduler.speculator.mode != "off":  # a probe of a second or so: only where it is needed
+            self.scheduler.speculator.size_classes = size_classes(model)
+        self.scheduler.speculator.free_tokens = (linear_bf16w.dense_above_rows()
+                                                 or self.scheduler.speculator.free_tokens)
         log.info("start-up: KV pool and model runner ready at %.1f s", time.perf_counter() - started)
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
@@ -326,7 +333,14 @@ class EngineCore:
     def _on_token(self, sampled: Sampled) -> RequestOutput:
         seq = sampled.seq
         state = self._states[seq.request_id]
-        reason = state.on_token(sampled.token, sampled.finish_reason)
+        tokens = sampled.tokens or [sampled.token]
+        reason = None
+        for i, token in enumerate(tokens):  # a speculating row's several tokens: judged one at a time
+            last = i == len(tokens) - 1
+            reason = state.on_token(token, sampled.finish_reason if last else None)
+            if reason is not None and not last:
+                discard_after(seq, len(tokens) - 1 - i)  # a stop string mid-step: what follows never was
+                break
         if reason != sampled.finish_reason:
             # A stop string ends the request here. When its token also reached max_tokens, the scheduler has
             # finished it already ("length"): "stop" wins, as it always has.
@@ -337,6 +351,17 @@ class EngineCore:
             self._states.pop(seq.request_id, None)
             self.runner.sampler.forget(seq.request_id)
         return state.output(reason is not None, reason)
+
+
+def discard_after(seq: Sequence, n: int) -> None:
+    """Drops seq's last n tokens (and their logprobs), appended in a step that a stop string ended before
+    them; computed tokens never count past the tokens kept."""
+    if n <= 0:
+        return
+    del seq.token_ids[-n:]
+    keep = seq.num_output_tokens
+    del seq.logprobs[keep:]
+    seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)
 
 
 class _NullDetokenizer:

@@ -3,12 +3,13 @@ runs the forward pass, computes logits only where a token is sampled, and sample
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import torch
 
 from kvloop.engine.cascade.cost import cost_for
-from kvloop.engine.cascade.plan import CascadePlanner
+from kvloop.engine.cascade.plan import CascadePlan, CascadePlanner
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq, StepResult
 from kvloop.engine.core.cascade_scope import NESTED
 from kvloop.engine.kernels.attention_meta import AttentionMetadata, PrefillChunk
@@ -59,17 +60,22 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        for item in batch.decodes:
-            pos = item.start
-            ids.append(item.seq.token_ids[pos])
+        # decode entries: each row's own token first (the rows as a step without proposals lays them out),
+        # then every proposal as a decode row of its own at the next position, over the row's blocks: the
+        # arithmetic of an ordinary decode step at that position (the layer writes the whole step's K/V
+        # before any row attends, so a proposal sees the ones before it)
+        entries = [(item.seq, item.start, item.seq.token_ids[item.start]) for item in batch.decodes]
+        entries += [(item.seq, item.start + 1 + j, t) for item in batch.decodes for j, t in enumerate(item.draft)]
+        for seq, pos, token in entries:
+            ids.append(token)
             positions.append(pos)
-            slots.append(item.seq.block_table[pos // bs] * bs + pos % bs)
+            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
         dev = self.device
-        context_lens = [item.start + 1 for item in batch.decodes]
+        context_lens = [pos + 1 for _, pos, _ in entries]
         max_ctx = max(context_lens, default=0)
         width = max(1, (max_ctx + bs - 1) // bs)
-        tables = [item.seq.block_table[:width] + [0] * (width - min(width, len(item.seq.block_table)))
-                  for item in batch.decodes]
+        tables = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table)))
+                  for seq, _, _ in entries]
         prefills = []
         for item in batch.prefills:
             start, n = item.start, item.num_tokens
@@ -82,15 +88,18 @@ class ModelRunner:
             prefills.append(PrefillChunk(len(ids) - n, n, end, table.to(dev)))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decode=len(batch.decodes),
+            num_decode=len(entries),
             decode_block_tables=torch.tensor(tables, dtype=torch.long, device=dev).view(len(tables), width),
             decode_context_lens=torch.tensor(context_lens, dtype=torch.long, device=dev),
             prefills=prefills,
             max_decode_context=max_ctx,
         )
-        if self.cascade != "off" and len(batch.decodes) > 1:
+        n = len(batch.decodes)
+        if self.cascade != "off" and n > 1:
             key = tuple(item.seq.stint for item in batch.decodes)  # the rows' stints: a resumed row is new
-            meta.cascade = self.planner.plan(key, tables, context_lens)
+            # planned over the rows' own entries only, as without proposals; proposals attend plain
+            meta.cascade = with_plain_rows(self.planner.plan(key, tables[:n], context_lens[:n]),
+                                           len(entries) - n)
             if meta.cascade is not None:
                 self.cascade_group_sizes.update(len(g.rows) for g in meta.cascade.groups)
         return (torch.tensor(ids, dtype=torch.long, device=dev),
@@ -101,23 +110,39 @@ class ModelRunner:
         input_ids, positions, meta = self.build_metadata(batch)
         forward = self.model.forward if self.compiled is None else self.compiled
         hidden = forward(input_ids, positions, meta, self.kv_cache)
+        n_decode = len(batch.decodes)
         rows, sampling = [], []
-        offset = 0
-        for item in batch.decodes + batch.prefills:
+        offset = meta.num_decode  # prefill rows follow every decode entry
+        for i, item in enumerate(batch.decodes):
+            if item.samples:
+                rows.append(i)
+                sampling.append(item)
+        for item in batch.prefills:
             offset += item.num_tokens
             if item.samples:
                 rows.append(offset - 1)
                 sampling.append(item)
+        # the proposals' entries: row n_decode + (proposals before this row's) + j is position start + 1 + j
+        draft_rows: dict[str, int] = {}
+        first = n_decode
+        for item in batch.decodes:
+            if item.draft:
+                draft_rows[item.seq.request_id] = len(rows)
+                rows.extend(range(first, first + len(item.draft)))
+                first += len(item.draft)
         if self.keep_all_logits:
             self.last_logits = self.model.logits(hidden)
             logits = self.last_logits[rows]
         elif not rows:
             return StepResult({})
         else:  # every row sampled (a decode-only step): rows is 0..N-1, and indexing would copy for nothing
-            logits = self.model.logits(hidden if len(rows) == hidden.shape[0] else hidden[rows])
+            logits = self.model.logits(hidden if rows == list(range(hidden.shape[0])) else hidden[rows])
         if not rows:
             return StepResult({})
-        return self._sample(logits, sampling)
+        result = self._sample(logits[: len(sampling)], sampling)
+        if draft_rows:
+            verify(self.sampler, logits, batch.decodes, draft_rows, result)
+        return result
 
     def _sample(self, logits: torch.Tensor, items: list[ScheduledSeq]) -> StepResult:
         seqs = [item.seq for item in items]
@@ -128,3 +153,56 @@ class ModelRunner:
         result.logprobs = {rid: lp for rid, lp in zip(ids, out.logprobs, strict=True) if lp is not None}
         result.errors = {ids[row]: message for row, message in out.errors.items()}
         return result
+
+
+def with_plain_rows(plan: CascadePlan | None, extra: int) -> CascadePlan | None:
+    """The plan extended by `extra` decode rows that no group covers (the proposals' entries)."""
+    if plan is None or not extra:
+        return plan
+    return dataclasses.replace(plan, suffix_start=plan.suffix_start + (0,) * extra)
+
+
+def verify(sampler: Sampler, logits: torch.Tensor, decodes: list[ScheduledSeq], draft_rows: dict[str, int],
+           result: StepResult) -> None:
+    """Speculating rows' proposals, position by position: while a row's latest sampled token equals the
+    proposal at the next position, the logits there (computed over that proposal) are sampled as the next
+    step would sample them: the row's sampler state as if each token had been accepted alone (its outputs
+    so far for the penalties, its grammar advanced by each, its seeded generator advanced once per token).
+    Emits the matching proposals and the first sample that differs (or follows the last proposal): for
+    greedy rows the tokens of plain decoding; for sampled rows each token is drawn from the target
+    distribution given the ones before it, as one step would draw it. A row whose later sample fails (a
+    processor, its probabilities) stops there, keeping what came before."""
+    live = [item for item in decodes if item.draft and item.seq.request_id in result.tokens]
+    emitted = {item.seq.request_id: [result.tokens[item.seq.request_id]] for item in live}
+    lps: dict[str, list] = {item.seq.request_id: [] for item in live}
+    j = 0
+    while True:
+        # rows whose latest token equals their j-th proposal: their logits at position start + 1 + j
+        # (a row that stopped earlier has fewer tokens than j + 1: it never resumes)
+        going = [item for item in live if j < len(item.draft) and len(emitted[item.seq.request_id]) == j + 1
+                 and emitted[item.seq.request_id][-1] == item.draft[j]]
+        if not going:
+            break
+        seqs = [item.seq for item in going]
+        added = [emitted[s.request_id] for s in seqs]
+        for s, e in zip(seqs, added, strict=True):  # the outputs so far, as the processors read them
+            s.token_ids.extend(e)
+        try:
+            rows = [draft_rows[s.request_id] + j for s in seqs]
+            out = sampler.sample(logits[rows], [s.params for s in seqs], [s.request_id for s in seqs], seqs)
+        finally:
+            for s, e in zip(seqs, added, strict=True):
+                del s.token_ids[len(s.token_ids) - len(e):]
+        for s, token, lp in zip(seqs, out.tokens, out.logprobs, strict=True):
+            if token is None:  # failed at this position: keep what came before
+                live = [item for item in live if item.seq is not s]
+                continue
+            emitted[s.request_id].append(token)
+            if lp is not None:
+                lps[s.request_id].append(lp)
+        j += 1
+    for rid, tokens in emitted.items():
+        if len(tokens) > 1:
+            result.more_tokens[rid] = tokens[1:]
+            if lps[rid]:
+                result.more_logprobs[rid] = lps[rid]

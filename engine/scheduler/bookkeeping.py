@@ -10,7 +10,7 @@ engine's output processor decides those afterwards."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvloop.engine.core.batch import ScheduledSeq, StepResult
 from kvloop.engine.core.sequence import Sequence
@@ -25,6 +25,8 @@ class Sampled:
     finish_reason: str | None  # "stop", "length", "error", or None: it runs on
     gap: float | None = None  # seconds since its previous token (the inter-token latency); None: its first
     error: tuple[str, str] | None = None  # (stage, what went wrong): the runner failed this request alone
+    # every token appended this step, in order (several where proposals were accepted); `token` is the last
+    tokens: list[int] = field(default_factory=list)
 
 
 def finish_reason(seq: Sequence, token: int, eos_token_ids: Collection[int] = ()) -> str | None:
@@ -49,7 +51,12 @@ def tokens_to_length(seq: Sequence, eos_token_ids: Collection[int] = ()) -> int 
 def advance(item: ScheduledSeq, result: StepResult, now: float,
             eos_token_ids: Collection[int] = ()) -> Sampled | None:
     """Applies one item of a step that ran (the caller finishes seq when a reason comes back); returns
-    None when the item sampled nothing (a prefill chunk short of the prompt's end)."""
+    None when the item sampled nothing (a prefill chunk short of the prompt's end).
+
+    A speculating row may bring several tokens (StepResult.more_tokens): they are appended one by one, each
+    judged by finish_reason as if it came alone, and those after the first finish are discarded. Its
+    computed tokens advance by the tokens kept: the first (whose K/V this step wrote) and each kept proposal
+    (written at its position), the last kept token left to compute, as every decode row leaves its newest."""
     seq = item.seq
     seq.num_computed_tokens = item.start + item.num_tokens
     if not item.samples:
@@ -59,14 +66,30 @@ def advance(item: ScheduledSeq, result: StepResult, now: float,
     if error is not None:
         return Sampled(seq, None, "error", error=error)
     token = result.tokens[rid]  # a runner samples exactly the items that complete their sequence
-    seq.token_ids.append(token)
-    logprob = result.logprobs.get(rid)
-    if logprob is not None:
-        seq.logprobs.append(logprob)
+    more = result.more_tokens.get(rid)
     gap = None
     if seq.first_token_time is None:
         seq.first_token_time = now
     else:
         gap = now - seq.last_token_time
     seq.last_token_time = now
-    return Sampled(seq, token, finish_reason(seq, token, eos_token_ids), gap)
+    if not more:
+        seq.token_ids.append(token)
+        logprob = result.logprobs.get(rid)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        return Sampled(seq, token, finish_reason(seq, token, eos_token_ids), gap, tokens=[token])
+    logprobs = [result.logprobs.get(rid), *result.more_logprobs.get(rid, [None] * len(more))]
+    kept: list[int] = []
+    reason = None
+    for t, lp in zip([token, *more], logprobs, strict=True):
+        seq.token_ids.append(t)
+        if lp is not None:
+            seq.logprobs.append(lp)
+        kept.append(t)
+        reason = finish_reason(seq, t, eos_token_ids)
+        if reason is not None:
+            break
+    # the kept tokens but the last were proposals the step computed at their positions
+    seq.num_computed_tokens = item.start + len(kept)
+    return Sampled(seq, kept[-1], reason, gap, tokens=kept)

@@ -16,6 +16,7 @@ from kvloop.engine.core.slo import Slo
 
 STATIC_OOM = ("fail", "retry")
 CASCADE_GROUPS = ("auto", *SCOPES)
+SPECULATION_MODES = ("auto", "ngram", "off")  # speculation.py's MODES (kept here: the config's layer)
 QUEUE_ORDERS = ("arrival", "work", "slo")  # codesign's waiting-queue order (grouping.py, ordering.py)
 
 
@@ -88,6 +89,17 @@ class SchedulerConfig:
     aging_floor_s: float = option(0.5, flag="--aging-floor-s", setting="scheduler.aging_floor_s",
                                   help="queue_order work or slo: the aging bound never falls below this many "
                                        "seconds")
+    # prompt-lookup speculation (speculation.py): proposals from the request's own tokens, verified in the
+    # step; off by default until measured (see speculation.py's auto rule)
+    speculation: str = option(D.SPECULATION, flag="--speculation", setting="speculation",
+                              choices=SPECULATION_MODES,
+                              help="prompt-lookup (n-gram) speculative decoding: auto (only where the step "
+                                   "cost model says it pays: a small step, nothing waiting), ngram (propose "
+                                   "whenever the request's own tokens repeat) or off")
+    speculation_max_tokens: int = option(D.SPECULATION_MAX_TOKENS, flag="--speculation-max-tokens",
+                                         setting="speculation_max_tokens",
+                                         help="proposed tokens per request and step at most (the "
+                                              "coordinator may lower it live)")
     # decode cascade scope (resolve_cascade_groups): auto | nested | common
     cascade_groups: str = "auto"
     # codesign batch cap: the cap counts plain rows; requests joining a running group's shared prefix may
@@ -126,6 +138,10 @@ class SchedulerConfig:
                self.aging_floor_s) < 0:
             raise ValueError("decode_reserve_tokens, aging_s, static_fill_timeout_s, aging_factor and "
                              "aging_floor_s must be >= 0")
+        if self.speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {SPECULATION_MODES}")
+        if self.speculation_max_tokens < 0:
+            raise ValueError("speculation_max_tokens must be >= 0")
         if self.queue_order not in QUEUE_ORDERS:
             raise ValueError(f"queue_order must be one of {QUEUE_ORDERS}")
 

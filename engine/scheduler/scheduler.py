@@ -45,6 +45,7 @@ from kvloop.engine.scheduler.preemption import Preemptor
 from kvloop.engine.scheduler.prefix import PrefixHit, PrefixView
 from kvloop.engine.scheduler.running import place, schedule_running
 from kvloop.engine.scheduler.slo_ledger import SloLedger
+from kvloop.engine.scheduler.speculation import Speculator
 from kvloop.engine.scheduler.static import StaticBatcher
 from kvloop.engine.scheduler.tpot_gate import TpotGate
 
@@ -86,6 +87,8 @@ class Scheduler:
         self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens,
                            kv.block_size)
         kv.knobs = self.knobs
+        # prompt-lookup speculation (the engine sets its exactness bound from the model's linears)
+        self.speculator = Speculator(config.speculation, config.speculation_max_tokens)
 
     # ---- knobs and counters ---------------------------------------------------------------------
     @property
@@ -180,8 +183,13 @@ class Scheduler:
         batch = ScheduledBatch()
         if self.static is not None:
             self.static.form(self, now)
-        budget = schedule_running(self, batch, self.step_budget(lambda: any(map(decodes, self.running))))
+        step_budget = self.step_budget(lambda: any(map(decodes, self.running)))
+        budget = schedule_running(self, batch, step_budget)
         self.admit(batch, budget, now)
+        if self.speculator.active and batch.decodes:
+            # proposals last: they take only the budget and free blocks that running and admitted rows left
+            self.speculator.assign(batch, step_budget - batch.num_tokens, self.kv, bool(self.waiting),
+                                   lambda context: self.step_cost.decode_us([context]))
         return batch
 
     def step_budget(self, decoding: Callable[[], bool]) -> int:
@@ -343,6 +351,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self._enqueued.pop(seq, None)
         self.kv.release(seq)
+        self.speculator.forget(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         seq.finished_time = self.clock()
@@ -365,6 +374,7 @@ class Scheduler:
         sampled a next token in it (its length is their time per output token, which the TPOT gate holds)."""
         if decoded:
             self.tpot_gate.observe(seconds)
+            self.speculator.observe_step(seconds)
 
     def update_from_output(self, batch: ScheduledBatch, result: StepResult, now: float | None = None,
                            eos_token_ids: Collection[int] = ()) -> list[Sampled]:
@@ -378,6 +388,8 @@ class Scheduler:
             s = advance(item, result, now, eos_token_ids)
             if s is None:
                 continue
+            if item.draft:  # before a finish: a finished row's acceptance is forgotten
+                self.speculator.settle(item, s.tokens, self.kv)
             if s.finish_reason is not None:
                 self.finish(s.seq, s.finish_reason)
             sampled.append(s)
