@@ -176,14 +176,18 @@ class TierMover:
         return self.remote.put(h, memoryview(data.view(torch.uint8).numpy()).cast("B"))
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits for the queued writes (at most timeout seconds); True when all have landed."""
-        if self.remote is not None and not self.remote.flush(timeout):
-            return False
-        if self._writer is None:
-            return True
-        q = self._queue
-        with q.all_tasks_done:  # Queue.join() with a timeout
-            return q.all_tasks_done.wait_for(lambda: not q.unfinished_tasks, timeout)
+        """Waits for the queued writes (at most timeout seconds): the disk's first, then the remote tier's in
+        the time left (best effort: a write that does not land costs a peer a recomputation). True when the
+        disk writes have landed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        landed = True
+        if self._writer is not None:
+            q = self._queue
+            with q.all_tasks_done:  # Queue.join() with a timeout
+                landed = q.all_tasks_done.wait_for(lambda: not q.unfinished_tasks, timeout)
+        if self.remote is not None:
+            self.remote.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return landed
 
     def close(self) -> None:
         if self.remote is not None:
