@@ -18,7 +18,7 @@ def test_endpoint_picker_metrics(http, server):
     (lora,) = families["vllm:lora_requests_info"].samples
     assert lora.labels == {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}
     assert lora.value > 1e9  # a Unix time: the picker keeps the latest series
-    (config,) = families["vllm:cache_config"].samples
+    (config,) = families["vllm:cache_config_info"].samples
     cfg = server.engine.config
     assert config.labels["block_size"] == str(cfg.block_size)
     assert config.labels["num_gpu_blocks"] == str(cfg.num_blocks)
