@@ -80,11 +80,16 @@ def run_streams(
 def spec_counters(base_url: str) -> dict[str, float]:
     """The speculation counters the server exports now (summed over label sets; absent ones omitted)."""
     try:
-        m = parse_prometheus(httpx.get(base_url + "/metrics", timeout=5).text)
+        text = httpx.get(base_url + "/metrics", timeout=5).text
     except httpx.HTTPError:
         return {}
+    return spec_counters_of(text)
+
+
+def spec_counters_of(metrics_text: str) -> dict[str, float]:
+    """SPEC_COUNTERS from a Prometheus exposition, each summed over its label sets (engine, model)."""
     out: dict[str, float] = {}
-    for key, v in m.items():
+    for key, v in parse_prometheus(metrics_text).items():
         name = key.split("{")[0].removesuffix("_total")
         if name in SPEC_COUNTERS:
             out[name] = out.get(name, 0.0) + v
