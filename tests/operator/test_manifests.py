@@ -129,6 +129,31 @@ def test_operator_children_of_samples_validate(path):
         assert sc["capabilities"]["drop"] == ["ALL"]
 
 
+@pytest.mark.parametrize("helm", ["helm3", "helm4"])
+def test_chart_inference_services_render_valid_children(k8s_tools, helm):
+    """The chart's InferenceServices from values (examples/fleet-values.yaml: 3 replicas, a managed Valkey
+    store, an InferencePool with its picker): valid against the CRD, and every child the operator renders
+    for them (StatefulSet with its claim template, PDBs, Secret, picker Deployment, ...) valid for both
+    Kubernetes versions, every container of them restricted."""
+    objs = docs(run([k8s_tools[helm], "template", "kvloop", CHART, "--namespace", "team",
+                     "-f", CHART / "examples" / "fleet-values.yaml"]))
+    services = [o for o in objs if o["kind"] == "InferenceService"]
+    assert [(s["metadata"]["name"], s["metadata"]["namespace"]) for s in services] == [("fleet", "team")]
+    check_objects(services)
+    children = render_children("fleet", "team", "0000-uid", services[0]["spec"])
+    check_objects(children)
+    kinds = {(c["kind"], c["metadata"]["name"]) for c in children}
+    assert {("StatefulSet", "fleet-kv"), ("PodDisruptionBudget", "fleet-kv"), ("Secret", "fleet-kv-password"),
+            ("InferencePool", "fleet"), ("Deployment", "fleet-epp"), ("PodDisruptionBudget", "fleet")} <= kinds
+    for c in children:
+        if c["kind"] in ("Deployment", "StatefulSet"):
+            for container in c["spec"]["template"]["spec"]["containers"]:
+                sc = container["securityContext"]
+                assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"], c["metadata"]
+    assert not [o for o in docs(run([k8s_tools[helm], "template", "kvloop", CHART]))
+                if o["kind"] == "InferenceService"]  # none by default
+
+
 def test_argocd_health_script_in_sync():
     lua = (ROOT / "manifests" / "argocd" / "health-inferenceservice.lua").read_text()
     cm = yaml.safe_load((ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml").read_text())
