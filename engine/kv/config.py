@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kvloop.engine.core import defaults as D
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import CachePolicy, get_cache_policy
+from kvloop.engine.kv.event_hashes import HASH_KINDS
 from kvloop.engine.kv.remote_tier import check_url
 
 
@@ -62,15 +63,23 @@ class KVConfig:
     kv_events_endpoint: str = option("", flag="--kv-events-endpoint", setting="kv_events.endpoint",
                                      help="publish KV cache events in vLLM's format (block stored / "
                                           "removed / all cleared) on a ZeroMQ PUB socket at this address, "
-                                          "e.g. "
-                                          "tcp://*:5557 (bound; an address without * is connected to); "
-                                          "empty: off")
+                                          "e.g. tcp://*:5557 (bound; an address without * is connected "
+                                          "to); empty: off")
     kv_events_topic: str = option(D.KV_EVENTS_TOPIC, flag="--kv-events-topic", setting="kv_events.topic",
                                   help="the ZeroMQ topic of the KV events")
     kv_events_replay_endpoint: str = option("", flag="--kv-events-replay-endpoint",
                                             setting="kv_events.replay_endpoint",
                                             help="a ZeroMQ ROUTER address answering vLLM's replay requests "
                                                  "for the last 10,000 KV event batches; empty: no replay")
+    kv_events_hash: str = option("kvloop", flag="--kv-events-hash", setting="kv_events.hash",
+                                 choices=HASH_KINDS,
+                                 help="the block hashes the events carry: kvloop (the engine's chain keys, "
+                                      "for routers that hash token ids themselves) or vllm_sha256_cbor_64bit "
+                                      "(vLLM's, as llm-d's precise prefix scorer recomputes them; "
+                                      "kv/event_hashes.py)")
+    kv_events_hash_seed: str = option("", flag="--kv-events-hash-seed", setting="kv_events.hash_seed",
+                                      help="the seed of vllm_sha256_cbor_64bit's root hash (vLLM's "
+                                           "PYTHONHASHSEED; llm-d's hashSeed)")
 
     def __post_init__(self) -> None:
         get_cache_policy(self.mode)  # raises ValueError naming the cache policies

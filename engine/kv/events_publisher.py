@@ -20,8 +20,8 @@ from collections import deque
 
 import zmq
 
+from kvloop.engine.kv.event_hashes import KvloopHashes, WireHashes, make_wire_hashes
 from kvloop.engine.kv.event_log import CLEARED, REMOVED, STORED, KVEventLog, unpack_ids
-from kvloop.engine.kv.hashing import ROOT
 from kvloop.engine.kv.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -29,7 +29,6 @@ from kvloop.engine.kv.kv_events import (
     BlockStored,
     KVEventBatch,
     encoder,
-    wire_hash,
 )
 
 log = logging.getLogger(__name__)
@@ -45,31 +44,42 @@ def binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
-def to_events(raw: list[tuple], block_size: int) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
-    """The log's tuples as vLLM's events, runs of one chain's stores and of removals merged."""
+def to_events(raw: list[tuple], block_size: int, hashes: WireHashes | None = None,
+              ) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+    """The log's tuples as vLLM's events (hashes as `hashes` publishes them: kv/event_hashes.py), runs of one
+    chain's stores and of removals merged."""
+    hashes = hashes or KvloopHashes()
     out: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
-    last_stored = None  # hash of the last block of the BlockStored at out[-1], when it is one
+    last_stored = None  # kvloop key of the last block of the BlockStored at out[-1], when it is one
     for event in raw:
         kind = event[0]
         if kind == STORED:
             _, h, parent, packed = event
+            ids = unpack_ids(packed)
+            wire = hashes.stored(h, parent, ids)
+            if wire is None:
+                last_stored = None
+                continue
             tail = out[-1] if out else None
             if isinstance(tail, BlockStored) and parent == last_stored:
-                tail.block_hashes.append(wire_hash(h))
-                tail.token_ids += unpack_ids(packed)
+                tail.block_hashes.append(wire[0])
+                tail.token_ids += ids
             else:
-                out.append(BlockStored([wire_hash(h)], None if parent == ROOT else wire_hash(parent),
-                                       unpack_ids(packed), block_size, None, MEDIUM_GPU))
+                out.append(BlockStored([wire[0]], wire[1], ids, block_size, None, MEDIUM_GPU))
             last_stored = h
             continue
         last_stored = None
         if kind == REMOVED:
+            gone = hashes.removed(event[1])
+            if gone is None:
+                continue
             tail = out[-1] if out else None
             if isinstance(tail, BlockRemoved):
-                tail.block_hashes.append(wire_hash(event[1]))
+                tail.block_hashes.append(gone)
             else:
-                out.append(BlockRemoved([wire_hash(event[1])], MEDIUM_GPU))
+                out.append(BlockRemoved([gone], MEDIUM_GPU))
         elif kind == CLEARED:
+            hashes.cleared()
             out.append(AllBlocksCleared())
     return out
 
@@ -77,9 +87,11 @@ def to_events(raw: list[tuple], block_size: int) -> list[BlockStored | BlockRemo
 class KVEventPublisher:
     def __init__(self, events: KVEventLog, block_size: int, endpoint: str, topic: str = "",
                  replay_endpoint: str = "", interval_s: float = DEFAULT_INTERVAL_S,
-                 replay_batches: int = DEFAULT_REPLAY_BATCHES):
+                 replay_batches: int = DEFAULT_REPLAY_BATCHES, hash_kind: str = "kvloop",
+                 hash_seed: str = ""):
         self.events = events
         self.block_size = block_size
+        self.hashes = make_wire_hashes(hash_kind, hash_seed)  # raises on an unknown kind, before any socket
         self.topic = topic.encode()
         self.interval_s = interval_s
         self.next_seq = 0
@@ -140,7 +152,7 @@ class KVEventPublisher:
         raw = self.events.drain()
         if not raw:
             return
-        payload = self._encode(KVEventBatch(time.time(), to_events(raw, self.block_size)))
+        payload = self._encode(KVEventBatch(time.time(), to_events(raw, self.block_size, self.hashes)))
         seq = self.next_seq
         self.next_seq += 1
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))

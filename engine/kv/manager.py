@@ -121,7 +121,9 @@ class KVCacheManager(SwapMixin, PersistMixin, RemoteMixin):
             from kvloop.engine.kv.events_publisher import KVEventPublisher  # zmq only where events are on
 
             self.events_publisher = KVEventPublisher.attach(self, cfg.kv_events_endpoint, cfg.kv_events_topic,
-                                                            cfg.kv_events_replay_endpoint)
+                                                            cfg.kv_events_replay_endpoint,
+                                                            hash_kind=cfg.kv_events_hash,
+                                                            hash_seed=cfg.kv_events_hash_seed)
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""

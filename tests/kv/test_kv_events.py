@@ -126,3 +126,38 @@ def test_wire_format_is_vllm_array_like():
     plain = msgspec.msgpack.decode(msgspec.msgpack.encode(batch))
     assert plain == [1.5, [["BlockStored", [5, 6], None, [0, 0, 0, 0], 2, None, "GPU"],
                            ["BlockRemoved", [5], "GPU"], ["AllBlocksCleared"]]]
+
+
+def llm_d_keys(ids: list[int], block_size: int, seed: str) -> list[int]:
+    """The keys llm-d's precise prefix scorer computes from a prompt (its token_processor.go, restated):
+    the low 64 bits, big-endian, of SHA-256 over canonical CBOR; the root from the seed string."""
+    import hashlib
+
+    import cbor2
+
+    def u64(value) -> int:
+        return int.from_bytes(hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()[24:], "big")
+
+    keys, parent = [], u64(seed)
+    for i in range(len(ids) // block_size):
+        parent = u64([parent, ids[i * block_size : (i + 1) * block_size], None])
+        keys.append(parent)
+    return keys
+
+
+def test_vllm_hashes_are_what_llm_d_computes_from_the_prompt(evented):
+    engine, sub = evented(kv_cache_tokens=8 * 16, kv_events_hash="vllm_sha256_cbor_64bit",
+                          kv_events_hash_seed="1234")
+    seqs = [run(engine, f"r{i}", tokens(20 + i, 60), n=4)[1] for i in range(3)]  # evictions on the way
+    events = settle(engine, sub)
+    assert any(isinstance(e, BlockRemoved) for e in events)
+    held = mirror(events)
+    bs = engine.kv.block_size
+    expected = {}
+    for seq in seqs:
+        keys = llm_d_keys(seq.token_ids, bs, "1234")
+        for i, h in enumerate(engine.kv._hasher(seq.token_ids)):
+            if h in engine.kv.index.slots:
+                expected[keys[i]] = (None if i == 0 else keys[i - 1],
+                                     tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+    assert held == expected and held
