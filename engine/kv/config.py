@@ -43,7 +43,7 @@ class KVConfig:
     disk_queue_size: int = 64  # write-behind queue; a full queue drops the write (counted)
     # The remote tier (kv.remote_mixin, kv.remote_tier), shared by engines: the store, its timeout, the gate
     # (distinct requests before a block is written; 1: every computed block, since a peer's first request
-    # for it is the one a shared tier serves) and the write-behind queue. The password comes from the
+    # for it is the one a shared tier serves) and the write-behind queue's bound. The password comes from the
     # environment (KVLOOP_KV_REMOTE_PASSWORD), never a flag.
     kv_remote_url: str = option("", flag="--kv-remote-url", setting="kv_cache.remote_url",
                                 help="remote KV tier shared by engines: redis://HOST:PORT/DB (Redis or "
@@ -55,7 +55,7 @@ class KVConfig:
                                          help="remote KV store timeout for connecting and each reply; a "
                                               "store past it is down (misses) until it answers again")
     remote_admit_min_requests: int = 1
-    remote_queue_size: int = 64
+    remote_queue_mib: int = 256  # writes not yet sent, in MiB of K/V; past it a write is dropped (counted)
     ghost_entries: int = 65536  # bound of the ghost table (about 200 bytes per entry)
     gclock_max: int = 3  # GCLOCK counter ceiling
     regret_window: int = 4096  # an eviction is regretted if its hash is asked for within this many evictions
@@ -88,7 +88,7 @@ class KVConfig:
         for name in ("admit_min_requests", "host_admit_min_requests", "disk_admit_min_requests",
                      "ghost_entries",
                      "gclock_max", "regret_window", "disk_queue_size", "remote_admit_min_requests",
-                     "remote_queue_size"):
+                     "remote_queue_mib"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if min(self.min_prefix_tokens, self.host_cache_tokens, self.disk_cache_tokens) < 0:

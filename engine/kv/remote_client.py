@@ -36,7 +36,7 @@ _WAKE = object()  # queued by a failure on the step's thread: the writer starts 
 
 class RemoteKV:
     def __init__(self, store: RemoteStore, url: str, fingerprint: str, dtype: str, block_shape: list[int],
-                 stats: KVStats, costs: TierCosts | None = None, queue_size: int = 64):
+                 stats: KVStats, costs: TierCosts | None = None, queue_bytes: int = 256 << 20):
         self.store, self.url = store, redacted(url)
         self.fingerprint, self.dtype, self.block_shape = fingerprint, dtype, list(block_shape)
         self.ns = namespace(fingerprint, dtype, block_shape)
@@ -48,7 +48,11 @@ class RemoteKV:
         # queued writes (the block's raw bytes, encoded by the writer: the checksum is off the step path),
         # readable before they land
         self._pending: dict[int, memoryview] = {}
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        # bounded in bytes, not blocks: a long prompt commits hundreds of blocks at once, a few MiB each on
+        # a large model; past the bound a write is dropped (counted) and offered again at eviction
+        self.queue_bytes = queue_bytes
+        self._pending_bytes = 0
+        self._queue: queue.Queue = queue.Queue()
         self._closed = False
         stats.remote_connected = 1
         self._writer = threading.Thread(target=self._write_loop, name="kv-remote-writer", daemon=True)
@@ -117,19 +121,15 @@ class RemoteKV:
     # ---- writes ----------------------------------------------------------------------------------
     def put(self, h: int, payload: memoryview) -> bool:
         """Queues a write of one block's bytes (a copy the caller no longer touches); False, counted, when the
-        store is down or the queue is full."""
+        store is down or the queued writes hold queue_bytes already."""
         with self._lock:
-            if not self._up or self._closed:
-                self.stats.remote_writes_dropped += 1
+            full = self._pending_bytes + payload.nbytes > self.queue_bytes
+            if not self._up or self._closed or full or h in self._pending:
+                self.stats.remote_writes_dropped += h not in self._pending
                 return False
             self._pending[h] = payload
-        try:
-            self._queue.put_nowait(h)
-        except queue.Full:
-            with self._lock:
-                self._pending.pop(h, None)
-                self.stats.remote_writes_dropped += 1
-            return False
+            self._pending_bytes += payload.nbytes
+        self._queue.put(h)
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -189,6 +189,7 @@ class RemoteKV:
             for h, v in items:
                 if self._pending.get(h) is v:
                     del self._pending[h]
+                    self._pending_bytes -= v.nbytes
             if sent:
                 self.stats.remote_writes += len(items)
                 self.stats.remote_bytes_written += sum(v.nbytes for _, v in items)
@@ -221,10 +222,7 @@ class RemoteKV:
             self.stats.remote_errors += 1
             self.stats.remote_connected = 0
         if was_up:
-            try:
-                self._queue.put_nowait(_WAKE)  # a full queue wakes the writer anyway
-            except queue.Full:
-                pass
+            self._queue.put(_WAKE)
             log.warning("remote KV store %s failed (%s: %s): remote tier reads are misses and writes are "
                         "dropped until it answers (retried in the background)", self.url, what, error)
 

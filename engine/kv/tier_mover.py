@@ -66,7 +66,7 @@ class TierMover:
 
         store = open_store(cfg.kv_remote_url, cfg.kv_remote_timeout_ms / 1000, os.environ.get(PASSWORD_ENV))
         return RemoteKV(store, cfg.kv_remote_url, self.fingerprint, self.dtype_name, self.block_shape, stats,
-                        costs, cfg.remote_queue_size)
+                        costs, cfg.remote_queue_mib << 20)
 
     # ---- device <-> host ------------------------------------------------------------------------
     def device_to_host(self, block: int, slot: int) -> None:

@@ -147,3 +147,17 @@ def test_slow_link_recomputes():
     for _ in range(40):  # a link measured at 50 ms a block
         costs.observe_load("remote", 1, 0.05)
     assert costs.blocks_to_use(["remote"] * 4, 16) == 0
+
+
+def test_write_queue_is_bounded_in_bytes():
+    with socket.socket() as listener:  # a store that never answers: the queued writes stay queued
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+        remote = RemoteKV(open_store(url, 2.0, None), url, "model-a", "float32", SHAPE, KVStats(),
+                          queue_bytes=2 * NBYTES)
+        assert [remote.put(h, payload(h)) for h in (1, 2, 3)] == [True, True, False]
+        assert remote.stats.remote_writes_dropped == 1
+        assert bytes(remote.fetch([2])[2]) == bytes(payload(2))  # queued writes are readable
+        remote.close()
+        assert remote.stats.remote_writes == 0 and remote.stats.remote_writes_dropped == 3
