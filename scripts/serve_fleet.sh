@@ -11,7 +11,7 @@
 #   power_of_two, random, consistent_hash, or kv_aware (the router subscribes to each pod's KV events:
 #   needs `kvloop serve --kv-events-endpoint`).
 #   env: KVLOOP ROUTER HOST SIDECAR_BASE_PORT EVENTS_BASE_PORT STORE_PORT ROUTER_METRICS_PORT BLOCK_SIZE
-#        SHUTDOWN_GRACE READY_TIMEOUT
+#        KV_EVENT_MODEL (kv_aware: the model name clients send; default "default") SHUTDOWN_GRACE READY_TIMEOUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KVLOOP=${KVLOOP:-.venv/bin/kvloop}
@@ -85,7 +85,9 @@ for i in $(seq 0 $((PODS - 1))); do
     pids+=($!)
     router_args+=("http://$HOST:$port")
 done
-[ "$POLICY" = kv_aware ] && router_args+=("${event_args[@]}" --kv-event-block-size "$BLOCK_SIZE")
+# the router keys its KV-event index by a model identity, which it requires with static sources
+[ "$POLICY" = kv_aware ] && router_args+=("${event_args[@]}" --kv-event-block-size "$BLOCK_SIZE"
+                                          --kv-event-model "${KV_EVENT_MODEL:-default}")
 
 # The router starts once every pod answers /ready (model loaded): its own start-up check reads /health,
 # which answers while a pod still loads; afterwards it checks /ready, so a draining pod leaves the rotation.
