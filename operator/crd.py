@@ -17,8 +17,8 @@ import yaml
 from kvloop.engine.core.policy import policy_names
 from kvloop.operator import constants as C
 from kvloop.operator import limits as L
-from kvloop.operator import step_budget as SB
 from kvloop.operator import remote_store as RS
+from kvloop.operator import step_budget as SB
 from kvloop.operator.routing import MODES, PREFIX_SCORING
 from kvloop.operator.spec import DEFAULTS, SLO_BOUNDS, SPECULATION, SPECULATION_MODES
 
@@ -158,7 +158,7 @@ def image(key: str, desc: str) -> dict[str, Any]:
 
 
 def remote_schema() -> dict[str, Any]:
-    """spec.engine.kvCache.remote, with RS's rules as CEL (remote_problems says the same for stored objects)."""
+    """spec.engine.kvCache.remote, with RS's rules as CEL (remote_problems: the same, for stored objects)."""
     managed = "(has(self.managed) && self.managed)"
     size, memory = _q("self.storage.size"), _q("self.maxMemory")
     return o(
@@ -297,9 +297,9 @@ def spec_schema() -> dict[str, Any]:
                               "Unset: no target, the batch cap alone bounds the running requests.", 1.0,
                               600000.0),
         }, default={}),
-        "speculation": s("Speculative decoding: ngram proposes tokens from the request's own prompt and output "
-                         "(prompt lookup) and verifies them in the same step, exactly; auto turns it on where "
-                         "the cost model says it pays; off: none. Unset: kvloop serve's default.",
+        "speculation": s("Speculative decoding: ngram proposes tokens from the request's own prompt and "
+                         "output (prompt lookup) and verifies them in the same step, exactly; auto turns it "
+                         "on where the cost model says it pays; off: none (default: kvloop serve's).",
                          list(SPECULATION_MODES), SPECULATION.value if SPECULATION is not None else None),
         "kvCache": kv,
     }, default={})

@@ -16,6 +16,8 @@ SETTING_KEYS: dict[str, str] = {
     "--kv-remote-timeout-ms": "kv_cache.remote_timeout_ms",
     "--kv-events-endpoint": "kv_events.endpoint",
     "--kv-events-topic": "kv_events.topic",
+    "--kv-events-hash": "kv_events.hash",
+    "--kv-events-hash-seed": "kv_events.hash_seed",
     "--speculation": "speculation",
 }
 

@@ -119,7 +119,7 @@ def render_pod_template(name: str, spec: dict[str, Any], engine_config: str, def
                     "--config", f"{C.CONFIG_DIR}/engine.yaml"],
         "ports": [{"name": "http", "containerPort": C.ENGINE_PORT, "protocol": "TCP"},
                   *routing.engine_ports(spec)],
-        "env": env + remote_store.engine_env(name, spec),
+        "env": env + remote_store.engine_env(name, spec) + routing.engine_env(spec),
         "resources": spec.get("resources") or DEFAULT_ENGINE_RESOURCES,
         "startupProbe": _http_probe("/health", "http", periodSeconds=5, failureThreshold=120),
         "livenessProbe": _http_probe("/health", "http", periodSeconds=10, failureThreshold=3),

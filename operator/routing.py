@@ -20,6 +20,7 @@ Formats, from the projects' own docs and code (read through the search tool; cit
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,8 @@ def pool_enabled(spec: dict[str, Any]) -> bool:
 
 
 def renders_picker(spec: dict[str, Any]) -> bool:
-    return pool_enabled(spec) and not (spec["routing"]["inferencePool"].get("endpointPicker") or {}).get("name")
+    external = spec["routing"]["inferencePool"].get("endpointPicker") or {}
+    return pool_enabled(spec) and not external.get("name")
 
 
 def precise(spec: dict[str, Any]) -> bool:
@@ -56,10 +58,31 @@ def picker_selector(name: str) -> dict[str, str]:
             "app.kubernetes.io/component": "endpoint-picker"}
 
 
+# llm-d's picker recomputes vLLM's block hashes from the tokens (sha256 over CBOR, 64 bits, from a seed) and
+# matches them against the events: the engine publishes the same hashes from the same seed.
+EVENT_HASH = "vllm_sha256_cbor_64bit"
+HASH_SEED = ""
+
+
+def served_model(spec: dict[str, Any]) -> str:
+    return spec["model"].get("name") or C.EMBEDDED_MODEL_NAME
+
+
 def engine_settings(config: dict[str, Any], spec: dict[str, Any]) -> None:
-    """A precise picker reads the pods' KV events: each engine publishes them on its own port."""
+    """A precise picker reads the pods' KV events: each engine publishes them on its own port, with the
+    topic llm-d reads the pod and the model from (kv@<pod-ip>:<port>@<model>; ${POD_IP} from the pod's
+    environment, which the engine must expand: the settings file is the same for every pod)."""
     if precise(spec):
         engine_keys.put(config, "--kv-events-endpoint", f"tcp://*:{C.KV_EVENTS_PORT}")
+        engine_keys.put(config, "--kv-events-topic", f"kv@${{POD_IP}}:{C.ENGINE_PORT}@{served_model(spec)}")
+        engine_keys.put(config, "--kv-events-hash", EVENT_HASH)
+        engine_keys.put(config, "--kv-events-hash-seed", HASH_SEED)
+
+
+def engine_env(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    if not precise(spec):
+        return []
+    return [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
 
 
 def engine_ports(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,9 +97,8 @@ def picker_config(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, 
     if precise(spec):
         selector = ",".join(f"{k}={v}" for k, v in C.selector_labels(name).items())
         prefix = {"type": "precise-prefix-cache-scorer", "parameters": {
-            "tokenProcessorConfig": {"blockSize": spec["engine"]["blockSize"]},
-            "indexerConfig": {"tokenizersPoolConfig": {
-                "modelName": spec["model"].get("name") or C.EMBEDDED_MODEL_NAME}},
+            "tokenProcessorConfig": {"blockSize": spec["engine"]["blockSize"], "hashSeed": HASH_SEED},
+            "indexerConfig": {"tokenizersPoolConfig": {"modelName": served_model(spec)}},
             "kvEventsConfig": {"topicFilter": "kv@", "discoverPods": True, "podDiscoveryConfig": {
                 "podLabelSelector": selector, "podNamespace": namespace, "socketPort": C.KV_EVENTS_PORT}}}}
     else:
@@ -112,6 +134,7 @@ def render_routing(name: str, namespace: str, spec: dict[str, Any],
         return out
     selector = picker_selector(name)
     read = ["get", "list", "watch"]
+    config_text = yaml.safe_dump(picker_config(name, namespace, spec), sort_keys=False)
     out += [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(epp),
          "automountServiceAccountToken": True},
@@ -125,7 +148,7 @@ def render_routing(name: str, namespace: str, spec: dict[str, Any],
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": epp},
          "subjects": [{"kind": "ServiceAccount", "name": epp, "namespace": namespace}]},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(f"{epp}-config"),
-         "data": {"config.yaml": yaml.safe_dump(picker_config(name, namespace, spec), sort_keys=False)}},
+         "data": {"config.yaml": config_text}},
     ]
     image = pool.get("pickerImage") or (C.EPP_PRECISE_IMAGE if precise(spec) else C.EPP_IMAGE)
     grpc_probe = {"grpc": {"port": C.EPP_HEALTH_PORT, "service": "inference-extension"}}
@@ -150,7 +173,9 @@ def render_routing(name: str, namespace: str, spec: dict[str, Any],
     out.append({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(epp),
         "spec": {"replicas": 1, "selector": {"matchLabels": selector},
-                 "template": {"metadata": {"labels": dict(selector)}, "spec": {
+                 "template": {"metadata": {"labels": dict(selector), "annotations": {
+                     "kvloop.io/config-hash": hashlib.sha256(config_text.encode()).hexdigest()[:16]}},
+                     "spec": {
                      "serviceAccountName": epp, "containers": [container],
                      "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                      "volumes": [{"name": "config", "configMap": {"name": f"{epp}-config"}}],

@@ -17,7 +17,6 @@ from kvloop.engine.core import defaults as D
 from kvloop.engine.core.policy import DEFAULT_POLICY
 from kvloop.operator import step_budget
 from kvloop.operator.constants import EMBEDDED_MODEL_NAME
-from kvloop.operator.remote_store import remote_problems
 from kvloop.operator.limits import (
     SIDECAR_FLOORS,
     image_problems,
@@ -25,7 +24,7 @@ from kvloop.operator.limits import (
     quantity_or_none,
     resource_problems,
 )
-
+from kvloop.operator.remote_store import remote_problems
 
 # kvloop serve --speculation's default, once the engine's table has it; until then the operator renders the
 # key only when the spec sets it, so an empty InferenceService still runs kvloop serve's configuration.

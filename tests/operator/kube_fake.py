@@ -236,7 +236,8 @@ def declare_resources(fake: KubeFake, inference_services: bool = True) -> None:
                       ("policy/v1/poddisruptionbudgets", "PodDisruptionBudget"),
                       ("monitoring.coreos.com/v1/servicemonitors", "ServiceMonitor")]:
         fake.resources[res] = info(kind=kind, singular=kind.lower(), namespaced=True, verbs=verbs,
-                                   subresources={"status"} if kind in ("Deployment", "Pod", "StatefulSet") else set())
+                                   subresources=({"status"} if kind in ("Deployment", "Pod", "StatefulSet")
+                                                 else set()))
 
 
 def _parse_path_with_namespaces(path: str) -> Any:

@@ -151,7 +151,7 @@ POOLS = "inference.networking.k8s.io/v1/inferencepools"
 
 
 def fleet_from_chart(helm: Path) -> dict:
-    """The InferenceService the chart renders from examples/fleet-values.yaml (what `helm install` applies)."""
+    """The InferenceService the chart renders from examples/fleet-values.yaml (what helm install applies)."""
     out = subprocess.run([str(helm), "template", "kvloop", str(ROOT / "charts" / "kvloop"), "--namespace", NS,
                           "-f", str(FLEET_VALUES), "-s", "templates/inferenceservices.yaml"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
@@ -171,9 +171,11 @@ def operator_children(fake: KubeFake, name: str) -> set[tuple[str, str]]:
     return out
 
 
-async def test_kubectl_drives_a_fleet_with_a_managed_store_and_an_inference_pool(cluster, tmp_path, k8s_tools):
+async def test_kubectl_drives_a_fleet_with_a_managed_store_and_an_inference_pool(cluster, tmp_path,
+                                                                                 k8s_tools):
     fake, kubectl = cluster
-    fake.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool", namespaced=True,
+    fake.resources[POOLS] = kmock.ResourceInfo(kind="InferencePool", singular="inferencepool",
+                                               namespaced=True,
                                                verbs={"get", "list", "watch", "create", "patch", "delete"})
     await kubectl("apply", "--validate=false", "-f", str(CRD))
     fleet = fleet_from_chart(k8s_tools["helm4"])
@@ -217,11 +219,13 @@ async def test_kubectl_drives_a_fleet_with_a_managed_store_and_an_inference_pool
             "name": f"{name}-kv-password", "key": "password"}}} in env
         pool = json.loads(await kubectl("get", f"inferencepool/{name}", "-o", "json"))
         assert pool["spec"]["endpointPickerRef"]["name"] == f"{name}-epp"
-        password = await kubectl("get", "secret", f"{name}-kv-password", "-o", "jsonpath={.stringData.password}")
+        password = await kubectl("get", "secret", f"{name}-kv-password", "-o",
+                                 "jsonpath={.stringData.password}")
         assert len(password) >= 32
 
         # A spec change reconciles everything again; the generated password stays the one the store has.
-        await kubectl("patch", f"kvis/{name}", "--type=merge", "-p", '{"spec": {"feedback": {"mode": "observe"}}}')
+        await kubectl("patch", f"kvis/{name}", "--type=merge", "-p",
+                      '{"spec": {"feedback": {"mode": "observe"}}}')
         gen = await kubectl("get", f"kvis/{name}", "-o", "jsonpath={.metadata.generation}")
         await kubectl("wait", f"--for=jsonpath={{.status.observedGeneration}}={gen}", f"kvis/{name}",
                       "--timeout=30s")

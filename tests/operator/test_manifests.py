@@ -144,7 +144,8 @@ def test_chart_inference_services_render_valid_children(k8s_tools, helm):
     check_objects(children)
     kinds = {(c["kind"], c["metadata"]["name"]) for c in children}
     assert {("StatefulSet", "fleet-kv"), ("PodDisruptionBudget", "fleet-kv"), ("Secret", "fleet-kv-password"),
-            ("InferencePool", "fleet"), ("Deployment", "fleet-epp"), ("PodDisruptionBudget", "fleet")} <= kinds
+            ("InferencePool", "fleet"), ("Deployment", "fleet-epp"),
+            ("PodDisruptionBudget", "fleet")} <= kinds
     for c in children:
         if c["kind"] in ("Deployment", "StatefulSet"):
             for container in c["spec"]["template"]["spec"]["containers"]:

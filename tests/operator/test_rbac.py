@@ -133,8 +133,8 @@ async def test_rbac_covers_a_full_life_cycle_with_peering(kube, tmp_path, k8s_to
     # RBAC forbids granting what one does not hold: the per-service Role's rules count too.
     for role in (c for c in render_children(NAME, "ns", "uid", {"routing": {"mode": "InferencePool"}})
                  if c["kind"] == "Role"):  # the sidecar's and the endpoint picker's
-        needs |= {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]
-                  for v in rule["verbs"]}
+        needs |= {(g, res, v) for rule in role["rules"] for g in rule["apiGroups"]
+                  for res in rule["resources"] for v in rule["verbs"]}
     for name, rules in [("manifests/base", base_rules()),
                         ("chart prod-values",
                          chart_rules(k8s_tools, "-f", str(CHART / "examples" / "prod-values.yaml")))]:

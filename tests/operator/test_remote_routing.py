@@ -64,7 +64,8 @@ def test_a_referenced_secret_replaces_the_generated_one():
     assert not any(kind == "Secret" for kind, _ in out)
     assert out[("StatefulSet", "chat-kv")]["spec"]["template"]["spec"]["containers"][0]["env"][0][
         "valueFrom"]["secretKeyRef"] == ref
-    assert {"name": C.KV_REMOTE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": ref}} in engine_container(spec)["env"]
+    password_env = {"name": C.KV_REMOTE_PASSWORD_ENV, "valueFrom": {"secretKeyRef": ref}}
+    assert password_env in engine_container(spec)["env"]
 
 
 def test_an_existing_store_gets_its_url_and_timeout_and_no_store_objects():
@@ -128,6 +129,15 @@ def test_inference_pool_renders_the_pool_and_a_prefix_aware_endpoint_picker():
     assert "kv_events" not in engine_yaml(BOTH)
 
 
+def test_precise_settings_load_in_the_engine(tmp_path):
+    spec = {"routing": {"mode": "InferencePool", "inferencePool": {"prefixScoring": "precise"}}}
+    path = tmp_path / "engine.yaml"
+    path.write_text(yaml.safe_dump(engine_yaml(spec)))
+    kv = load_engine_settings(path)[0].kv
+    assert kv.kv_events_endpoint == f"tcp://*:{C.KV_EVENTS_PORT}"
+    assert kv.kv_events_hash == "vllm_sha256_cbor_64bit"
+
+
 def test_precise_prefix_scoring_has_every_pod_publish_kv_events_for_llm_ds_picker():
     spec = {**BOTH, "routing": {"mode": "InferencePool", "inferencePool": {"prefixScoring": "precise"}}}
     out = children(spec)
@@ -136,7 +146,14 @@ def test_precise_prefix_scoring_has_every_pod_publish_kv_events_for_llm_ds_picke
     events = scorer["parameters"]["kvEventsConfig"]
     assert events["discoverPods"] and events["podDiscoveryConfig"]["socketPort"] == C.KV_EVENTS_PORT
     assert scorer["parameters"]["tokenProcessorConfig"]["blockSize"] == D.BLOCK_SIZE.value
-    assert engine_yaml(spec)["kv_events"]["endpoint"] == f"tcp://*:{C.KV_EVENTS_PORT}"
+    events_settings = engine_yaml(spec)["kv_events"]
+    assert events_settings["endpoint"] == f"tcp://*:{C.KV_EVENTS_PORT}"
+    # the topic llm-d reads the pod and model from; the hashes it recomputes, from the same seed
+    assert events_settings["topic"] == f"kv@${{POD_IP}}:{C.ENGINE_PORT}@{C.EMBEDDED_MODEL_NAME}"
+    assert events_settings["hash"] == "vllm_sha256_cbor_64bit"
+    assert events_settings["hash_seed"] == scorer["parameters"]["tokenProcessorConfig"]["hashSeed"]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in \
+        engine_container(spec)["env"]
     assert {"name": "kv-events", "containerPort": C.KV_EVENTS_PORT, "protocol": "TCP"} in \
         engine_container(spec)["ports"]
     assert out[("Deployment", "chat-epp")]["spec"]["template"]["spec"]["containers"][0]["image"] == \
@@ -157,6 +174,7 @@ def test_mode_none_renders_a_plain_service_only():
 
 @pytest.mark.parametrize("mode", ["auto", "ngram", "off"])
 def test_speculation_reaches_the_engine(tmp_path, mode):
+    assert "speculation" in engine_yaml({})  # kvloop serve's default, rendered for an empty service
     path = tmp_path / "engine.yaml"
     path.write_text(yaml.safe_dump(engine_yaml({"engine": {"speculation": mode}})))
     assert load_engine_settings(path)[0].scheduler.speculation == mode
@@ -164,3 +182,10 @@ def test_speculation_reaches_the_engine(tmp_path, mode):
 
 def test_speculation_outside_its_modes_is_refused():
     assert any("speculation" in e for e in validate(with_spec(engine={"speculation": "eagle"})))
+
+
+def test_the_remote_settings_load_in_the_engine(tmp_path):
+    path = tmp_path / "engine.yaml"
+    for spec, url in ((BOTH, f"redis://chat-kv:{C.VALKEY_PORT}/0"), ({}, "")):
+        path.write_text(yaml.safe_dump(engine_yaml(spec)))
+        assert load_engine_settings(path)[0].kv.kv_remote_url == url
