@@ -95,7 +95,6 @@ class RemoteKV:
             self._observe(len(ask), time.perf_counter() - start)
             self._failed("read", e)
             return out
-        self._observe(len(ask), time.perf_counter() - start)
         nbytes = bad = 0
         for h, value in zip(ask, values, strict=True):
             if value is None:
@@ -106,6 +105,8 @@ class RemoteKV:
                 bad += 1
             else:
                 out[h] = payload
+        # a load's price includes the checks, as the disk tier's does (a write's: the checksum and the link)
+        self._observe(len(ask), time.perf_counter() - start)
         with self._lock:
             self.stats.remote_bytes_read += nbytes
             self.stats.remote_bad_values += bad
