@@ -46,16 +46,18 @@ def plain(http) -> tuple[str, str]:
 
 @pytest.mark.parametrize("extra", [VLLM_ROUTER_CHAT, SGLANG_ROUTER_CHAT, {**DEFAULTS_BOTH, **DEFAULTS_CHAT},
                                    {"separate_reasoning": False, "stream_reasoning": False,
-                                    "include_reasoning": False}],
-                         ids=["vllm-router", "sglang-router", "defaults", "reasoning-off"])
+                                    "include_reasoning": False},
+                                   {"add_special_tokens": True}],  # this tokenizer adds none: the same prompt
+                         ids=["vllm-router", "sglang-router", "defaults", "reasoning-off", "special-tokens"])
 def test_chat_extensions_at_defaults_serve_the_same_text(http, plain, extra):
     r = chat(http, **extra)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == plain[0]
 
 
-@pytest.mark.parametrize("extra", [ROUTER_COMPLETION, DEFAULTS_BOTH, {"add_special_tokens": True}],
-                         ids=["router", "defaults", "add_special_tokens"])
+@pytest.mark.parametrize("extra", [ROUTER_COMPLETION, DEFAULTS_BOTH, {"add_special_tokens": True},
+                                   {"add_special_tokens": False}],
+                         ids=["router", "defaults", "add_special_tokens", "no_special_tokens"])
 def test_completion_extensions_at_defaults_serve_the_same_text(http, plain, extra):
     r = completion(http, **extra)
     assert r.status_code == 200, r.text
