@@ -194,47 +194,50 @@ def _with_typo(text: str, rng: random.Random) -> tuple[str, str, str] | None:
     return text[: m.start()] + wrong + text[m.end() :], wrong, w
 
 
-def instruction(task: str, doc: CopyDoc, rng: random.Random) -> tuple[str, str, str]:
-    """(the document as shown, the instruction after it, the task given) for one task; rename and typo fall
-    back to reformat where the document has no identifier or word for them."""
+@dataclass(frozen=True)
+class Question:
+    shown: str  # the document as the message shows it
+    ask: str  # the instruction after it
+    task: str  # the task given (rename and typo fall back to reformat)
+    answer_start: str  # the assistant's first line, already in the prompt: the answer is under way
+
+
+def _first_line(text: str) -> str:
+    return next((x for x in text.splitlines() if x.strip()), "")
+
+
+def instruction(task: str, doc: CopyDoc, rng: random.Random) -> Question:
+    """One task over one document. The answer's first line is given (an assistant prefill, as chat clients
+    do to steer a format): a small model then goes on copying instead of describing the text."""
     lines = doc.text.splitlines()
-    if task == "quote":
+    if task in ("quote", "continue"):
         a = rng.randrange(0, max(1, len(lines) // 2))
         while a < len(lines) - 1 and not lines[a].strip():
             a += 1
-        return doc.text, f"Quote the text above exactly, starting from the line:\n{lines[a]}", task
-    if task == "continue":
-        a = rng.randrange(0, max(1, len(lines) // 2))
+        if task == "quote":
+            return Question(doc.text, f"Quote the text above exactly, starting from the line:\n{lines[a]}",
+                            task, lines[a])
         head = "\n".join(lines[a : a + 3])
-        return doc.text, f"Continue the text above from these lines, copying what follows them:\n{head}", task
+        return Question(doc.text, "Continue the text above from these lines, copying what follows them:\n"
+                        + head, task, head)
     if task == "rename":
         name = _identifier(doc.text)
         if name is not None:
-            return (
-                doc.text,
-                (
-                    f"Rewrite the text above with every `{name}` renamed to `{name}_renamed`. "
-                    "Change nothing else."
-                ),
-                task,
-            )
+            new = f"{name}_renamed"
+            return Question(doc.text, f"Rewrite the text above with every `{name}` renamed to `{new}`. "
+                            "Change nothing else.", task,
+                            re.sub(rf"\b{re.escape(name)}\b", new, _first_line(doc.text)))
         task = "reformat"
     if task == "typo":
         typo = _with_typo(doc.text, rng)
         if typo is not None:
             shown, wrong, _ = typo
-            return (
-                shown,
-                (f"The text above misspells a word as `{wrong}`. Rewrite the whole text with it fixed."),
-                task,
-            )
+            return Question(shown, f"The text above misspells a word as `{wrong}`. Rewrite the whole text "
+                            "with it fixed.", task, _first_line(doc.text))
         task = "reformat"
     if task == "reformat":
-        return (
-            doc.text,
-            ("Rewrite the text above inside a fenced code block, each line indented by four spaces."),
-            task,
-        )
+        return Question(doc.text, "Rewrite the text above inside a fenced code block, each line indented by "
+                        "four spaces.", task, "```\n    " + _first_line(doc.text))
     raise ValueError(f"unknown task {task!r} (one of {', '.join(TASKS)})")
 
 
@@ -251,15 +254,13 @@ def build_copy(p: CopyParams, tokenizer: TextTokenizer, name: str = "copy") -> W
         first = rng.randrange(len(TASKS))
         for k in range(p.questions_per_doc):
             task = TASKS[(first + k) % len(TASKS)]
-            shown, ask, task = instruction(task, d, rng)
-            messages = [
-                {"role": "system", "content": p.system},
-                {"role": "user", "content": f"{shown}\n\n{ask}"},
-            ]
-            prompt = tokenizer.encode_chat(messages)
-            specs.append(
-                RequestSpec(f"{d.doc_id}-q{k}", f"copy-{task}", 0.0, prompt, p.answer_tokens, d.doc_id)
-            )
+            q = instruction(task, d, rng)
+            messages = [{"role": "system", "content": p.system},
+                        {"role": "user", "content": f"{q.shown}\n\n{q.ask}"}]
+            prompt = tokenizer.encode_chat(messages) + tokenizer.backend.encode(
+                q.answer_start, add_special_tokens=False).ids
+            specs.append(RequestSpec(f"{d.doc_id}-q{k}", f"copy-{q.task}", 0.0, prompt, p.answer_tokens,
+                                     d.doc_id))
     rng.shuffle(specs)
     wl.requests = specs
     wl.params["tasks"] = dict(Counter(s.kind for s in specs))
