@@ -168,6 +168,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
     for ph in phases:
         if ph not in PHASES:
             raise SystemExit(f"unknown phase {ph!r} (one of {', '.join(PHASES)})")
+    if "copy" in phases and args.subject not in items(args.systems):
+        raise SystemExit(f"--subject {args.subject} is not among --systems {args.systems}")
     streams = tuple(int(x) for x in items(args.streams))
     req = {int(k): int(v) for k, v in (x.split("=") for x in items(args.requests))}
     return Plan(

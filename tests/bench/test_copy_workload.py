@@ -67,6 +67,8 @@ def test_questions_copy_their_document(tokenizer, small):
         shown = tokenizer.decode(r.prompt)
         first_line = text[d["start_char"]:].splitlines()[0]
         assert first_line in shown  # the document is in the prompt (typo: one word differs, not the rest)
+        if r.kind in ("copy-quote", "copy-continue", "copy-typo"):  # the answer's first line, from the file
+            assert shown.rstrip().splitlines()[-1].strip() in text
         assert r.max_tokens == SMALL.answer_tokens
         assert len(r.prompt) + r.max_tokens <= D.MAX_MODEL_LEN.value
     # questions over one document share its prefix (the document comes first in the message; a typo
