@@ -487,7 +487,8 @@ class KVCacheManager(SwapMixin, PersistMixin, RemoteMixin):
             existing = index.slots.get(h)
             if existing is None:
                 index.add(own, h, parent)
-                self._remote_offer(h, "device", own)  # computed here: peers may use it now
+                if self.remote is not None:  # computed here: peers may use it now
+                    self._remote_offer(h, "device", own)
             elif existing != own:  # equal keys hold equal K/V: keep one copy
                 self._ref_indexed(existing)
                 seq.block_table[i] = existing
