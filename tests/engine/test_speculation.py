@@ -7,8 +7,14 @@ no block leaks. The proposals are accepted (the counters move)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from kvloop.engine.config import EngineConfig
 from kvloop.engine.core.sampling import SamplingParams
+from kvloop.engine.engine_core import EngineCore
+from kvloop.engine.kv.config import KVConfig
+from kvloop.engine.model.llama import LlamaModel
+from kvloop.engine.scheduler.scheduler import SchedulerConfig
 
 COPY_PROMPTS = [
     "Repeat this text exactly: The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -22,20 +28,52 @@ def greedy(n: int, **kw) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0, **kw)
 
 
-def run(engine, requests: list[tuple[str, list[int], SamplingParams]], max_steps: int = 400) -> dict:
+def run(engine, requests: list[tuple[str, list[int], SamplingParams]], max_steps: int = 400,
+        preempt_at: dict[int, str] | None = None) -> dict:
+    """Final outputs by request id, each with every step's logprobs gathered in new_logprobs."""
     for rid, ids, params in requests:
         engine.add_request(rid, ids, params)
-    final = engine.drain(max_steps=max_steps)
+    final, logprobs = {}, {}
+    for step in range(max_steps):
+        victim = (preempt_at or {}).get(step)
+        running = [s for s in engine.scheduler.running if s.request_id == victim]
+        if running:
+            engine.scheduler.preempt(running[0])
+        for out in engine.step():
+            logprobs.setdefault(out.request_id, []).extend(out.new_logprobs)
+            if out.finished:
+                final[out.request_id] = out
+        if not engine.has_unfinished():
+            break
+    for rid, out in final.items():
+        out.new_logprobs = logprobs.get(rid, [])
     engine.scheduler.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     return final
 
 
-def both(make_engine, requests, **kw) -> tuple[dict, dict, object]:
-    off = run(make_engine(speculation="off", **kw), requests)
+def both(make_engine, requests, preempt_at=None, **kw) -> tuple[dict, dict, object]:
+    off = run(make_engine(speculation="off", **kw), requests, preempt_at=preempt_at)
     spec_engine = make_engine(speculation="ngram", speculation_max_tokens=4, **kw)
-    on = run(spec_engine, requests)
+    on = run(spec_engine, requests, preempt_at=preempt_at)
     return off, on, spec_engine
+
+
+@pytest.fixture(scope="module", params=["fp32-kernel", "bf16"])
+def make_kernel_engine(request, checkpoint, tokenizer):
+    """The serving paths: fp32 arithmetic over bf16 weights through the bf16-weight kernel (--dtype auto on
+    a CPU without native bf16), and a bf16 model whose linears switch to oneDNN past 12 rows."""
+    dtype = torch.float32 if request.param == "fp32-kernel" else torch.bfloat16
+    torch.set_num_threads(1)
+    model = LlamaModel(checkpoint.config, checkpoint.weights, dtype, quantization="bf16")
+
+    def make(**kwargs) -> EngineCore:
+        sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs)
+                                   if k in SchedulerConfig.__dataclass_fields__})
+        cfg = EngineConfig(dtype=str(dtype).removeprefix("torch."), progress=False, scheduler=sched, **kwargs)
+        return EngineCore(cfg, model=model, tokenizer=tokenizer, fingerprint=checkpoint.fingerprint)
+
+    return make
 
 
 def same(off: dict, on: dict) -> None:
@@ -51,13 +89,26 @@ def prompts(tokenizer):
     return [tokenizer.encode(p) for p in COPY_PROMPTS]
 
 
-def test_greedy_identical_alone(make_engine, prompts):
-    for i, ids in enumerate(prompts):
-        off, on, eng = both(make_engine, [(f"r{i}", ids, greedy(40, ignore_eos=True))],
+def test_greedy_identical_kernel_paths(make_kernel_engine, prompts):
+    """Alone and four at once, cascade forced on: the serving paths' rows round alike at every step size
+    up to the probe's bound, so a single stream speculates too."""
+    accepted = 0
+    for i, ids in enumerate(prompts[:2]):
+        off, on, eng = both(make_kernel_engine, [(f"r{i}", ids, greedy(32, ignore_eos=True))],
                             kv_cache_tokens=2048)
         same(off, on)
-    stats = eng.scheduler.speculator.stats
-    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0
+        accepted += eng.scheduler.speculator.stats.num_accepted_tokens
+    reqs = [(f"r{i}", ids, greedy(24, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    off, on, eng = both(make_kernel_engine, reqs, kv_cache_tokens=2048, cascade="always")
+    same(off, on)
+    assert accepted + eng.scheduler.speculator.stats.num_accepted_tokens > 0
+
+
+def test_fp32_gemm_size_classes(make_engine):
+    """torch's fp32 GEMM rounds a row differently at 1, 2-3 and 4+ rows here: a lone fp32 row never
+    speculates (its exactness would rest on luck), four rows do."""
+    classes = make_engine(speculation="ngram").scheduler.speculator.size_classes
+    assert classes is not None and classes[1] != classes[4]
 
 
 def test_greedy_identical_concurrent_cascade(make_engine, prompts):
@@ -87,14 +138,19 @@ def test_logprobs_and_seeded_sampling(make_engine, prompts):
             ("pen", prompts[2], greedy(20, ignore_eos=True, frequency_penalty=0.5))]
     off, on, _ = both(make_engine, reqs, kv_cache_tokens=2048)
     same(off, on)
-    assert [lp.token_id for lp in on["lp"].new_logprobs] == on["lp"].token_ids  # drained: all of them
+    assert [lp.token_id for lp in on["lp"].new_logprobs] == on["lp"].token_ids
+    assert [(lp.token_id, lp.logprob) for lp in on["lp"].new_logprobs] == \
+        [(lp.token_id, lp.logprob) for lp in off["lp"].new_logprobs]
 
 
-def test_preemption_tiny_pool_no_leak(make_engine, prompts):
-    reqs = [(f"r{i}", ids, greedy(40, ignore_eos=True)) for i, ids in enumerate(prompts)]
-    off, on, eng = both(make_engine, reqs, kv_cache_tokens=12 * 16, max_num_batched_tokens=48)
+@pytest.mark.parametrize("host", [0, 1024])
+def test_preemption_no_leak(make_engine, prompts, host):
+    """A speculating row preempted (recompute, or swap to the host tier) between steps resumes exactly."""
+    reqs = [(f"r{i}", ids, greedy(30, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    kv = KVConfig(min_prefix_tokens=16, admit_min_requests=1, host_cache_tokens=host)
+    off, on, eng = both(make_engine, reqs, preempt_at={6: "r3", 9: "r2"}, kv=kv, kv_cache_tokens=2048)
     same(off, on)
-    assert eng.scheduler.num_preemptions > 0
+    assert eng.scheduler.num_preemptions == 2 and eng.scheduler.speculator.stats.num_accepted_tokens > 0
 
 
 def test_prefix_cache_hit_after_speculation(make_engine, prompts):
