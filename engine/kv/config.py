@@ -15,6 +15,7 @@ from kvloop.engine.core import defaults as D
 from kvloop.engine.core.config_options import option
 from kvloop.engine.core.policy import CachePolicy, get_cache_policy
 from kvloop.engine.kv.event_hashes import HASH_KINDS
+from kvloop.engine.kv.kv_events import ENCODINGS
 from kvloop.engine.kv.remote_tier import check_url
 
 
@@ -55,6 +56,7 @@ class KVConfig:
                                          help="remote KV store timeout for connecting and each reply; a "
                                               "store past it is down (misses) until it answers again")
     remote_admit_min_requests: int = 1
+    remote_ttl_s: int = 0  # values expire after this many seconds (0: only the store's own eviction)
     remote_queue_mib: int = 256  # writes not yet sent, in MiB of K/V; past it a write is dropped (counted)
     ghost_entries: int = 65536  # bound of the ghost table (about 200 bytes per entry)
     gclock_max: int = 3  # GCLOCK counter ceiling
@@ -80,6 +82,11 @@ class KVConfig:
     kv_events_hash_seed: str = option("", flag="--kv-events-hash-seed", setting="kv_events.hash_seed",
                                       help="the seed of vllm_sha256_cbor_64bit's root hash (vLLM's "
                                            "PYTHONHASHSEED; llm-d's hashSeed)")
+    kv_events_encoding: str = option("array", flag="--kv-events-encoding", setting="kv_events.encoding",
+                                     choices=ENCODINGS,
+                                     help="each event as an array led by its tag (vLLM's array_like "
+                                          "structs, as llm-d decodes them) or as a tagged map (as "
+                                          "vllm-router decodes them); the batch is an array either way")
 
     def __post_init__(self) -> None:
         get_cache_policy(self.mode)  # raises ValueError naming the cache policies

@@ -12,7 +12,8 @@ the block size and the KV layout (layers, K/V, tokens, heads, head dim), so engi
 other's K/V never read each other's values. Values are the disk tier's block format (kv.disk_format: header
 with hash, fingerprint, dtype, shape, size and CRC-32, then the raw K/V), checked on every read: a corrupt,
 truncated or foreign value is a miss. The store bounds itself: run it with `maxmemory` and
-`maxmemory-policy allkeys-lru` (Redis/Valkey), so old blocks leave as new ones come."""
+`maxmemory-policy allkeys-lru` (Redis/Valkey), so old blocks leave as new ones come; values may also carry a
+TTL (KVConfig.remote_ttl_s)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ def block_key(ns: str, h: int) -> str:
     return f"{KEY_PREFIX}{ns}:{hash_hex(h)}"
 
 
-def open_store(url: str, timeout_s: float, password: str | None) -> RemoteStore:
-    """The backend for the URL's scheme (imported only when used)."""
+def open_store(url: str, timeout_s: float, password: str | None, ttl_s: int = 0) -> RemoteStore:
+    """The backend for the URL's scheme (imported only when used); ttl_s > 0: values expire after it."""
     check_url(url)
     from kvloop.engine.kv.redis_store import RedisStore  # redis, rediss and unix sockets
 
-    return RedisStore(url, timeout_s, password)
+    return RedisStore(url, timeout_s, password, ttl_s or None)

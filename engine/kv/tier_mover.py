@@ -64,7 +64,8 @@ class TierMover:
     def open_remote(self, cfg, stats, costs: TierCosts | None) -> RemoteKV:
         from kvloop.engine.kv.remote_tier import PASSWORD_ENV, open_store
 
-        store = open_store(cfg.kv_remote_url, cfg.kv_remote_timeout_ms / 1000, os.environ.get(PASSWORD_ENV))
+        store = open_store(cfg.kv_remote_url, cfg.kv_remote_timeout_ms / 1000, os.environ.get(PASSWORD_ENV),
+                           cfg.remote_ttl_s)
         return RemoteKV(store, cfg.kv_remote_url, self.fingerprint, self.dtype_name, self.block_shape, stats,
                         costs, cfg.remote_queue_mib << 20)
 

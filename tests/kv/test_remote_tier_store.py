@@ -8,13 +8,15 @@ import logging
 import socket
 
 import pytest
+import torch
 from remote_redis import RedisServer, free_port, wait_for
 
 from kvloop.engine.core.kv_stats import KVStats
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.load_or_recompute import TierCosts
 from kvloop.engine.kv.remote_client import RemoteKV
-from kvloop.engine.kv.remote_tier import block_key, open_store
+from kvloop.engine.kv.remote_tier import PASSWORD_ENV, block_key, open_store
+from kvloop.engine.kv.tier_mover import TierMover
 
 SHAPE = [2, 2, 4, 1, 8]  # layers, K/V, tokens, heads, head dim
 NBYTES = 2 * 2 * 4 * 1 * 8 * 4  # float32
@@ -40,6 +42,7 @@ def test_round_trip(server):
     writer = client(server.url)
     assert writer.put(11, payload(1)) and writer.put(12, payload(2))
     assert writer.flush(10) and writer.stats.remote_writes == 2
+    assert server.client().ttl(block_key(writer.ns, 11)) == -1  # no TTL: the store's LRU bounds it
     reader = client(server.url)  # another engine: nothing pending, all from the store
     assert reader.contains([11, 12, 13]) == [True, True, False]
     got = reader.fetch([11, 12, 13])
@@ -127,6 +130,32 @@ def test_store_back_is_up_again(tmp_path):
     finally:
         remote.close()
         server.kill()
+
+
+def test_tls_store_with_a_password(tmp_path, monkeypatch):
+    server = RedisServer(tmp_path, tls=True, password="s3cret")
+    try:
+        locked = client(server.url)
+        assert locked.contains([1]) == [False] and locked.stats.remote_errors >= 1  # no password: refused
+        locked.close()
+        monkeypatch.setenv(PASSWORD_ENV, "s3cret")
+        kv = KVConfig(kv_remote_url=server.url)
+        mover = TierMover(torch.zeros([2, 2, 3, 4, 1, 8]), fingerprint="model-a")
+        remote = mover.open_remote(kv, KVStats(), None)  # the engine's way: the password from the environment
+        assert remote.put(51, payload(7)) and remote.flush(10) and remote.stats.remote_writes == 1
+        assert remote.contains([51]) == [True] and remote.stats.remote_errors == 0
+        remote.close()
+    finally:
+        server.kill()
+
+
+def test_values_can_expire(server):
+    writer = RemoteKV(open_store(server.url, 2.0, None, ttl_s=600), server.url, "model-a", "float32", SHAPE,
+                      KVStats())
+    writer.put(61, payload(8))
+    writer.flush(10)
+    assert 0 < server.client().ttl(block_key(writer.ns, 61)) <= 600
+    writer.close()
 
 
 @pytest.mark.parametrize("url, message", [
