@@ -35,7 +35,8 @@ STORE_PORT=${STORE_PORT:-$((BASE_PORT + 3000))}
 ROUTER_METRICS_PORT=${ROUTER_METRICS_PORT:-$((ROUTER_PORT + 1))}
 BLOCK_SIZE=${BLOCK_SIZE:-16}  # the pods' KV block size, which the router's kv_aware hashing must share
 READY_TIMEOUT=${READY_TIMEOUT:-600}
-[ -n "$ROUTER" ] || { echo "serve_fleet: vllm-router not found (pip install vllm-router, or set ROUTER)" >&2; exit 2; }
+command -v "${ROUTER:-vllm-router}" >/dev/null ||
+    { echo "serve_fleet: vllm-router not found (pip install vllm-router, or set ROUTER)" >&2; exit 2; }
 
 # Pass an engine flag only if this kvloop has it (the remote tier and KV events came in separately).
 SERVE_HELP=$("$KVLOOP" serve --help 2>&1)
