@@ -28,6 +28,7 @@ from kvloop.engine.kv.kv_events import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
+    as_encoded,
     encoder,
 )
 
@@ -88,8 +89,10 @@ class KVEventPublisher:
     def __init__(self, events: KVEventLog, block_size: int, endpoint: str, topic: str = "",
                  replay_endpoint: str = "", interval_s: float = DEFAULT_INTERVAL_S,
                  replay_batches: int = DEFAULT_REPLAY_BATCHES, hash_kind: str = "kvloop",
-                 hash_seed: str = ""):
+                 hash_seed: str = "", encoding: str = "array"):
         self.events = events
+        self.encoding = encoding
+        as_encoded(KVEventBatch(0.0, []), encoding)  # an unknown encoding raises here, before any socket
         self.block_size = block_size
         self.hashes = make_wire_hashes(hash_kind, hash_seed)  # raises on an unknown kind, before any socket
         self.topic = topic.encode()
@@ -152,7 +155,8 @@ class KVEventPublisher:
         raw = self.events.drain()
         if not raw:
             return
-        payload = self._encode(KVEventBatch(time.time(), to_events(raw, self.block_size, self.hashes)))
+        batch = KVEventBatch(time.time(), to_events(raw, self.block_size, self.hashes))
+        payload = self._encode(as_encoded(batch, self.encoding))
         seq = self.next_seq
         self.next_seq += 1
         self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))

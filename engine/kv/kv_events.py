@@ -86,6 +86,50 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
+# The same events as tagged maps ({"type": "BlockStored", "block_hashes": ...}) inside the array batch: what
+# vllm-router 0.1.17's decoder takes (its wheel's messages: "KV event batch must be an array", "KV event must
+# be a tagged map", "KV event keys must be strings"); later vLLM versions write their events as maps too.
+class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _BlockStoredMap(_MapEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class _BlockRemovedMap(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class _AllBlocksClearedMap(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _KVEventBatchMaps(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[_BlockStoredMap | _BlockRemovedMap | _AllBlocksClearedMap]
+
+
+_AS_MAP = {BlockStored: _BlockStoredMap, BlockRemoved: _BlockRemovedMap,
+           AllBlocksCleared: _AllBlocksClearedMap}
+ENCODINGS = ("array", "map")  # events as arrays (vLLM's array_like structs; llm-d) or as tagged maps
+
+
+def as_encoded(batch: KVEventBatch, encoding: str) -> msgspec.Struct:
+    """The batch as `encoding` writes it (ENCODINGS)."""
+    if encoding == "array":
+        return batch
+    if encoding != "map":
+        raise ValueError(f"unknown KV event encoding {encoding!r}; one of {ENCODINGS}")
+    return _KVEventBatchMaps(batch.ts, [_AS_MAP[type(e)](*msgspec.structs.astuple(e)) for e in batch.events])
+
+
 def decode_batch(payload: bytes) -> KVEventBatch:
     """A payload as a subscriber reads it (tests, tools)."""
     return msgspec.msgpack.decode(payload, type=KVEventBatch)

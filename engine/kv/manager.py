@@ -123,7 +123,8 @@ class KVCacheManager(SwapMixin, PersistMixin, RemoteMixin):
             self.events_publisher = KVEventPublisher.attach(self, cfg.kv_events_endpoint, cfg.kv_events_topic,
                                                             cfg.kv_events_replay_endpoint,
                                                             hash_kind=cfg.kv_events_hash,
-                                                            hash_seed=cfg.kv_events_hash_seed)
+                                                            hash_seed=cfg.kv_events_hash_seed,
+                                                            encoding=cfg.kv_events_encoding)
 
     def attach_mover(self, mover: Mover) -> None:
         """Wires the tensor mover; the disk index is rebuilt from what the directory holds."""

@@ -161,3 +161,19 @@ def test_vllm_hashes_are_what_llm_d_computes_from_the_prompt(evented):
                 expected[keys[i]] = (None if i == 0 else keys[i - 1],
                                      tuple(seq.token_ids[i * bs : (i + 1) * bs]))
     assert held == expected and held
+
+
+def test_map_encoding_is_an_array_of_tagged_maps():
+    """--kv-events-encoding map: the batch an array, each event a map tagged by "type" (vllm-router's
+    decoder); defaults left out as vLLM's omit_defaults does."""
+    from kvloop.engine.kv.kv_events import as_encoded
+
+    raw = [("stored", 5, ROOT, bytes(8 * 2)), ("removed", 5), ("cleared",)]
+    batch = KVEventBatch(2.5, to_events(raw, 2))
+    plain = msgspec.msgpack.decode(msgspec.msgpack.encode(as_encoded(batch, "map")))
+    assert plain == [2.5, [{"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None,
+                            "token_ids": [0, 0], "block_size": 2, "medium": "GPU"},
+                           {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU"},
+                           {"type": "AllBlocksCleared"}]]
+    with pytest.raises(ValueError, match="encoding"):
+        as_encoded(batch, "json")
