@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from kvloop.engine.core.kv_stats import KVStats
 from kvloop.engine.kv import disk_format as fmt
@@ -32,6 +33,10 @@ RETRY_S = 0.5  # first wait before trying a store that failed
 MAX_RETRY_S = 30.0
 WRITE_BATCH = 8  # queued writes sent in one pipeline
 _WAKE = object()  # queued by a failure on the step's thread: the writer starts its retries
+
+
+class Ready(Protocol):
+    def synchronize(self) -> None: ...
 
 
 class RemoteKV:
@@ -48,6 +53,8 @@ class RemoteKV:
         # queued writes (the block's raw bytes, encoded by the writer: the checksum is off the step path),
         # readable before they land
         self._pending: dict[int, memoryview] = {}
+        # h -> what signals its bytes are there (a CUDA event after a device copy that did not block the step)
+        self._ready: dict[int, Ready] = {}
         # bounded in bytes, not blocks: a long prompt commits hundreds of blocks at once, a few MiB each on
         # a large model; past the bound a write is dropped (counted) and offered again at eviction
         self.queue_bytes = queue_bytes
@@ -84,6 +91,7 @@ class RemoteKV:
         with self._lock:
             for h in hashes:
                 if h in self._pending:
+                    self._wait(h)
                     out[h] = self._pending[h]  # not landed yet: no link time to measure
         ask = [h for h in hashes if h not in out]
         if not ask or not self._up:
@@ -120,9 +128,10 @@ class RemoteKV:
             return None
 
     # ---- writes ----------------------------------------------------------------------------------
-    def put(self, h: int, payload: memoryview) -> bool:
-        """Queues a write of one block's bytes (a copy the caller no longer touches); False, counted, when the
-        store is down or the queued writes hold queue_bytes already."""
+    def put(self, h: int, payload: memoryview, ready: Ready | None = None) -> bool:
+        """Queues a write of one block's bytes (a copy the caller no longer touches, complete once `ready`
+        synchronizes, where given); False, counted, when the store is down or the queued writes hold
+        queue_bytes already."""
         with self._lock:
             full = self._pending_bytes + payload.nbytes > self.queue_bytes
             if not self._up or self._closed or full or h in self._pending:
@@ -130,6 +139,8 @@ class RemoteKV:
                 return False
             self._pending[h] = payload
             self._pending_bytes += payload.nbytes
+            if ready is not None:
+                self._ready[h] = ready
         self._queue.put(h)
         return True
 
@@ -175,6 +186,8 @@ class RemoteKV:
     def _write(self, hashes: list[int]) -> None:
         with self._lock:
             items = [(h, v) for h in hashes if (v := self._pending.get(h)) is not None]
+        for h, _ in items:
+            self._wait(h)
         if not self._up and time.monotonic() >= self._retry_at:
             self._try_store()
         sent = False
@@ -190,12 +203,18 @@ class RemoteKV:
             for h, v in items:
                 if self._pending.get(h) is v:
                     del self._pending[h]
+                    self._ready.pop(h, None)
                     self._pending_bytes -= v.nbytes
             if sent:
                 self.stats.remote_writes += len(items)
                 self.stats.remote_bytes_written += sum(v.nbytes for _, v in items)
             else:
                 self.stats.remote_writes_dropped += len(items)
+
+    def _wait(self, h: int) -> None:
+        ready = self._ready.get(h)
+        if ready is not None:
+            ready.synchronize()
 
     def _encode(self, h: int, payload: memoryview) -> bytes:
         return fmt.encode_header(h, self.fingerprint, self.dtype, self.block_shape, payload) + payload

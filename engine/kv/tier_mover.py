@@ -173,8 +173,16 @@ class TierMover:
         if not self.remote.up:
             return False  # no copy for a write that would be dropped
         src = (self.kv if tier == "device" else self.host)[:, :, index]
-        data = torch.empty(self.block_shape, dtype=self.kv.dtype).copy_(src)
-        return self.remote.put(h, memoryview(data.view(torch.uint8).numpy()).cast("B"))
+        ready = None
+        # on a GPU the copy runs behind the step's kernels, and the writer thread waits for it, not the step
+        if src.is_cuda:
+            data = torch.empty(self.block_shape, dtype=self.kv.dtype, pin_memory=True)
+            data.copy_(src, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            data = torch.empty(self.block_shape, dtype=self.kv.dtype).copy_(src)
+        return self.remote.put(h, memoryview(data.view(torch.uint8).numpy()).cast("B"), ready)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for the queued writes (at most timeout seconds): the disk's first, then the remote tier's in

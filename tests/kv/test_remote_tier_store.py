@@ -190,3 +190,46 @@ def test_write_queue_is_bounded_in_bytes():
         assert bytes(remote.fetch([2])[2]) == bytes(payload(2))  # queued writes are readable
         remote.close()
         assert remote.stats.remote_writes == 0 and remote.stats.remote_writes_dropped == 3
+
+
+class DictStore:
+    """A backend in a few lines (the interface a Mooncake-store or LMCache-server backend would implement)."""
+
+    def __init__(self):
+        self.values: dict[str, bytes] = {}
+
+    def get_many(self, keys):
+        return [self.values.get(k) for k in keys]
+
+    def put_many(self, items):
+        self.values.update(items)
+
+    def contains_many(self, keys):
+        return [k in self.values for k in keys]
+
+    def ping(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class CountingEvent:
+    """Stands in for the CUDA event of a device copy that did not block the step."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def synchronize(self):
+        self.waits += 1
+
+
+def test_another_backend_and_a_copy_still_in_flight():
+    store, event = DictStore(), CountingEvent()
+    writer = RemoteKV(store, "redis://store:6379/0", "model-a", "float32", SHAPE, KVStats())
+    assert writer.put(71, payload(9), event) and writer.flush(10)
+    assert event.waits == 1  # the writer waited for the copy before reading the bytes
+    reader = RemoteKV(store, "redis://store:6379/0", "model-a", "float32", SHAPE, KVStats())
+    assert bytes(reader.fetch([71])[71]) == bytes(payload(9))
+    writer.close()
+    reader.close()
