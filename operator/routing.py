@@ -29,6 +29,11 @@ import yaml
 from kvloop.operator import constants as C
 from kvloop.operator import engine_keys
 
+# The model-server metrics the picker scrapes from each pod's /metrics by default (its flags
+# --total-queued-requests-metric, --total-running-requests-metric, --kv-cache-usage-percentage-metric,
+# --lora-info-metric, --cache-info-metric); tests/operator/test_remote_routing.py holds the engine to them.
+EPP_SCRAPED_METRICS = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                       "vllm:lora_requests_info", "vllm:cache_config_info")
 MODES = ("none", "InferencePool")
 PREFIX_SCORING = ("estimated", "precise")
 CONFIG_FILE = "/etc/epp/config.yaml"

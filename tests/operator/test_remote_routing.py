@@ -189,3 +189,12 @@ def test_the_remote_settings_load_in_the_engine(tmp_path):
     for spec, url in ((BOTH, f"redis://chat-kv:{C.VALKEY_PORT}/0"), ({}, "")):
         path.write_text(yaml.safe_dump(engine_yaml(spec)))
         assert load_engine_settings(path)[0].kv.kv_remote_url == url
+
+
+def test_every_pod_exports_what_the_endpoint_picker_scrapes():
+    from kvloop.engine.server.metrics import SnapshotCollector
+    from kvloop.operator.routing import EPP_SCRAPED_METRICS
+
+    collector = SnapshotCollector(lambda: None, "m", {"block_size": D.BLOCK_SIZE.value, "num_blocks": 100})
+    exported = {sample.name for family in collector.collect() for sample in family.samples}
+    assert set(EPP_SCRAPED_METRICS) <= exported, set(EPP_SCRAPED_METRICS) - exported
