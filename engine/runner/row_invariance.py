@@ -10,13 +10,25 @@ bit-identical; a step keeps its class when proposals join it."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 PROBE_ROWS = 20  # past this the class of PROBE_ROWS holds (the GEMMs probed here settle by 4 rows, the
 # bf16 model's kernel/oneDNN switch is at 12); the probe's cost grows with its square (~1-3 s at 20 here)
 
 
+_probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its classes (engines share a model)
+
+
 def size_classes(model, rows: int = PROBE_ROWS) -> list[int]:
+    """size_classes_of, probed once per model (its linears never change once loaded)."""
+    if model not in _probed:
+        _probed[model] = size_classes_of(model, rows)
+    return _probed[model]
+
+
+def size_classes_of(model, rows: int = PROBE_ROWS) -> list[int]:
     """classes[m] (m = 1..rows; classes[0] unused): the class of a step of m tokens; equal classes, equal
     rounding per row. Probed on the first layer's fused linears (the shapes every layer repeats) and the
     head, each over the same random rows."""

@@ -6,6 +6,8 @@ no block leaks. The proposals are accepted (the counters move)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -59,14 +61,7 @@ def both(make_engine, requests, preempt_at=None, **kw) -> tuple[dict, dict, obje
     return off, on, spec_engine
 
 
-@pytest.fixture(scope="module", params=["fp32-kernel", "bf16"])
-def make_kernel_engine(request, checkpoint, tokenizer):
-    """The serving paths: fp32 arithmetic over bf16 weights through the bf16-weight kernel (--dtype auto on
-    a CPU without native bf16), and a bf16 model whose linears switch to oneDNN past 12 rows."""
-    dtype = torch.float32 if request.param == "fp32-kernel" else torch.bfloat16
-    torch.set_num_threads(1)
-    model = LlamaModel(checkpoint.config, checkpoint.weights, dtype, quantization="bf16")
-
+def engine_maker(model, dtype: torch.dtype, tokenizer, checkpoint):
     def make(**kwargs) -> EngineCore:
         sched = SchedulerConfig(**{k: kwargs.pop(k) for k in list(kwargs)
                                    if k in SchedulerConfig.__dataclass_fields__})
@@ -74,6 +69,24 @@ def make_kernel_engine(request, checkpoint, tokenizer):
         return EngineCore(cfg, model=model, tokenizer=tokenizer, fingerprint=checkpoint.fingerprint)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def make_fast(checkpoint, tokenizer):
+    """fp32 arithmetic over bf16 weights through the bf16-weight kernel (--dtype auto on a CPU without
+    native bf16): every step size rounds a row alike, so a single stream speculates too."""
+    torch.set_num_threads(1)
+    model = LlamaModel(checkpoint.config, checkpoint.weights, torch.float32, quantization="bf16")
+    return engine_maker(model, torch.float32, tokenizer, checkpoint)
+
+
+@pytest.fixture(scope="module", params=["fp32-kernel", "bf16"])
+def make_kernel_engine(request, make_fast, checkpoint, tokenizer):
+    """The serving paths: make_fast's, and a bf16 model whose linears switch to oneDNN past 12 rows."""
+    if request.param == "fp32-kernel":
+        return make_fast
+    model = LlamaModel(checkpoint.config, checkpoint.weights, torch.bfloat16, quantization="bf16")
+    return engine_maker(model, torch.bfloat16, tokenizer, checkpoint)
 
 
 def same(off: dict, on: dict) -> None:
@@ -94,11 +107,11 @@ def test_greedy_identical_kernel_paths(make_kernel_engine, prompts):
     up to the probe's bound, so a single stream speculates too."""
     accepted = 0
     for i, ids in enumerate(prompts[:2]):
-        off, on, eng = both(make_kernel_engine, [(f"r{i}", ids, greedy(32, ignore_eos=True))],
+        off, on, eng = both(make_kernel_engine, [(f"r{i}", ids, greedy(20, ignore_eos=True))],
                             kv_cache_tokens=2048)
         same(off, on)
         accepted += eng.scheduler.speculator.stats.num_accepted_tokens
-    reqs = [(f"r{i}", ids, greedy(24, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    reqs = [(f"r{i}", ids, greedy(16, ignore_eos=True)) for i, ids in enumerate(prompts)]
     off, on, eng = both(make_kernel_engine, reqs, kv_cache_tokens=2048, cascade="always")
     same(off, on)
     assert accepted + eng.scheduler.speculator.stats.num_accepted_tokens > 0
@@ -112,31 +125,33 @@ def test_fp32_gemm_size_classes(make_engine):
 
 
 def test_greedy_identical_concurrent_cascade(make_engine, prompts):
-    reqs = [(f"r{i}", ids, greedy(30, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    reqs = [(f"r{i}", ids, greedy(20, ignore_eos=True)) for i, ids in enumerate(prompts)]
     # a shared prefix, so cascade groups form among the rows' own entries
     shared = prompts[1]
-    reqs += [(f"s{i}", shared + prompts[i][:5], greedy(24, ignore_eos=True)) for i in range(3)]
+    reqs += [(f"s{i}", shared + prompts[i][:5], greedy(16, ignore_eos=True)) for i in range(2)]
     off, on, eng = both(make_engine, reqs, kv_cache_tokens=4096, cascade="always",
                         max_num_batched_tokens=64)
     same(off, on)
     assert eng.scheduler.speculator.stats.num_accepted_tokens > 0
 
 
-def test_stops_mid_acceptance(make_engine, tokenizer, prompts):
+def test_stops_mid_acceptance(make_fast, tokenizer, prompts):
     ids = prompts[3]  # counts on: proposals accepted several at a time
     reqs = [("len", ids, greedy(7, ignore_eos=True)),
-            ("str", ids, greedy(40, ignore_eos=True, stop=[" 17,"])),
-            ("tok", ids, greedy(40, ignore_eos=True, stop_token_ids=tokenizer.encode(" 16")[:1]))]
-    off, on, _ = both(make_engine, reqs, kv_cache_tokens=2048)
+            ("str", ids, greedy(24, ignore_eos=True, stop=[" 17,"])),
+            ("tok", ids, greedy(24, ignore_eos=True, stop_token_ids=tokenizer.encode(" 16")[:1]))]
+    off, on, eng = both(make_fast, reqs, kv_cache_tokens=2048)
     same(off, on)
     assert on["str"].finish_reason == "stop" and on["len"].finish_reason == "length"
+    assert eng.scheduler.speculator.stats.num_accepted_tokens > 0
 
 
-def test_logprobs_and_seeded_sampling(make_engine, prompts):
-    reqs = [("lp", prompts[0], greedy(20, ignore_eos=True, logprobs=2)),
-            ("seed", prompts[1], SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)),
-            ("pen", prompts[2], greedy(20, ignore_eos=True, frequency_penalty=0.5))]
-    off, on, _ = both(make_engine, reqs, kv_cache_tokens=2048)
+def test_logprobs_and_seeded_sampling(make_fast, prompts):
+    reqs = [("lp", prompts[0], greedy(16, ignore_eos=True, logprobs=2)),
+            ("seed", prompts[1], SamplingParams(max_tokens=20, temperature=0.8, seed=5, ignore_eos=True)),
+            ("pen", prompts[2], greedy(16, ignore_eos=True, frequency_penalty=0.5)),
+            ("extra", prompts[3], greedy(16, ignore_eos=True))]
+    off, on, _ = both(make_fast, reqs, kv_cache_tokens=2048)
     same(off, on)
     assert [lp.token_id for lp in on["lp"].new_logprobs] == on["lp"].token_ids
     assert [(lp.token_id, lp.logprob) for lp in on["lp"].new_logprobs] == \
@@ -144,24 +159,76 @@ def test_logprobs_and_seeded_sampling(make_engine, prompts):
 
 
 @pytest.mark.parametrize("host", [0, 1024])
-def test_preemption_no_leak(make_engine, prompts, host):
+def test_preemption_no_leak(make_fast, prompts, host):
     """A speculating row preempted (recompute, or swap to the host tier) between steps resumes exactly."""
-    reqs = [(f"r{i}", ids, greedy(30, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    reqs = [(f"r{i}", ids, greedy(16, ignore_eos=True)) for i, ids in enumerate(prompts)]
     kv = KVConfig(min_prefix_tokens=16, admit_min_requests=1, host_cache_tokens=host)
-    off, on, eng = both(make_engine, reqs, preempt_at={6: "r3", 9: "r2"}, kv=kv, kv_cache_tokens=2048)
+    off, on, eng = both(make_fast, reqs, preempt_at={4: "r3", 6: "r2"}, kv=kv, kv_cache_tokens=2048)
     same(off, on)
     assert eng.scheduler.num_preemptions == 2 and eng.scheduler.speculator.stats.num_accepted_tokens > 0
 
 
-def test_prefix_cache_hit_after_speculation(make_engine, prompts):
+CACHE = KVConfig(min_prefix_tokens=16, admit_min_requests=1)  # every finished block cached at once
+
+
+def test_prefix_cache_hit_after_speculation(make_fast, prompts):
     ids = prompts[1]
-    off = run(make_engine(speculation="off", kv_cache_tokens=2048), [("a", ids, greedy(40, ignore_eos=True))])
-    eng = make_engine(speculation="ngram", kv_cache_tokens=2048)
-    first = run(eng, [("a", ids, greedy(40, ignore_eos=True))])
+    off = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), [("a", ids, greedy(24, ignore_eos=True))])
+    eng = make_fast(speculation="ngram", kv_cache_tokens=2048, kv=CACHE)
+    first = run(eng, [("a", ids, greedy(24, ignore_eos=True))])
     same(off, first)
     # the whole first answer as a prompt: its blocks (accepted tokens only) come from the cache
     again = ids + first["a"].token_ids
-    cold = run(make_engine(speculation="off", kv_cache_tokens=2048), [("b", again, greedy(16, ignore_eos=True))])
+    cold = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), [("b", again, greedy(16, ignore_eos=True))])
     hit = run(eng, [("b", again, greedy(16, ignore_eos=True))])
     assert hit["b"].num_cached_tokens > len(ids)
     same(cold, hit)
+    assert eng.scheduler.speculator.stats.num_accepted_tokens > 0
+
+
+def test_json_schema_with_speculation(make_fast, tokenizer):
+    """The grammar masks every verified position: the same constrained tokens, valid JSON, matchers gone."""
+    from kvloop.engine.core.grammar_spec import parse_response_format
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+              "required": ["name", "city"]}
+    spec = parse_response_format({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    text = tokenizer.render_chat([{"role": "user", "content": 'Copy this JSON: {"name": "Ada Lovelace", '
+                                                              '"city": "London"}'}])
+    reqs = [("j", tokenizer.encode(text), SamplingParams(max_tokens=32, temperature=0, grammar=spec))]
+    off, on, eng = both(make_fast, reqs, kv_cache_tokens=2048)
+    same(off, on)
+    json.loads(on["j"].text)
+    assert eng.runner.sampler.processors[-1]._matchers == {}
+
+
+def test_sampling_keeps_the_target_distribution():
+    """temperature 1 over fixed per-position distributions, a deterministic draft [0, 1]: the first token
+    follows p0, the second (given the first was the draft's) p1, the third p2, by a chi-square bound
+    (df 3, p = 0.001: 16.27) over 1,500 seeded requests."""
+    from kvloop.engine.core.batch import ScheduledSeq, StepResult
+    from kvloop.engine.core.sequence import Sequence
+    from kvloop.engine.runner.model_runner import verify
+    from kvloop.engine.runner.sampler import Sampler
+
+    dists = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
+    logits = dists.log()
+    sampler = Sampler()
+    counts = torch.zeros(3, 4)
+    for i in range(1500):
+        params = SamplingParams(max_tokens=8, temperature=1.0, seed=i)
+        seq = Sequence(f"q{i}", [3, 3], params)
+        item = ScheduledSeq(seq, 1, 1, draft=[0, 1])
+        first = sampler.sample(logits[:1], [params], [seq.request_id], [seq]).tokens[0]
+        result = StepResult({seq.request_id: first})
+        verify(sampler, logits, [item], {seq.request_id: 1}, result)
+        tokens = result.tokens_of(seq.request_id)
+        for pos, t in enumerate(tokens):
+            counts[pos, t] += 1
+        assert all(a == b for a, b in zip(tokens[:-1], item.draft, strict=False))  # accepted = the draft's
+        sampler.forget(seq.request_id)
+    for pos in range(3):
+        n = counts[pos].sum()
+        expected = dists[pos] * n
+        chi2 = float(((counts[pos] - expected) ** 2 / expected).sum())
+        assert n > 100 and chi2 < 16.27, (pos, counts[pos].tolist(), chi2)
