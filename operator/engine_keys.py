@@ -18,6 +18,7 @@ SETTING_KEYS: dict[str, str] = {
     "--kv-events-topic": "kv_events.topic",
     "--kv-events-hash": "kv_events.hash",
     "--kv-events-hash-seed": "kv_events.hash_seed",
+    "--kv-events-encoding": "kv_events.encoding",
     "--speculation": "speculation",
 }
 

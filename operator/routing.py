@@ -67,6 +67,8 @@ def picker_selector(name: str) -> dict[str, str]:
 # matches them against the events: the engine publishes the same hashes from the same seed.
 EVENT_HASH = "vllm_sha256_cbor_64bit"
 HASH_SEED = ""
+# llm-d decodes each event as vLLM's array_like struct (an array led by its tag), not a tagged map
+EVENT_ENCODING = "array"
 
 
 def served_model(spec: dict[str, Any]) -> str:
@@ -82,6 +84,7 @@ def engine_settings(config: dict[str, Any], spec: dict[str, Any]) -> None:
         engine_keys.put(config, "--kv-events-topic", f"kv@${{POD_IP}}:{C.ENGINE_PORT}@{served_model(spec)}")
         engine_keys.put(config, "--kv-events-hash", EVENT_HASH)
         engine_keys.put(config, "--kv-events-hash-seed", HASH_SEED)
+        engine_keys.put(config, "--kv-events-encoding", EVENT_ENCODING)
 
 
 def engine_env(spec: dict[str, Any]) -> list[dict[str, Any]]:

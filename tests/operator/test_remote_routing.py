@@ -135,7 +135,7 @@ def test_precise_settings_load_in_the_engine(tmp_path):
     path.write_text(yaml.safe_dump(engine_yaml(spec)))
     kv = load_engine_settings(path)[0].kv
     assert kv.kv_events_endpoint == f"tcp://*:{C.KV_EVENTS_PORT}"
-    assert kv.kv_events_hash == "vllm_sha256_cbor_64bit"
+    assert (kv.kv_events_hash, kv.kv_events_encoding) == ("vllm_sha256_cbor_64bit", "array")
 
 
 def test_precise_prefix_scoring_has_every_pod_publish_kv_events_for_llm_ds_picker():
