@@ -42,6 +42,15 @@ class EngineSnapshot:
     num_steps: int = 0  # model steps run
     step_failures: int = 0  # steps whose model forward raised (their requests failed)
     request_failures: Mapping[str, int] = field(default_factory=dict)  # stage -> requests failed alone
+    # prompt-lookup speculation (engine/scheduler/speculation.py): its mode, the live cap on proposals per
+    # row and step, and vLLM's spec_decode counters (steps a row verified proposals in, proposed tokens,
+    # accepted ones, accepted ones by position 0..)
+    speculation: str = "off"
+    speculation_max_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
     # KV cache
     kv_mode: str = ""  # the cache policy
     prefix_cache: bool = False

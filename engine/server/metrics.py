@@ -95,6 +95,16 @@ class SnapshotCollector(Collector):
         yield self._counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions)
         yield self._split("kvloop:num_preemptions", "Preemptions by kind (swap or recompute).",
                           s.num_preemptions_by_kind, "kind")
+        # speculative decoding, vLLM v1's spec_decode counters (vllm/v1/spec_decode/metrics.py)
+        yield self._counter("vllm:spec_decode_num_drafts", "Rows that verified proposed tokens, per step.",
+                            s.spec_num_drafts)
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Proposed (draft) tokens verified.",
+                            s.spec_num_draft_tokens)
+        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+                            s.spec_num_accepted_tokens)
+        yield self._split("vllm:spec_decode_num_accepted_tokens_per_pos",
+                          "Proposed tokens accepted, by their position in the proposal (0: the first).",
+                          {str(i): n for i, n in enumerate(s.spec_accepted_per_pos)}, "position")
         yield self._counter("kvloop:oom_events",
                             "Out-of-memory events (static-mode reservations that failed).",
                             s.num_oom_events)
