@@ -82,11 +82,11 @@ class KVConfig:
     kv_events_hash_seed: str = option("", flag="--kv-events-hash-seed", setting="kv_events.hash_seed",
                                       help="the seed of vllm_sha256_cbor_64bit's root hash (vLLM's "
                                            "PYTHONHASHSEED; llm-d's hashSeed)")
-    kv_events_encoding: str = option("array", flag="--kv-events-encoding", setting="kv_events.encoding",
+    kv_events_encoding: str = option("map", flag="--kv-events-encoding", setting="kv_events.encoding",
                                      choices=ENCODINGS,
-                                     help="each event as an array led by its tag (vLLM's array_like "
-                                          "structs, as llm-d decodes them) or as a tagged map (as "
-                                          "vllm-router decodes them); the batch is an array either way")
+                                     help="each event as a map tagged by \"type\" (what vllm-router and "
+                                          "Dynamo decode) or as an array led by its tag (vLLM's array_like "
+                                          "structs, what llm-d decodes); the batch is an array either way")
 
     def __post_init__(self) -> None:
         get_cache_policy(self.mode)  # raises ValueError naming the cache policies

@@ -1,8 +1,8 @@
 """The block hashes KV events carry (pure Python; runs on the publisher's thread, off the step's path).
 
-- `kvloop` (default): the engine's own chain keys folded to 64 bits. Enough for a router that hashes the
-  events' token ids itself (Dynamo's KV router; see kv/kv_events.py), and for any consumer that treats the
-  hashes as opaque ids of a parent chain.
+- `kvloop` (default): the engine's own chain keys folded to 63 bits: opaque ids of a consistent parent chain,
+  each event carrying its blocks' token ids; enough for a consumer that keys its index by the events'
+  hashes or hashes the token ids itself.
 - `vllm_sha256_cbor_64bit`: what a router that hashes the prompt itself and looks the result up among the
   published hashes needs, as llm-d's precise prefix scorer does (llm-d/llm-d-kv-cache-manager,
   pkg/kvcache/kvblock/token_processor.go, "aligned with vLLM"): the root is the low 64 bits (the last 8

@@ -89,7 +89,7 @@ class KVEventPublisher:
     def __init__(self, events: KVEventLog, block_size: int, endpoint: str, topic: str = "",
                  replay_endpoint: str = "", interval_s: float = DEFAULT_INTERVAL_S,
                  replay_batches: int = DEFAULT_REPLAY_BATCHES, hash_kind: str = "kvloop",
-                 hash_seed: str = "", encoding: str = "array"):
+                 hash_seed: str = "", encoding: str = "map"):
         self.events = events
         self.encoding = encoding
         as_encoded(KVEventBatch(0.0, []), encoding)  # an unknown encoding raises here, before any socket

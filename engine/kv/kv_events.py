@@ -10,7 +10,7 @@ What the format is, and what its consumers read (facts gathered for issue 55, wi
   `tag=True` (the tag is the class name) and, in the releases routers were written against (e.g. commit
   b4e69e0), `array_like=True` and `omit_defaults=True`: a batch is the msgpack array [ts, [events...]] and
   an event is [tag, field, field, ...], trailing default fields left out. A later main (commit 0181ea3)
-  drops array_like (maps); the array form is what the routers below decode, so it is the one sent here.
+  drops array_like: events become maps tagged by "type".
   The medium names vLLM uses: "GPU" (MEDIUM_GPU) for the device, "CPU" for its CPU offload.
 - The transport (same file, ZmqEventPublisher): a PUB socket (bound when the endpoint has `*`, `::`,
   ipc:// or inproc://, else connected) sends each batch as the multipart message [topic, sequence number
@@ -27,18 +27,28 @@ What the format is, and what its consumers read (facts gathered for issue 55, wi
   (pkg/kvcache/kvblock/token_processor.go: SHA-256 of canonical CBOR of [parent, tokens, null], the low
   64 bits, the root from the hash seed), so llm-d's precise scorer matches only vLLM's own sha256_cbor
   hashing with the same seed and block size: kvloop's keys are not that hash (see below).
-- vllm-router 0.1.17 (PyPI, Rust): `--policy kv_aware --kv-event-source WORKER_URL=ENDPOINT`,
-  `--kv-event-replay-source`, `--kv-event-block-size` (default 16), `--kv-event-model`; its wheel carries a
-  module kv_index with `local_block_hashes`, a radix tree indexer and a replay subscriber, and hash modes
-  named after vLLM's (python hash seed, sha256, xxhash, cbor). Dynamo's KV router (ai-dynamo/dynamo,
-  docs/pages/integrations/kv-events-custom-engines.md) takes the same three events relayed from a ZMQ
-  socket and recomputes its own block hashes from each stored event's token_ids, keeping the engine's
-  hashes only as ids for parents and removals.
+- vllm-router 0.1.17 (PyPI, Rust): `--policy kv_aware --kv-event-source WORKER_URL=ENDPOINT` (tcp://HOST:PORT
+  only, connected to), `--kv-event-replay-source`, `--kv-event-block-size` (default 16), `--kv-event-model`
+  (required with static sources). Its wheel's messages name its decoder: "KV event batch must be an
+  array", "KV batch requires timestamp, events, and optional rank", "KV event must be a tagged map", "KV
+  event keys must be strings", "KV wire hash must be bytes or an unsigned integer"; field names include
+  vLLM's later ones (lora_name, extra_keys, group_idx, kv_cache_spec_kind) and its own `ownership`. Tried
+  here in front of live kvloop servers (one and two workers): every kv_aware decision credited 0 prefix
+  tokens, with kvloop's hashes, with vLLM's sha256_cbor (32-byte chain, sent as bytes and as uint64) and
+  its 64-bit variant (PYTHONHASHSEED=0 in the router), events as arrays or as tagged maps; the router logs
+  no decode error at debug level, and how it hashes a request for lookup (src/policies/hash_key.rs) is not
+  documented, so what it needs is still open. Dynamo's KV router (ai-dynamo/dynamo,
+  docs/pages/integrations/kv-events-custom-engines.md) relays the same three events from a ZMQ socket:
+  frames [topic, 8-byte big-endian sequence, payload], payload [timestamp, [events], dp_rank], each event
+  a map with a "type" field, block hashes documented as signed 64-bit integers, parent required for all
+  but a sequence's first block.
 
-So each event here carries the block's token ids and a parent chain that is consistent on its own: a
-router that hashes token ids itself (Dynamo; vllm-router's local hashes) needs nothing more, and the
-hashes we publish are kvloop's chain keys folded to 64 bits (`wire_hash`): msgpack integers stop at 64 bits,
-and both uint64 consumers above accept them."""
+So each event here carries the block's token ids and a parent chain that is consistent on its own, and
+the hashes are kvloop's chain keys folded to 63 bits by default (`wire_hash`: msgpack integers stop at 64
+bits, and a non-negative 63-bit value is valid for the signed and the unsigned readers above); a router
+that recomputes vLLM's hashes from the prompt (llm-d) gets them from kv/event_hashes.py. Events go out as
+tagged maps in the array batch (`map`, default: vllm-router's and Dynamo's form) or as arrays (`array`: the
+form llm-d's decoder above reads)."""
 
 from __future__ import annotations
 
@@ -48,12 +58,13 @@ import msgspec
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the device pool (MEDIUM_GPU)
 MEDIUM_CPU = "CPU"  # vLLM's CPU offload medium
-_MASK64 = (1 << 64) - 1
+_MASK63 = (1 << 63) - 1
 
 
 def wire_hash(h: int) -> int:
-    """A kvloop chain key (128 bits) as the uint64 block hash on the wire: its low 64 bits."""
-    return h & _MASK64
+    """A kvloop chain key (128 bits) as the block hash on the wire: its low 63 bits, a non-negative integer
+    that every consumer above reads (Dynamo: signed 64-bit; vllm-router: unsigned, negatives refused)."""
+    return h & _MASK63
 
 
 class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -79,16 +90,18 @@ class AllBlocksCleared(KVCacheEvent):
 
 
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """[ts, events]: vLLM's optional third element, data_parallel_rank, is left out (one engine, no data
-    parallel ranks; msgspec writes a trailing None where the field exists)."""
+    """[ts, events, data_parallel_rank]: one engine, rank 0 (written: Dynamo's documented form has it;
+    llm-d and vllm-router take 2 or 3 elements)."""
 
     ts: float
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int = 0
 
 
 # The same events as tagged maps ({"type": "BlockStored", "block_hashes": ...}) inside the array batch: what
 # vllm-router 0.1.17's decoder takes (its wheel's messages: "KV event batch must be an array", "KV event must
-# be a tagged map", "KV event keys must be strings"); later vLLM versions write their events as maps too.
+# be a tagged map", "KV event keys must be strings") and Dynamo documents (docs/pages/integrations/
+# kv-events-custom-engines.md: "[timestamp, [events], dp_rank]", each event "a dictionary with a type field").
 class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 
@@ -114,11 +127,12 @@ class _AllBlocksClearedMap(_MapEvent, tag="AllBlocksCleared"):
 class _KVEventBatchMaps(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: list[_BlockStoredMap | _BlockRemovedMap | _AllBlocksClearedMap]
+    data_parallel_rank: int = 0
 
 
 _AS_MAP = {BlockStored: _BlockStoredMap, BlockRemoved: _BlockRemovedMap,
            AllBlocksCleared: _AllBlocksClearedMap}
-ENCODINGS = ("array", "map")  # events as arrays (vLLM's array_like structs; llm-d) or as tagged maps
+ENCODINGS = ("map", "array")  # events as tagged maps (default) or as arrays (vLLM's array_like; llm-d)
 
 
 def as_encoded(batch: KVEventBatch, encoding: str) -> msgspec.Struct:
@@ -127,7 +141,8 @@ def as_encoded(batch: KVEventBatch, encoding: str) -> msgspec.Struct:
         return batch
     if encoding != "map":
         raise ValueError(f"unknown KV event encoding {encoding!r}; one of {ENCODINGS}")
-    return _KVEventBatchMaps(batch.ts, [_AS_MAP[type(e)](*msgspec.structs.astuple(e)) for e in batch.events])
+    return _KVEventBatchMaps(batch.ts, [_AS_MAP[type(e)](*msgspec.structs.astuple(e)) for e in batch.events],
+                             batch.data_parallel_rank)
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:

@@ -12,6 +12,21 @@ import zmq
 from kvloop.engine.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 END_SEQ = -1
+_TYPES = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
+
+
+class _Decoder:
+    """A batch in either encoding (events as tagged maps or as arrays) into vLLM-shaped structs."""
+
+    def __init__(self):
+        self.arrays = msgspec.msgpack.Decoder(KVEventBatch)
+
+    def decode(self, payload: bytes) -> KVEventBatch:
+        plain = msgspec.msgpack.decode(payload)
+        if not plain[1] or isinstance(plain[1][0], list):
+            return self.arrays.decode(payload)
+        events = [_TYPES[e.pop("type")](**e) for e in plain[1]]
+        return KVEventBatch(plain[0], events, *plain[2:])
 
 
 class Subscriber:
@@ -24,7 +39,7 @@ class Subscriber:
         self.topic = topic.encode()
         self.replay_endpoint = replay_endpoint
         self.batches: dict[int, KVEventBatch] = {}  # sequence number -> batch
-        self.decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        self.decoder = _Decoder()
 
     def close(self) -> None:
         self.sub.close()

@@ -78,7 +78,8 @@ def test_stored_events_name_the_indexed_blocks(evented):
 
 
 def test_evictions_are_removed_events_and_the_mirror_matches(evented):
-    engine, sub = evented(kv_cache_tokens=8 * 16)  # 8 blocks: each request evicts the last one's
+    # 8 blocks: each request evicts the last one's; events as arrays (llm-d's form) here
+    engine, sub = evented(kv_cache_tokens=8 * 16, kv_events_encoding="array")
     for i in range(4):
         run(engine, f"r{i}", tokens(10 + i, 60), n=4)
     run(engine, "again", tokens(10, 60), n=4)  # a prefix hit on what is still cached, then more evictions
@@ -118,14 +119,14 @@ def test_events_off_costs_no_socket(make_engine):
     assert engine.kv.events_publisher is None and engine.kv.index.events is None
 
 
-def test_wire_format_is_vllm_array_like():
+def test_array_encoding_is_vllm_array_like():
     """A batch is [ts, [events]]; an event is [tag, fields...] with trailing defaults left out, as vLLM's
     array_like msgspec structs and llm-d's decoder (an array led by the tag string) read them."""
     raw = [("stored", 5, ROOT, bytes(8 * 2)), ("stored", 6, 5, bytes(8 * 2)), ("removed", 5), ("cleared",)]
     batch = KVEventBatch(1.5, to_events(raw, 2))
     plain = msgspec.msgpack.decode(msgspec.msgpack.encode(batch))
     assert plain == [1.5, [["BlockStored", [5, 6], None, [0, 0, 0, 0], 2, None, "GPU"],
-                           ["BlockRemoved", [5], "GPU"], ["AllBlocksCleared"]]]
+                           ["BlockRemoved", [5], "GPU"], ["AllBlocksCleared"]], 0]
 
 
 def llm_d_keys(ids: list[int], block_size: int, seed: str) -> list[int]:
@@ -164,8 +165,9 @@ def test_vllm_hashes_are_what_llm_d_computes_from_the_prompt(evented):
 
 
 def test_map_encoding_is_an_array_of_tagged_maps():
-    """--kv-events-encoding map: the batch an array, each event a map tagged by "type" (vllm-router's
-    decoder); defaults left out as vLLM's omit_defaults does."""
+    """--kv-events-encoding map (the default): the batch [ts, events, rank], each event a map tagged by
+    "type" (vllm-router's decoder, Dynamo's documented form); defaults left out as vLLM's omit_defaults
+    does."""
     from kvloop.engine.kv.kv_events import as_encoded
 
     raw = [("stored", 5, ROOT, bytes(8 * 2)), ("removed", 5), ("cleared",)]
@@ -174,6 +176,10 @@ def test_map_encoding_is_an_array_of_tagged_maps():
     assert plain == [2.5, [{"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None,
                             "token_ids": [0, 0], "block_size": 2, "medium": "GPU"},
                            {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU"},
-                           {"type": "AllBlocksCleared"}]]
+                           {"type": "AllBlocksCleared"}], 0]
     with pytest.raises(ValueError, match="encoding"):
         as_encoded(batch, "json")
+
+
+def test_wire_hashes_fit_signed_and_unsigned_readers():
+    assert wire_hash((1 << 128) - 1) == (1 << 63) - 1  # non-negative, below 2**63
