@@ -183,3 +183,29 @@ def test_map_encoding_is_an_array_of_tagged_maps():
 
 def test_wire_hashes_fit_signed_and_unsigned_readers():
     assert wire_hash((1 << 128) - 1) == (1 << 63) - 1  # non-negative, below 2**63
+
+
+def test_a_full_buffer_drops_counted_and_clears_the_routers_view():
+    from kvloop.engine.kv.event_log import KVEventLog, TokenRecordingHasher
+
+    hasher = TokenRecordingHasher(2, b"", capacity=4)
+    keys = hasher(list(range(8)))
+    log = KVEventLog(hasher, capacity=2)
+    log.stored(keys[0], ROOT)
+    log.stored(keys[1], keys[0])
+    log.stored(keys[2], keys[1])  # dropped: the buffer holds two
+    assert log.dropped == 1
+    events = to_events(log.drain(), 2)
+    assert [type(e) for e in events] == [BlockStored, AllBlocksCleared]  # what came before, then a clear
+    assert events[0].token_ids == [0, 1, 2, 3]
+    assert log.drain() == []  # the clear is sent once
+
+
+def test_token_ids_outlive_one_generation_of_the_hasher():
+    from kvloop.engine.kv.event_log import TokenRecordingHasher, unpack_ids
+
+    hasher = TokenRecordingHasher(2, b"", capacity=4)
+    first = hasher([7, 8, 9, 10])
+    hasher(list(range(100, 112)))  # six more blocks: past the capacity, the next call starts a generation
+    hasher([1, 2])
+    assert unpack_ids(hasher.packed_ids(first[1])) == [9, 10]  # still in the previous generation
