@@ -120,6 +120,7 @@ class KVEventPublisher:
                 self._replay.close()
                 raise ValueError(f"kv events replay endpoint {replay_endpoint!r}: {exc}") from exc
         self._encode = encoder().encode
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self.events.cleared()  # the first batch: forget whatever this endpoint held before a restart
         self._thread = threading.Thread(target=self._run, name="kvloop-kv-events", daemon=True)
@@ -152,30 +153,38 @@ class KVEventPublisher:
                 return
 
     def publish_pending(self) -> None:
-        raw = self.events.drain()
-        if not raw:
-            return
-        batch = KVEventBatch(time.time(), to_events(raw, self.block_size, self.hashes))
-        payload = self._encode(as_encoded(batch, self.encoding))
-        seq = self.next_seq
-        self.next_seq += 1
-        self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
-        self._replay_buffer.append((seq, payload))
-        self.batches_sent += 1
+        """Sends what the engine recorded since the last call as one batch (the thread's turn; tests call it
+        too: the lock keeps drains, hashes and sequence numbers in one order)."""
+        with self._lock:
+            raw = self.events.drain()
+            if not raw:
+                return
+            batch = KVEventBatch(time.time(), to_events(raw, self.block_size, self.hashes))
+            payload = self._encode(as_encoded(batch, self.encoding))
+            seq = self.next_seq
+            self.next_seq += 1
+            self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+            self._replay_buffer.append((seq, payload))
+            self.batches_sent += 1
 
     def _serve_replays(self) -> None:
         replay = self._replay
         while replay is not None and replay.poll(0):
-            frames = replay.recv_multipart()
-            if len(frames) != 3:
-                log.warning("KV events: a replay request of %d frames ignored", len(frames))
-                continue
-            client, _, start = frames
-            first = int.from_bytes(start, "big")
-            for seq, payload in list(self._replay_buffer):
-                if seq >= first:
-                    replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-            replay.send_multipart((client, b"", END_SEQ, b""))
+            with self._lock:  # the buffer is appended to under it
+                self._answer_replay(replay)
+
+    def _answer_replay(self, replay) -> None:
+        """One request: every buffered batch from the asked sequence number on, then the end marker."""
+        frames = replay.recv_multipart()
+        if len(frames) != 3:
+            log.warning("KV events: a replay request of %d frames ignored", len(frames))
+            return
+        client, _, start = frames
+        first = int.from_bytes(start, "big")
+        for seq, payload in self._replay_buffer:
+            if seq >= first:
+                replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        replay.send_multipart((client, b"", END_SEQ, b""))
 
     def close(self) -> None:
         """Publishes what is pending, stops the thread and closes the sockets."""
