@@ -43,6 +43,11 @@ WATERMARK = Knob("watermark", float, "share of the device pool", 0.0, 1.0, hi_op
 STEP_TOKEN_BUDGET = Knob("step_token_budget", int, "tokens", 1, 1 << 24,
                          doc="tokens one step may schedule (the prefill chunk size); TPOT rises with it")
 KNOBS: tuple[Knob, ...] = (BATCH_CAP, WATERMARK, STEP_TOKEN_BUDGET)
+# A live knob not yet in KNOBS (so not yet in the control block's targets): the sidecar's laws emit one value
+# per KNOBS entry, and adding it there is theirs to do with a layout bump. Knobs.set clamps it to [0, the
+# configured --speculation-max-tokens]: a coordinator caps speculation, never raises it past the operator's.
+SPECULATION_MAX_TOKENS = Knob("speculation_max_tokens", int, "tokens", 0, 1 << 16,
+                              doc="proposed tokens per request and step at most (0: no speculation)")
 
 BUDGET_FLOOR = 16  # tokens: the live step budget stays at or above one block and at least this
 
@@ -60,15 +65,18 @@ class Knobs:
     """The live values (plain attributes: the scheduler and the KV manager read them on every admission and
     allocation). Write them through `set`, which checks and clamps."""
 
-    __slots__ = ("batch_cap", "watermark", "step_token_budget", "configured", "budget_floor")
+    __slots__ = ("batch_cap", "watermark", "step_token_budget", "speculation_max_tokens", "configured",
+                 "speculation_configured", "budget_floor")
 
-    def __init__(self, batch_cap: int, watermark: float, step_token_budget: int, block_size: int = 1):
+    def __init__(self, batch_cap: int, watermark: float, step_token_budget: int, block_size: int = 1,
+                 speculation_max_tokens: int = 0):
         if step_token_budget < 1:
             raise ValueError("step_token_budget must be >= 1")
         self.configured = KnobValues(int(batch_cap), float(watermark), int(step_token_budget))
+        self.speculation_configured = max(0, int(speculation_max_tokens))  # the cap's ceiling
         self.budget_floor = min(int(step_token_budget), max(BUDGET_FLOOR, block_size))
-        self.batch_cap, self.watermark, self.step_token_budget = 0, 0.0, 0
-        self.set(batch_cap, watermark, step_token_budget)
+        self.batch_cap, self.watermark, self.step_token_budget, self.speculation_max_tokens = 0, 0.0, 0, 0
+        self.set(batch_cap, watermark, step_token_budget, speculation_max_tokens)
 
     @property
     def budget_ceiling(self) -> int:
@@ -76,7 +84,7 @@ class Knobs:
         return self.configured.step_token_budget
 
     def set(self, batch_cap: int | None = None, watermark: float | None = None,
-            step_token_budget: int | None = None) -> None:
+            step_token_budget: int | None = None, speculation_max_tokens: int | None = None) -> None:
         """Sets the knobs given (None: leave it). A batch cap or watermark outside its range raises (the
         control link drops such targets before); the step budget is clamped to [floor, ceiling]."""
         if batch_cap is not None:
@@ -89,6 +97,8 @@ class Knobs:
             self.watermark = float(watermark)
         if step_token_budget is not None:
             self.step_token_budget = max(self.budget_floor, min(int(step_token_budget), self.budget_ceiling))
+        if speculation_max_tokens is not None:  # a cap: within [0, the configured value]
+            self.speculation_max_tokens = max(0, min(int(speculation_max_tokens), self.speculation_configured))
 
     def values(self) -> KnobValues:
         return KnobValues(self.batch_cap, self.watermark, self.step_token_budget)

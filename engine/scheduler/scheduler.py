@@ -85,10 +85,10 @@ class Scheduler:
         self.slo_ledger = SloLedger(config.slo)
         # the live knobs, starting at the configured values; the KV manager reads the watermark from the same
         self.knobs = Knobs(config.max_num_seqs, kv.config.watermark, config.max_num_batched_tokens,
-                           kv.block_size)
+                           kv.block_size, config.speculation_max_tokens)
         kv.knobs = self.knobs
         # prompt-lookup speculation (the engine sets its exactness bound from the model's linears)
-        self.speculator = Speculator(config.speculation, config.speculation_max_tokens)
+        self.speculator = Speculator(config.speculation, self.knobs)
 
     # ---- knobs and counters ---------------------------------------------------------------------
     @property

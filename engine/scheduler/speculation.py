@@ -117,19 +117,22 @@ class Speculator:
     decode row's linears free (the weights are read once for all rows: the bf16-weight kernel's
     decode-sized steps, kernels/cpu/linear_bf16w.dense_above_rows); past it `auto` proposes nothing."""
 
-    def __init__(self, mode: str, max_tokens: int, size_classes: list[int] | None = None,
-                 free_tokens: int = 12):
+    def __init__(self, mode: str, knobs, size_classes: list[int] | None = None, free_tokens: int = 12):
+        """knobs: the scheduler's live knobs (core/knobs.py), whose speculation_max_tokens caps proposals (the
+        configured value, or the coordinator's lower one)."""
         if mode not in MODES:
             raise ValueError(f"speculation must be one of {MODES}")
-        if max_tokens < 0:
-            raise ValueError("speculation_max_tokens must be >= 0")
         self.mode = mode
-        self.max_tokens = max_tokens  # the live cap (the coordinator may lower it)
+        self.knobs = knobs
         self.size_classes = size_classes
         self.free_tokens = free_tokens
         self.acceptance: dict[int, Acceptance] = {}  # by Sequence id; dropped when it finishes
         self.stats = SpeculationStats()
         self.step_us: float | None = None  # recent decode steps' duration (EMA), the auto rule's scale
+
+    @property
+    def max_tokens(self) -> int:
+        return self.knobs.speculation_max_tokens
 
     @property
     def active(self) -> bool:

@@ -5,6 +5,7 @@ from free blocks only and given back past the accepted point, and the counters' 
 from __future__ import annotations
 
 from kvloop.engine.core.batch import ScheduledBatch, ScheduledSeq
+from kvloop.engine.core.knobs import Knobs
 from kvloop.engine.core.sampling import SamplingParams
 from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.core.snapshot import EngineSnapshot
@@ -50,7 +51,7 @@ def rows(kv: KVCacheManager, n: int, tokens: list[int]) -> ScheduledBatch:
 def test_assign_yields_and_gives_blocks_back():
     kv = KVCacheManager(8, 4, KVConfig(mode="continuous"))
     tokens = [1, 2, 3, 1, 2, 3, 1, 2]  # two full blocks: proposals need a third
-    spec = Speculator("ngram", 4)
+    spec = Speculator("ngram", Knobs(8, 0.0, 64, speculation_max_tokens=4))
     batch = rows(kv, 1, tokens)
     spec.assign(batch, 100, kv, waiting=True, row_cost_us=lambda c: 0.0)
     item = batch.decodes[0]
@@ -62,7 +63,7 @@ def test_assign_yields_and_gives_blocks_back():
     item.seq.token_ids[-2:] = []  # as if a step had kept none: 8 tokens, the third block past them
     spec.settle(item, [9], kv)
     assert len(item.seq.block_table) == 2 and kv.num_free_blocks == 6
-    auto = Speculator("auto", 4)
+    auto = Speculator("auto", Knobs(8, 0.0, 64, speculation_max_tokens=4))
     auto.observe_step(0.02)
     batch = rows(kv, 1, tokens[:6])
     auto.assign(batch, 100, kv, waiting=True, row_cost_us=lambda c: 0.0)
@@ -78,7 +79,7 @@ def test_assign_yields_and_gives_blocks_back():
 def test_assign_takes_free_blocks_only():
     kv = KVCacheManager(2, 4, KVConfig(mode="continuous"))
     batch = rows(kv, 1, [1, 2, 1, 2, 1, 2, 1, 2])  # holds both blocks, full
-    Speculator("ngram", 4).assign(batch, 100, kv, waiting=False, row_cost_us=lambda c: 0.0)
+    Speculator("ngram", Knobs(8, 0.0, 64, speculation_max_tokens=4)).assign(batch, 100, kv, waiting=False, row_cost_us=lambda c: 0.0)
     assert batch.decodes[0].draft == []  # no free block: no proposal, no eviction, no preemption
 
 
@@ -94,3 +95,17 @@ def test_prometheus_names():
     assert samples[("vllm:spec_decode_num_draft_tokens_total", None)] == 9
     assert samples[("vllm:spec_decode_num_accepted_tokens_total", None)] == 5
     assert samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", "1")] == 2
+
+
+def test_the_coordinator_caps_speculation():
+    knobs = Knobs(8, 0.0, 64, speculation_max_tokens=4)
+    spec = Speculator("ngram", knobs)
+    knobs.set(speculation_max_tokens=9)
+    assert spec.max_tokens == 4  # never past the configured value
+    knobs.set(speculation_max_tokens=1)
+    kv = KVCacheManager(8, 4, KVConfig(mode="continuous"))
+    batch = rows(kv, 1, [1, 2, 3, 1, 2, 3, 1, 2])
+    spec.assign(batch, 100, kv, waiting=False, row_cost_us=lambda c: 0.0)
+    assert batch.decodes[0].draft == [3]
+    knobs.set(speculation_max_tokens=0)
+    assert not spec.active
