@@ -61,7 +61,7 @@ SPECULATION = Default(
 SPECULATION_MAX_TOKENS = Default(
     4, "proposed tokens per request and step",
     "issue 56's 4-8 proposals at about one decode row's cost each while the step is small; 4 keeps a "
-    "single stream's verifying step within the bf16-weight kernel's 12 decode-sized rows with room for others")
+    "single stream's verifying step within the bf16-weight kernel's 12 decode-sized rows, room for others")
 
 # ---- the SLO (engine/core/slo.py): what a good request is ------------------------------------------------
 _SLO_WHY = "../shared/WORKLOADS.md, 'The SLO, goodput and capacity' (issue 57): the project's one objective"

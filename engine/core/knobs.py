@@ -98,7 +98,8 @@ class Knobs:
         if step_token_budget is not None:
             self.step_token_budget = max(self.budget_floor, min(int(step_token_budget), self.budget_ceiling))
         if speculation_max_tokens is not None:  # a cap: within [0, the configured value]
-            self.speculation_max_tokens = max(0, min(int(speculation_max_tokens), self.speculation_configured))
+            cap = min(int(speculation_max_tokens), self.speculation_configured)
+            self.speculation_max_tokens = max(0, cap)
 
     def values(self) -> KnobValues:
         return KnobValues(self.batch_cap, self.watermark, self.step_token_budget)

@@ -65,7 +65,8 @@ class ModelRunner:
         # arithmetic of an ordinary decode step at that position (the layer writes the whole step's K/V
         # before any row attends, so a proposal sees the ones before it)
         entries = [(item.seq, item.start, item.seq.token_ids[item.start]) for item in batch.decodes]
-        entries += [(item.seq, item.start + 1 + j, t) for item in batch.decodes for j, t in enumerate(item.draft)]
+        entries += [(item.seq, item.start + 1 + j, t)
+                    for item in batch.decodes for j, t in enumerate(item.draft)]
         for seq, pos, token in entries:
             ids.append(token)
             positions.append(pos)

@@ -18,7 +18,8 @@ PROBE_ROWS = 20  # past this the class of PROBE_ROWS holds (the GEMMs probed her
 # bf16 model's kernel/oneDNN switch is at 12); the probe's cost grows with its square (~1-3 s at 20 here)
 
 
-_probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its classes (engines share a model)
+# model -> its classes (engines over one model share them)
+_probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def size_classes(model, rows: int = PROBE_ROWS) -> list[int]:

@@ -44,7 +44,8 @@ def propose(tokens: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRA
 
 
 def same_class_limit(classes: list[int], tokens: int) -> int | None:
-    """Over size classes (runner/row_invariance.py): the largest step size with the class of a `tokens`-token step; None: no bound (past the probe)."""
+    """Over size classes (runner/row_invariance.py): the largest step size with the class of a
+    `tokens`-token step; None: no bound (past the probe)."""
     if tokens >= len(classes) - 1:
         return None
     c = classes[tokens]
@@ -113,9 +114,10 @@ class Speculator:
 
     `size_classes`: the step sizes whose rows the model's linears round alike (runner/row_invariance.py;
     None: every size alike): proposals never carry a step (nor its sampled rows, the head's) into another
-    class, so every row runs the arithmetic it would run without them. `free_tokens`: the step size up to which `auto` counts an extra
-    decode row's linears free (the weights are read once for all rows: the bf16-weight kernel's
-    decode-sized steps, kernels/cpu/linear_bf16w.dense_above_rows); past it `auto` proposes nothing."""
+    class, so every row runs the arithmetic it would run without them. `free_tokens`: the step size up to
+    which `auto` counts an extra decode row's linears free (the weights are read once for all rows: the
+    bf16-weight kernel's decode-sized steps, kernels/cpu/linear_bf16w.dense_above_rows); past it `auto`
+    proposes nothing."""
 
     def __init__(self, mode: str, knobs, size_classes: list[int] | None = None, free_tokens: int = 12):
         """knobs: the scheduler's live knobs (core/knobs.py), whose speculation_max_tokens caps proposals (the

@@ -173,14 +173,16 @@ CACHE = KVConfig(min_prefix_tokens=16, admit_min_requests=1)  # every finished b
 
 def test_prefix_cache_hit_after_speculation(make_fast, prompts):
     ids = prompts[1]
-    off = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), [("a", ids, greedy(24, ignore_eos=True))])
+    answer = [("a", ids, greedy(24, ignore_eos=True))]
+    off = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), answer)
     eng = make_fast(speculation="ngram", kv_cache_tokens=2048, kv=CACHE)
-    first = run(eng, [("a", ids, greedy(24, ignore_eos=True))])
+    first = run(eng, answer)
     same(off, first)
     # the whole first answer as a prompt: its blocks (accepted tokens only) come from the cache
     again = ids + first["a"].token_ids
-    cold = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), [("b", again, greedy(16, ignore_eos=True))])
-    hit = run(eng, [("b", again, greedy(16, ignore_eos=True))])
+    follow_up = [("b", again, greedy(16, ignore_eos=True))]
+    cold = run(make_fast(speculation="off", kv_cache_tokens=2048, kv=CACHE), follow_up)
+    hit = run(eng, follow_up)
     assert hit["b"].num_cached_tokens > len(ids)
     same(cold, hit)
     assert eng.scheduler.speculator.stats.num_accepted_tokens > 0

@@ -11,8 +11,13 @@ from kvloop.engine.core.sequence import Sequence
 from kvloop.engine.core.snapshot import EngineSnapshot
 from kvloop.engine.kv.config import KVConfig
 from kvloop.engine.kv.manager import KVCacheManager
-from kvloop.engine.scheduler.speculation import (Speculator, auto_length, expected_gain, propose,
-                                                 same_class_limit)
+from kvloop.engine.scheduler.speculation import (
+    Speculator,
+    auto_length,
+    expected_gain,
+    propose,
+    same_class_limit,
+)
 from kvloop.engine.server.metrics import SnapshotCollector
 
 
@@ -79,7 +84,8 @@ def test_assign_yields_and_gives_blocks_back():
 def test_assign_takes_free_blocks_only():
     kv = KVCacheManager(2, 4, KVConfig(mode="continuous"))
     batch = rows(kv, 1, [1, 2, 1, 2, 1, 2, 1, 2])  # holds both blocks, full
-    Speculator("ngram", Knobs(8, 0.0, 64, speculation_max_tokens=4)).assign(batch, 100, kv, waiting=False, row_cost_us=lambda c: 0.0)
+    spec = Speculator("ngram", Knobs(8, 0.0, 64, speculation_max_tokens=4))
+    spec.assign(batch, 100, kv, waiting=False, row_cost_us=lambda c: 0.0)
     assert batch.decodes[0].draft == []  # no free block: no proposal, no eviction, no preemption
 
 
@@ -89,7 +95,8 @@ def test_prometheus_names():
     families = {f.name: f for f in SnapshotCollector(lambda: snap, "m", {}).collect()}
     samples = {(s.name, s.labels.get("position")): s.value
                for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                            "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+                            "vllm:spec_decode_num_accepted_tokens",
+                            "vllm:spec_decode_num_accepted_tokens_per_pos")
                for s in families[name].samples}
     assert samples[("vllm:spec_decode_num_drafts_total", None)] == 3
     assert samples[("vllm:spec_decode_num_draft_tokens_total", None)] == 9
