@@ -234,3 +234,20 @@ def test_sampling_keeps_the_target_distribution():
         expected = dists[pos] * n
         chi2 = float(((counts[pos] - expected) ** 2 / expected).sum())
         assert n > 100 and chi2 < 16.27, (pos, counts[pos].tolist(), chi2)
+
+
+def test_auto_exact_and_yields_to_waiting(make_fast, prompts):
+    """auto speculates on a small step (by the measured step and the attention cost model) and gives the same
+    tokens; while a request waits for a row (batch cap 1) it proposes nothing."""
+    reqs = [("a", prompts[3], greedy(16, ignore_eos=True))]
+    off = run(make_fast(speculation="off", kv_cache_tokens=2048), reqs)
+    eng = make_fast(speculation="auto", kv_cache_tokens=2048)
+    same(off, run(eng, reqs))
+    assert eng.scheduler.speculator.stats.num_accepted_tokens > 0
+    eng = make_fast(speculation="auto", kv_cache_tokens=2048, max_num_seqs=1, mode="continuous")
+    eng.add_request("first", prompts[3], greedy(8, ignore_eos=True))
+    eng.add_request("second", prompts[1], greedy(2, ignore_eos=True))
+    while eng.scheduler.waiting:
+        eng.step()
+        assert eng.scheduler.speculator.stats.num_draft_tokens == 0
+    eng.drain(max_steps=100)
