@@ -251,3 +251,29 @@ def test_auto_exact_and_yields_to_waiting(make_fast, prompts):
         eng.step()
         assert eng.scheduler.speculator.stats.num_draft_tokens == 0
     eng.drain(max_steps=100)
+
+
+def test_process_backend_output_path(make_fast, tokenizer, prompts):
+    """The process backend's path: the core sends token ids only (several per step when proposals are
+    accepted), the API process detokenizes them and matches stop strings (server/front_output.py): the same
+    text and tokens as the in-process engine's, the stop string mid-step included."""
+    from kvloop.engine.server.front_output import FrontOutput, params_for_core
+
+    params = greedy(24, ignore_eos=True, stop=[" 17,"])
+    expected = run(make_fast(speculation="off", kv_cache_tokens=2048), [("p", prompts[3], params)])["p"]
+    core = make_fast(speculation="ngram", kv_cache_tokens=2048)
+    core.detokenize = False
+    core.add_request("p", prompts[3], params_for_core(params))
+    front = FrontOutput("p", params, tokenizer)
+    result, stopped = None, False
+    for _ in range(100):
+        for out in core.step():
+            result, stopped = front.apply(out)
+        if stopped or (result is not None and result.finished):
+            break
+    if stopped:
+        core.abort("p", "stop")
+    assert result.text == expected.text and result.token_ids == expected.token_ids
+    assert result.finish_reason == "stop"
+    assert core.scheduler.speculator.stats.num_accepted_tokens > 0
+    assert core.kv.num_free_blocks == core.kv.num_blocks
