@@ -155,6 +155,7 @@ class EngineCore:
         # auto counts decode-sized steps' extra rows free up to the bf16-weight kernel's bound
         if self.scheduler.speculator.mode != "off":  # a probe of a second or so: only where it is needed
             self.scheduler.speculator.size_classes = size_classes(model)
+        self.scheduler.speculator.model_layers = model.cfg.num_layers
         self.scheduler.speculator.free_tokens = (linear_bf16w.dense_above_rows()
                                                  or self.scheduler.speculator.free_tokens)
         log.info("start-up: KV pool and model runner ready at %.1f s", time.perf_counter() - started)

@@ -188,8 +188,11 @@ class Scheduler:
         self.admit(batch, budget, now)
         if self.speculator.active and batch.decodes:
             # proposals last: they take only the budget and free blocks that running and admitted rows left
+            # one more decode row's attention over the model's layers (the step-cost model: step_cost.py)
+            per_layer = self.step_cost.attention.plain_us
+            layers = self.speculator.model_layers
             self.speculator.assign(batch, step_budget - batch.num_tokens, self.kv, bool(self.waiting),
-                                   lambda context: self.step_cost.decode_us([context]))
+                                   lambda context: layers * per_layer([context]))
         return batch
 
     def step_budget(self, decoding: Callable[[], bool]) -> int:

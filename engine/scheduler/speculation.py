@@ -130,6 +130,7 @@ class Speculator:
         self.free_tokens = free_tokens
         self.acceptance: dict[int, Acceptance] = {}  # by Sequence id; dropped when it finishes
         self.stats = SpeculationStats()
+        self.model_layers = 1  # the engine sets its model's: row_cost_us prices one layer's attention
         self.step_us: float | None = None  # recent decode steps' duration (EMA), the auto rule's scale
 
     @property
@@ -181,9 +182,9 @@ class Speculator:
             draft = propose(seq.token_ids, k)
             if not draft:
                 continue
-            # slots: the row's blocks, grown from free blocks only
+            # slots: the row's blocks, grown from free blocks only (never evicting a cached one)
             need = -(-(item.start + 1 + len(draft)) // bs) - len(seq.block_table)
-            if need > 0 and (need > kv.num_free_blocks or not kv.allocate(seq, item.start + 1 + len(draft))):
+            if need > 0 and (need > kv.pool.num_free or not kv.allocate(seq, item.start + 1 + len(draft))):
                 draft = draft[: len(seq.block_table) * bs - item.start - 1]
                 if not draft:
                     continue
