@@ -10,6 +10,10 @@ robin's: routing alone, the tier alone, both. Speed: 8 replicas at 80 requests/s
 of arrivals; the CPU time of a simulated hour is extrapolated from the difference (the drain cancels).
 
     .venv/bin/python bench/fleet_h200.py [--w1-s 60] [--mooncake-s 600] [--speed-s 10]
+
+The committed fleet_h200.* ran `--w1-s 20 --mooncake-s 300 --speed-s 5` (9 minutes on a shared 2-core VM),
+fleet_h200_load1.5.* `--load 1.5 --w1-s 20 --mooncake-s 300 --speed-s 0 --stem fleet_h200_load1.5`; the
+matrix's windows (`--w1-s 90 --mooncake-s 600 --speed-s 30`) take about 20 CPU minutes.
 """
 
 from __future__ import annotations
