@@ -6,18 +6,21 @@
 # its own, the rest are stopped too.
 #
 #   scripts/serve_fleet.sh [--pods N] [--base-port P] [--router-port P] [--policy POLICY] [--store]
-#                          [-- extra kvloop serve arguments]
+#                          [--keep-going] [-- extra kvloop serve arguments]
+#   --keep-going: a pod or the store exiting does not stop the fleet (only the router's exit does): a
+#   benchmark kills a pod or the store on purpose and watches the rest serve on.
 #   POLICY: cache_aware (default: the router's radix tree of the prompts it routed), round_robin,
 #   power_of_two, random, consistent_hash, or kv_aware (the router subscribes to each pod's KV events:
 #   needs `kvloop serve --kv-events-endpoint`).
 #   env: KVLOOP ROUTER HOST SIDECAR_BASE_PORT EVENTS_BASE_PORT STORE_PORT ROUTER_METRICS_PORT BLOCK_SIZE
 #        KV_EVENT_MODEL (kv_aware: the model name clients send; default "default") SHUTDOWN_GRACE READY_TIMEOUT
+#        ROUTER_ARGS (extra vllm-router arguments, e.g. "--health-check-interval-secs 1")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KVLOOP=${KVLOOP:-.venv/bin/kvloop}
 ROUTER=${ROUTER:-$( [ -x .venv/bin/vllm-router ] && echo .venv/bin/vllm-router || command -v vllm-router )}
 HOST=${HOST:-127.0.0.1}
-PODS=2 BASE_PORT=8000 ROUTER_PORT=8080 POLICY=cache_aware STORE=0
+PODS=2 BASE_PORT=8000 ROUTER_PORT=8080 POLICY=cache_aware STORE=0 KEEP_GOING=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --pods) PODS=$2; shift 2 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
         --router-port) ROUTER_PORT=$2; shift 2 ;;
         --policy) POLICY=$2; shift 2 ;;
         --store) STORE=1; shift ;;
+        --keep-going) KEEP_GOING=1; shift ;;
         --) shift; break ;;
         *) echo "serve_fleet: unknown option $1 (extra serve arguments go after --)" >&2; exit 2 ;;
     esac
@@ -59,6 +63,7 @@ pod_args=(--block-size "$BLOCK_SIZE")
 if [ "$STORE" = 1 ]; then
     redis-server --bind "$HOST" --port "$STORE_PORT" --save "" --appendonly no --loglevel warning &
     store=$!
+    echo "serve_fleet: store pid $store on $HOST:$STORE_PORT"
     if has_flag --kv-remote-url; then
         pod_args+=(--kv-remote-url "redis://$HOST:$STORE_PORT/0")
     else
@@ -102,12 +107,17 @@ for i in $(seq 0 $((PODS - 1))); do
         sleep 0.5
     done
 done
-"$ROUTER" "${router_args[@]}" &
+# shellcheck disable=SC2086  # ROUTER_ARGS is a list of words on purpose
+"$ROUTER" "${router_args[@]}" ${ROUTER_ARGS:-} &
 router=$!
 echo "serve_fleet: $PODS pods on $HOST:$BASE_PORT-$((BASE_PORT + PODS - 1)), router ($POLICY) at" \
      "http://$HOST:$ROUTER_PORT/v1${store:+, store redis://$HOST:$STORE_PORT/0}"
 
-wait -n "$router" "${pids[@]}" ${store:+"$store"}
+if [ "$KEEP_GOING" = 1 ]; then
+    wait "$router"
+else
+    wait -n "$router" "${pids[@]}" ${store:+"$store"}
+fi
 rc=$?
 echo "serve_fleet: a process exited ($rc); stopping the rest"
 stop
