@@ -116,3 +116,21 @@ def test_the_coordinator_caps_speculation():
     assert batch.decodes[0].draft == [3]
     knobs.set(speculation_max_tokens=0)
     assert not spec.active
+
+
+def test_settings_file_and_bad_values(tmp_path):
+    import pytest
+
+    from kvloop.engine.scheduler.config import SchedulerConfig
+    from kvloop.engine.settings_file import SettingsFileError, load_engine_settings
+
+    path = tmp_path / "engine.yaml"
+    path.write_text("speculation: ngram\nspeculation_max_tokens: 3\n")
+    config, _ = load_engine_settings(path)
+    assert (config.scheduler.speculation, config.scheduler.speculation_max_tokens) == ("ngram", 3)
+    path.write_text("speculation: maybe\n")
+    with pytest.raises(SettingsFileError, match="speculation must be one of"):
+        load_engine_settings(path)
+    with pytest.raises(ValueError, match="speculation_max_tokens must be >= 0"):
+        SchedulerConfig(speculation_max_tokens=-1)
+    assert SchedulerConfig().speculation == "off"  # the default until measured (core/defaults.py)
