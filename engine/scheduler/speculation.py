@@ -29,17 +29,21 @@ def propose(tokens: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRA
     lo = max(0, end - lookback)
     window = tokens[lo:]
     w = len(window)
+    backwards = window[::-1]  # list.index from the end, in C: the candidates latest first
     for n in range(min(n_max, w - 1), n_min - 1, -1):
         suffix = window[w - n:]
-        # the latest earlier start i (i + n <= w - 1: the match ends before the suffix's last token)
         first = suffix[0]
-        i = w - n - 1
-        while i >= 0:
-            if window[i] == first and window[i:i + n] == suffix:
-                follow = window[i + n: i + n + k]
-                if follow:
-                    return follow
-            i -= 1
+        # the latest earlier start i (i + n <= w - 1: the match ends before the suffix's last token)
+        r = n  # backwards[r] is window[w - 1 - r]: starts at w - n - 1 and below
+        while True:
+            try:
+                r = backwards.index(first, r)
+            except ValueError:
+                break
+            i = w - 1 - r
+            if window[i:i + n] == suffix:
+                return window[i + n: i + n + k]
+            r += 1
     return []
 
 
