@@ -17,6 +17,7 @@ MODES = ("auto", "ngram", "off")
 NGRAM_MAX = 3  # vLLM's prompt_lookup_max default is 5 in examples; 3 matches short copied spans
 NGRAM_MIN = 1
 LOOKBACK = 1024  # tokens searched back from the end: keeps the proposer O(window) per row per step
+RECOVERY = 0.05  # auto: share of the way back to the prior acceptance per step a row did not speculate
 
 
 def propose(tokens: list[int], k: int, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN,
@@ -69,6 +70,11 @@ class Acceptance:
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed > 0:
             self.rate += self.weight * (accepted / proposed - self.rate)
+
+    def idle(self) -> None:
+        """A step without proposals: the rate drifts back toward the prior (RECOVERY of the way a step), so
+        a row whose text stopped repeating is tried again later rather than never."""
+        self.rate += RECOVERY * (Acceptance.rate - self.rate)
 
 
 @dataclass
@@ -179,8 +185,10 @@ class Speculator:
             p = seq.params
             k = min(self.max_tokens, room, p.max_tokens - seq.num_output_tokens - 1)
             if self.mode == "auto" and k > 0:
-                rate = self.acceptance.get(id(seq), Acceptance()).rate
-                k = auto_length(rate, k, row_cost_us(seq.num_tokens), self.step_us)
+                acceptance = self.acceptance.setdefault(id(seq), Acceptance())
+                k = auto_length(acceptance.rate, k, row_cost_us(seq.num_tokens), self.step_us)
+                if k <= 0:
+                    acceptance.idle()
             if k <= 0:
                 continue
             draft = propose(seq.token_ids, k)

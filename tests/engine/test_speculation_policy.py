@@ -134,3 +134,15 @@ def test_settings_file_and_bad_values(tmp_path):
     with pytest.raises(ValueError, match="speculation_max_tokens must be >= 0"):
         SchedulerConfig(speculation_max_tokens=-1)
     assert SchedulerConfig().speculation == "off"  # the default until measured (core/defaults.py)
+
+
+def test_a_row_that_stopped_accepting_is_tried_again():
+    from kvloop.engine.scheduler.speculation import Acceptance
+
+    a = Acceptance()
+    for _ in range(20):
+        a.observe(4, 0)
+    assert auto_length(a.rate, 4, row_cost_us=1_000.0, step_us=20_000.0) == 0
+    for _ in range(60):
+        a.idle()
+    assert auto_length(a.rate, 4, row_cost_us=1_000.0, step_us=20_000.0) > 0
