@@ -102,7 +102,10 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 # vllm-router 0.1.17's decoder takes (its wheel's messages: "KV event batch must be an array", "KV event must
 # be a tagged map", "KV event keys must be strings") and Dynamo documents (docs/pages/integrations/
 # kv-events-custom-engines.md: "[timestamp, [events], dp_rank]", each event "a dictionary with a type field").
-class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+# Every field is written, None as nil, with vLLM's later lora_name: vllm-router 0.1.17 refuses a BlockStored
+# without lora_id or lora_name ("kv_index decode batch: missing KV event field: lora_id", then "...: lora_name",
+# in its log in front of kvloop).
+class _MapEvent(msgspec.Struct, gc=False, tag=True):
     pass
 
 
@@ -113,6 +116,7 @@ class _BlockStoredMap(_MapEvent, tag="BlockStored"):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
 
 
 class _BlockRemovedMap(_MapEvent, tag="BlockRemoved"):

@@ -25,6 +25,8 @@ class _Decoder:
         plain = msgspec.msgpack.decode(payload)
         if not plain[1] or isinstance(plain[1][0], list):
             return self.arrays.decode(payload)
+        for e in plain[1]:
+            e.pop("lora_name", None)  # vLLM's later field, written nil for vllm-router; no adapters here
         events = [_TYPES[e.pop("type")](**e) for e in plain[1]]
         return KVEventBatch(plain[0], events, *plain[2:])
 

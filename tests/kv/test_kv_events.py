@@ -166,15 +166,16 @@ def test_vllm_hashes_are_what_llm_d_computes_from_the_prompt(evented):
 
 def test_map_encoding_is_an_array_of_tagged_maps():
     """--kv-events-encoding map (the default): the batch [ts, events, rank], each event a map tagged by
-    "type" (vllm-router's decoder, Dynamo's documented form); defaults left out as vLLM's omit_defaults
-    does."""
+    "type" (vllm-router's decoder, Dynamo's documented form); every field written (lora_id and lora_name as nil):
+    vllm-router 0.1.17 refuses a BlockStored without them."""
     from kvloop.engine.kv.kv_events import as_encoded
 
     raw = [("stored", 5, ROOT, bytes(8 * 2)), ("removed", 5), ("cleared",)]
     batch = KVEventBatch(2.5, to_events(raw, 2))
     plain = msgspec.msgpack.decode(msgspec.msgpack.encode(as_encoded(batch, "map")))
     assert plain == [2.5, [{"type": "BlockStored", "block_hashes": [5], "parent_block_hash": None,
-                            "token_ids": [0, 0], "block_size": 2, "medium": "GPU"},
+                            "token_ids": [0, 0], "block_size": 2, "lora_id": None, "medium": "GPU",
+                            "lora_name": None},
                            {"type": "BlockRemoved", "block_hashes": [5], "medium": "GPU"},
                            {"type": "AllBlocksCleared"}], 0]
     with pytest.raises(ValueError, match="encoding"):
