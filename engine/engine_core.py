@@ -164,7 +164,7 @@ class EngineCore:
             from kvloop.engine.structured.processor import GrammarMask
 
             self.runner.sampler.processors.append(GrammarMask(compiler_for(tokenizer, model.cfg.vocab_size)))
-        if self.kv.host is not None or self.kv.disk is not None:
+        if self.kv.host is not None or self.kv.disk is not None or self.kv.remote is not None:
             self.kv.attach_mover(TierMover.for_manager(self.kv, self.runner.kv_cache, fingerprint))
         self._states: dict[str, OutputState] = {}
         self._seqs: dict[str, Sequence] = {}

@@ -11,7 +11,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from remote_redis import RedisServer, wait_for
 
-from kvloop.engine.kv.mover_api import NullMover
 from kvloop.engine.kv.tier_mover import TierMover
 from kvloop.engine.server.metrics import EngineMetrics
 
@@ -35,11 +34,10 @@ def cold(make_engine):
 
 def remote_engine(make_engine, url: str, **kv):
     """An engine with the remote tier (and neither host nor disk tier: the hits below can come from it
-    alone). EngineCore wires the tier mover only where a host or disk tier exists, so it is wired here."""
+    alone); EngineCore wires the tier mover for a remote tier alone too."""
     engine = make_engine(kv_remote_url=url, kv_remote_timeout_ms=500, **kv)
     assert engine.kv.remote is not None
-    if isinstance(engine.kv.mover, NullMover):
-        engine.kv.attach_mover(TierMover.for_manager(engine.kv, engine.runner.kv_cache, engine.fingerprint))
+    assert isinstance(engine.kv.mover, TierMover)
     return engine
 
 
