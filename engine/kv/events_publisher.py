@@ -30,6 +30,7 @@ from kvloop.engine.kv.kv_events import (
     KVEventBatch,
     as_encoded,
     encoder,
+    expanded_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class KVEventPublisher:
         as_encoded(KVEventBatch(0.0, []), encoding)  # an unknown encoding raises here, before any socket
         self.block_size = block_size
         self.hashes = make_wire_hashes(hash_kind, hash_seed)  # raises on an unknown kind, before any socket
-        self.topic = topic.encode()
+        self.topic = expanded_topic(topic).encode()
         self.interval_s = interval_s
         self.next_seq = 0
         self.batches_sent = 0
@@ -133,7 +134,7 @@ class KVEventPublisher:
         events = KVEventLog()
         manager.attach_events(events)
         publisher = cls(events, manager.block_size, endpoint, topic, replay_endpoint, **kw)
-        log.info("KV events: publishing on %s (topic %r)%s", endpoint, topic,
+        log.info("KV events: publishing on %s (topic %r)%s", endpoint, publisher.topic.decode(),
                  f", replay on {replay_endpoint}" if replay_endpoint else "")
         return publisher
 

@@ -52,6 +52,7 @@ form llm-d's decoder above reads)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -59,6 +60,12 @@ import msgspec
 MEDIUM_GPU = "GPU"  # vLLM's name for the device pool (MEDIUM_GPU)
 MEDIUM_CPU = "CPU"  # vLLM's CPU offload medium
 _MASK63 = (1 << 63) - 1
+
+
+def expanded_topic(topic: str) -> str:
+    """The topic with environment variables expanded (`kv@${POD_IP}:8000@model`: the operator renders one
+    template for every pod and the kubelet sets POD_IP in each; an unset variable stays as written)."""
+    return os.path.expandvars(topic)
 
 
 def wire_hash(h: int) -> int:
@@ -103,8 +110,8 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 # be a tagged map", "KV event keys must be strings") and Dynamo documents (docs/pages/integrations/
 # kv-events-custom-engines.md: "[timestamp, [events], dp_rank]", each event "a dictionary with a type field").
 # Every field is written, None as nil, with vLLM's later lora_name: vllm-router 0.1.17 refuses a BlockStored
-# without lora_id or lora_name ("kv_index decode batch: missing KV event field: lora_id", then "...: lora_name",
-# in its log in front of kvloop).
+# without lora_id or lora_name ("kv_index decode batch: missing KV event field: lora_id", then the same for
+# lora_name, in its log in front of kvloop).
 class _MapEvent(msgspec.Struct, gc=False, tag=True):
     pass
 

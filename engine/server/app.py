@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvloop.engine.server import errors, render
+from kvloop.engine.server import errors, render, server_info
 from kvloop.engine.server.async_engine import AsyncEngine
 from kvloop.engine.server.chat import create_chat_completion
 from kvloop.engine.server.completions import create_completion
@@ -70,6 +70,7 @@ def build_app(engine: AsyncEngine, metrics: EngineMetrics, settings: ServerSetti
         return await create_completion(body, request, engine, settings)
 
     render.install(app, engine, settings)  # /v1/*/render, /tokenize, /detokenize: what routers call
+    server_info.install(app, engine, settings)  # /get_server_info, /kv_event_sources, /server_info
 
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health():
