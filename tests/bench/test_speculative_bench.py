@@ -149,23 +149,16 @@ def flag_missing() -> str | None:
 def test_smoke_run_on_live_servers(tmp_path, flag_missing):
     if flag_missing is not None:
         pytest.skip(f"waiting for issue 56's engine side: {flag_missing}")
-    # two settings keep it short (every server start is a model load); auto's cells run in the full benchmark
-    rc = main(["--smoke", "--phases", "copy,w1,identity", "--systems", "off,ngram",
-               "--w1-systems", "off,ngram",
-               "--subject", "ngram", "--identity-dtypes", "float32", "--serve-args", "--threads 1",
-               "--out", str(tmp_path), "--name", "smoke"])
+    # the copy phase only, two settings (every server start is a model load): the identity and W1 phases run
+    # in the full benchmark, and the engine's own tests hold speculation to the cold greedy tokens
+    rc = main(["--smoke", "--phases", "copy", "--systems", "off,ngram", "--subject", "ngram",
+               "--serve-args", "--threads 1", "--out", str(tmp_path), "--name", "smoke"])
     assert rc == 0
     r = json.loads((tmp_path / "smoke.json").read_text())
     assert (tmp_path / "smoke.md").exists() and len(r["goals"]) == 7
     cells = r["copy"]["cells"]
     assert {(c["system"], c["streams"]) for c in cells} == {(s, n) for s in ("off", "ngram") for n in (1, 4)}
     assert all(c["m"]["completed"] == c["sent"] and c["m"]["failed"] == 0 for c in cells)
-    assert {c["system"] for c in r["w1"]["cells"]} == {"off", "ngram"}
-    assert all(c["m"]["completed"] == c["sent"] for c in r["w1"]["cells"])
-    f32 = r["identity"]["paths"]["float32"]
-    assert f32["identical"] == f32["compared"] == r["identity"]["prompts"], f32
-    # the vllm:spec_decode_* counters, where the server exports them: ngram drafted on the copy cells
-    exported = [c for c in cells if c["spec"]["draft_tokens"] is not None]
-    if exported:
-        assert sum(c["spec"]["draft_tokens"] for c in exported if c["system"] == "ngram") > 0
-        assert f32["spec"]["draft_tokens"] > 0
+    # the vllm:spec_decode_* counters: ngram drafted on the copy cells, off never did
+    assert sum(c["spec"]["draft_tokens"] for c in cells if c["system"] == "ngram") > 0
+    assert all(not c["spec"]["draft_tokens"] for c in cells if c["system"] == "off")
