@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--doc-tokens", type=int, default=Plan.doc_tokens)
     p.add_argument("--docs", type=int, default=Plan.docs)
+    p.add_argument(
+        "--systems",
+        default="",
+        help="step 1's systems (default: all; --smoke: the first three) of "
+        + ", ".join(s[0] for s in SYSTEMS),
+    )
     p.add_argument("--estimate", action="store_true", help="print the run's estimated wall time and exit")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks that it runs, measures nothing")
     p.add_argument("--out", default="", help="results folder (default bench/results; --smoke: a temp dir)")
@@ -105,8 +111,15 @@ def main(argv: list[str] | None = None) -> dict | None:
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     if bad := [s for s in steps if s not in STEPS]:
         raise SystemExit(f"unknown steps {bad} (of {', '.join(STEPS)})")
+    systems = SYSTEMS[:3] if args.smoke else SYSTEMS
+    if args.systems:
+        wanted = [x.strip() for x in args.systems.split(",") if x.strip()]
+        if bad := sorted(set(wanted) - {s[0] for s in SYSTEMS}):
+            raise SystemExit(f"unknown systems {bad} (of {', '.join(s[0] for s in SYSTEMS)})")
+        systems = tuple(s for s in SYSTEMS if s[0] in wanted)
+    est = estimate_s(plan, steps, len(systems))
     if args.estimate:
-        print(f"estimated wall time: {estimate_s(plan) / 60:.1f} min (all steps, 45 s per fleet start-up)")
+        print(f"estimated wall time: {est / 60:.1f} min ({', '.join(steps)}; 45 s per fleet start-up)")
         return None
     if why := missing_tools():
         raise SystemExit(f"bench/fleet_cpu.py: {why}")
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     def log(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
 
-    log(f"estimated {estimate_s(plan) / 60:.1f} min for every step; writing {out}/{args.name}.*")
+    log(f"estimated {est / 60:.1f} min; writing {out}/{args.name}.*")
     cmd = " ".join(["bench/fleet_cpu.py", *(sys.argv[1:] if argv is None else argv)])
     raw: dict = {
         "meta": {
@@ -133,7 +146,6 @@ def main(argv: list[str] | None = None) -> dict | None:
             "steps": steps,
         }
     }
-    systems = SYSTEMS[:3] if args.smoke else SYSTEMS
     if "hits" in steps:
         raw["hit_rates"] = step_hit_rates(plan, log, systems)
         _write(raw, out, args.name, t0)

@@ -18,6 +18,14 @@ def _goal(name: str, value, op: str, bound: float) -> dict:
     return {"name": name, "value": value, "op": op, "bound": bound, "met": met}
 
 
+def _ratio_goal(name: str, num: float | None, den: float | None, bound: float) -> dict:
+    """num / den >= bound; where den hit nothing and num did, the ratio is unbounded: met, value None."""
+    g = _goal(name, _ratio(num, den), ">=", bound)
+    if den == 0 and num:
+        g.update(met=True, note="the denominator is 0 and the numerator is not: unbounded")
+    return g
+
+
 def hit_rate(raw: dict, system: str, trace: str) -> float | None:
     for c in raw.get("hit_rates", []):
         if c["system"] == system and c["trace"] == trace:
@@ -31,20 +39,12 @@ def goals(raw: dict) -> list[dict]:
         one, rr = hit_rate(raw, "one_pod", trace), hit_rate(raw, "round_robin", trace)
         pa, st = hit_rate(raw, "cache_aware", trace), hit_rate(raw, "round_robin+store", trace)
         out += [
-            _goal(
-                f"{trace}: prefix-aware (cache_aware) fleet hit rate / one pod's",
-                _ratio(pa, one),
-                ">=",
-                PREFIX_VS_ONE,
+            _ratio_goal(
+                f"{trace}: prefix-aware (cache_aware) fleet hit rate / one pod's", pa, one, PREFIX_VS_ONE
             ),
-            _goal(
-                f"{trace}: prefix-aware fleet hit rate / round robin's", _ratio(pa, rr), ">=", PREFIX_VS_RR
-            ),
-            _goal(
-                f"{trace}: round robin + shared store fleet hit rate / one pod's",
-                _ratio(st, one),
-                ">=",
-                STORE_VS_ONE,
+            _ratio_goal(f"{trace}: prefix-aware fleet hit rate / round robin's", pa, rr, PREFIX_VS_RR),
+            _ratio_goal(
+                f"{trace}: round robin + shared store fleet hit rate / one pod's", st, one, STORE_VS_ONE
             ),
         ]
     s = raw.get("store")
@@ -98,7 +98,8 @@ def markdown(r: dict) -> str:
         f"# Fleet on the CPU ({m['date']})",
         "",
         f"`{m['command']}` at {m['commit']}, {m['elapsed_s']:.0f} s"
-        f" on {m['machine'].get('cpu', m['machine'])}. Fleets from scripts/serve_fleet.sh (vllm-router "
+        f" on {m['machine'].get('model')} ({m['machine'].get('cores')} cores). "
+        "Fleets from scripts/serve_fleet.sh (vllm-router "
         f"0.1.17; router args `{m['router_args']}`). Hit rate: the pods' prefix-cache hit tokens / prompt "
         "tokens looked up, summed over the pods (any tier). SLO: engine/core/slo.py CPU_SLO.",
         "",
@@ -141,8 +142,11 @@ def markdown(r: dict) -> str:
             "",
             f"Pod B's median TTFT: {_f(s['warm_ttft_p50_s'])} s after pod A "
             f"prefilled the document, {_f(s['cold_ttft_p50_s'])} s on a fresh one ({s['docs']} documents). "
-            f"Store killed mid-run: {k['failed']} of {k['sent']} failed; remote hit tokens meanwhile "
-            f"{_f(k['remote_hit_tokens_during'], 0)}, remote errors {_f(k['remote_errors'], 0)}.",
+            f"Store killed after pod B's answer {k.get('killed_after_requests')}: "
+            f"{k['failed']} of {k['sent']} "
+            f"failed; cached tokens of the requests after the kill {k.get('cached_after_kill')} (pod B had "
+            f"only the store for these documents); remote hit tokens over the whole run (before the kill "
+            f"included) {_f(k['remote_hit_tokens_during'], 0)}, remote errors {_f(k['remote_errors'], 0)}.",
         ]
     k = r.get("pod_kill")
     if k:

@@ -182,7 +182,11 @@ def step_store(plan: Plan, log) -> dict:
             )
         )
         runner.start()
-        time.sleep(0.2)
+        # killed once pod B has answered the first: the next request is then on its way, the rest follow
+        deadline = time.monotonic() + 120
+        while not results and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed_after = len(results)
         os.kill(fleet.store_pid(), signal.SIGKILL)
         runner.join()
         after = fleet.pod_metrics(1) or {}
@@ -200,6 +204,8 @@ def step_store(plan: Plan, log) -> dict:
             "warm_ttft_p50_s": ttft(warm),
             "cold_ttft_p50_s": ttft(cold),
             "store_killed": {
+                "killed_after_requests": killed_after,
+                "cached_after_kill": [r["cached_tokens"] for r in results[killed_after:]],
                 "sent": len(results),
                 "failed": len(failed),
                 "errors": [r["error"] for r in failed],
@@ -214,15 +220,33 @@ def step_store(plan: Plan, log) -> dict:
 
 
 def _watch_router(fleet: Fleet, port: int, stop: threading.Event, out: list) -> None:
-    """(t, sum of the router's request counters for the worker on `port`) every 0.2 s."""
+    """(t, {series: value}) of the router's counters for the worker on `port` (its URL in their labels;
+    health checks left out), every 0.2 s."""
     key = f"127.0.0.1:{port}"
     while not stop.is_set():
         m = fleet.router_metrics()
-        n = sum(
-            v for k, v in m.items() if key in k and k.split("{")[0].endswith("_total") and "health" not in k
+        out.append(
+            (
+                time.monotonic(),
+                {
+                    k: v
+                    for k, v in m.items()
+                    if key in k and "health" not in k and k.split("{")[0].endswith("_total")
+                },
+            )
         )
-        out.append((time.monotonic(), n))
         stop.wait(0.2)
+
+
+def _router_rises(seen: list, since: float) -> tuple[float | None, list[str]]:
+    """The last time after `since` that any of the worker's counters grew, and the series that did."""
+    last, names = None, set()
+    for (t, now), (_, before) in zip(seen[1:], seen, strict=False):
+        grew = [k for k, v in now.items() if v > before.get(k, 0.0)]
+        if grew and t >= since:
+            last = t
+            names.update(grew)
+    return last, sorted(names)
 
 
 def step_pod_kill(plan: Plan, log) -> dict:
@@ -259,8 +283,8 @@ def step_pod_kill(plan: Plan, log) -> dict:
         watcher.join()
         kill_s = kill["s"]
         failed = [r for r in res.records if not r.ok]
-        rises = [t for (t, n), (_, n0) in zip(seen[1:], seen, strict=False) if n > n0 and t >= kill["t"]]
-        router_last_s = (max(rises) - kill["t"]) if rises else 0.0
+        last, grew = _router_rises(seen, kill["t"])
+        router_last_s = (last - kill["t"]) if last is not None else 0.0
         client_last_s = max((r.send_s - kill_s for r in failed if r.send_s >= kill_s), default=0.0)
         m = client_metrics(res.records)
         log(
@@ -277,17 +301,26 @@ def step_pod_kill(plan: Plan, log) -> dict:
             "router_last_routed_after_kill_s": router_last_s,
             "client_last_failure_sent_after_kill_s": client_last_s,
             "last_routed_after_kill_s": max(router_last_s, client_last_s),
-            "router_counter_series": len(seen),
+            "router_scrapes": len(seen),
+            "router_worker_series": sorted({k for _, d in seen for k in d}),
+            "router_series_grown_after_kill": grew,
             "m": {k: m.get(k) for k in KEEP},
         }
     finally:
         fleet.close()
 
 
-def estimate_s(plan: Plan, startup_s: float = 45.0) -> float:
-    """Wall seconds of a full run: a fleet's start-up (model loads on a shared 2-core box) per fleet, each
-    cell's window and drain, step 2's requests (about 4 s per 2,000-token prefill)."""
-    cells = len(SYSTEMS) * len(plan.rates) * (plan.traffic_s + plan.drain_s * 0.5)
-    store = startup_s + plan.docs * 2 * 3 * 4.0 * plan.doc_tokens / 2000
-    kill = startup_s + plan.kill_traffic_s + plan.drain_s * 0.5
-    return len(SYSTEMS) * startup_s + cells + store + kill
+def estimate_s(
+    plan: Plan, steps=("hits", "store", "kill"), systems: int = len(SYSTEMS), startup_s: float = 45.0
+) -> float:
+    """Wall seconds of a run: a fleet's start-up and stop (three pods loading on a shared 2-core box: about
+    35 s measured, one pod 12 s) per fleet, each cell's window and half its drain, step 2's requests (about
+    4 s per 2,000-token prefill, 9 per document)."""
+    total = 0.0
+    if "hits" in steps:
+        total += systems * (startup_s + len(plan.rates) * (plan.traffic_s + plan.drain_s * 0.5))
+    if "store" in steps:
+        total += startup_s + plan.docs * 9 * 4.0 * plan.doc_tokens / 2000
+    if "kill" in steps:
+        total += startup_s + plan.kill_traffic_s + plan.drain_s * 0.5
+    return total

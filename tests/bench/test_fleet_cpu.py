@@ -151,3 +151,18 @@ def test_smoke_store_step_live(tmp_path):
     assert all(r["cached_tokens"] > 0 for r in s["warm"])  # pod B served the document from the store
     assert s["store_killed"]["failed"] == 0  # the store gone: recompute, no failure
     assert (tmp_path / "fleet_cpu.json").exists() and (tmp_path / "fleet_cpu.md").exists()
+
+
+def test_a_round_robin_that_hit_nothing_leaves_the_ratio_unbounded_and_met():
+    r = raw()
+    r["hit_rates"][2]["hit_rate"] = 0.0
+    g = by_name(R.goals(r))["w1: prefix-aware fleet hit rate / round robin's"]
+    assert g["value"] is None and g["met"] and "unbounded" in g["note"]
+
+
+def test_router_rises_finds_the_last_growth_after_the_kill():
+    from kvloop.engine.bench.fleet_cpu_steps import _router_rises
+
+    seen = [(1.0, {"a": 1.0}), (2.0, {"a": 2.0}), (3.0, {"a": 2.0, "b": 1.0}), (4.0, {"a": 2.0, "b": 1.0})]
+    assert _router_rises(seen, 2.5) == (3.0, ["b"])
+    assert _router_rises(seen, 3.5) == (None, [])
