@@ -28,7 +28,7 @@ import random
 from dataclasses import dataclass
 
 from kvloop.sidecar.goodput import SafeLaw, Tally
-from kvloop.sidecar.law import KNOBS, Decision, Observation
+from kvloop.sidecar.law import STEERED, Decision, Observation
 from kvloop.sidecar.settings import BanditParams
 
 PREFILL_HEAVY = 0.25  # share of the running rows prefilling that makes a period prefill-heavy
@@ -157,7 +157,7 @@ class BanditLaw(SafeLaw):
         self._set(arm, obs)
         self.arm, self.arm_regime, self._played = pick, now, 0
         self._settle = self.targets() != before
-        for k, b, a in zip(KNOBS, before, self.targets(), strict=True):
+        for k, b, a in zip(STEERED, before, self.targets(), strict=True):
             if a != b:
                 why[k] = reason
         return reason

@@ -20,6 +20,10 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--law", default=None, choices=LAWS,
                    help="override the settings' law (the trials' and the bandit's parameters: the settings "
                         "file's trial and bandit keys)")
+    p.add_argument("--speculation-cap", type=int, default=None, metavar="N",
+                   help="write this speculation cap (0-64; 0: speculation off) with every targets write, "
+                        "overriding the settings'; the engine never raises it past its "
+                        "--speculation-max-tokens")
     p.set_defaults(func=cmd_sidecar)
 
 
@@ -27,4 +31,4 @@ def cmd_sidecar(args: argparse.Namespace) -> int:
     from kvloop.sidecar.main import run
 
     return run(config=args.config, control=args.control, host=args.host, port=args.port,
-               mode=args.mode, period=args.period, law=args.law)
+               mode=args.mode, period=args.period, law=args.law, speculation_cap=args.speculation_cap)

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from kvloop.engine.control.block import DEFAULT_PATH, ControlBlockError
 from kvloop.engine.control.link import SidecarLink
 from kvloop.engine.control.records import ControlRecord
-from kvloop.sidecar.law import ControlLaw, Decision, Observation
+from kvloop.sidecar.law import STEERED, ControlLaw, Decision, Observation
 from kvloop.sidecar.settings import Settings, SettingsWatcher
 from kvloop.sidecar.steering import Steering
 
@@ -122,7 +122,9 @@ class Coordinator:
         if self.settings.mode != "enforce" or self.link is None:
             return
         try:
-            self.link.write_targets(*self.law.targets())
+            # the laws' knobs by name; the speculation cap as the settings fix it (None: no opinion)
+            self.link.write_targets(**dict(zip(STEERED, self.law.targets(), strict=True)),
+                                    speculation_max_tokens=self.settings.speculation_cap)
             self.writes += 1
         except (OSError, ValueError) as exc:
             log.warning("writing targets failed: %s", exc)

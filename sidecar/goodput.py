@@ -44,7 +44,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from kvloop.sidecar.law import KNOBS, ControlLaw, Decision, Observation, _inputs
+from kvloop.sidecar.law import STEERED, ControlLaw, Decision, Observation, _inputs
 from kvloop.sidecar.settings import Settings, TrialParams
 
 # the rotation of trials: the step budget first (the knob that decides goodput on unseen traffic, issue 57)
@@ -190,7 +190,7 @@ class SafeLaw(ControlLaw):
     def _decisions(self, old: tuple, o: Observation, why: dict[str, str], info: dict,
                    default: str) -> list[Decision]:
         decisions = [self._decision(k, v, o, why.get(k, default), info)
-                     for k, v in zip(KNOBS, old, strict=True)]
+                     for k, v in zip(STEERED, old, strict=True)]
         self.quiet_periods = 0 if any(d.changed for d in decisions) else self.quiet_periods + 1
         return decisions
 

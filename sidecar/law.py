@@ -72,7 +72,11 @@ from dataclasses import dataclass, field, replace
 from kvloop.engine.core.knobs import KNOBS as ENGINE_KNOBS
 from kvloop.sidecar.settings import Bounds, Settings
 
-KNOBS = tuple(k.name for k in ENGINE_KNOBS)  # in the order of the control block's targets
+# The knobs the laws steer, in the order of targets() and of their decisions. The engine has more
+# (engine/core/knobs.py KNOBS: the speculation cap too); the coordinator writes the others by name
+# (sidecar/coordinator.py), so a law's targets() zips against STEERED, never against the engine's KNOBS.
+STEERED = ("batch_cap", "watermark", "step_token_budget")
+assert set(STEERED) <= {k.name for k in ENGINE_KNOBS}, "a steered knob the control block does not carry"
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Decision:
-    knob: str  # one of KNOBS
+    knob: str  # one of STEERED
     old: float
     new: float
     reason: str
@@ -205,6 +209,7 @@ class ControlLaw:
         return replace(settings, batch_cap=replace(b, max=cap))
 
     def targets(self) -> tuple[int, float, int]:
+        """The steered knobs' values, in STEERED order."""
         return self.batch_cap, self.watermark, self.step_token_budget
 
     @property
@@ -220,7 +225,7 @@ class ControlLaw:
         return self.quiet_periods >= self.settings.law.converged_periods
 
     def decide(self, obs: Observation) -> list[Decision]:
-        """One period: a decision per knob, in KNOBS order."""
+        """One period: a decision per steered knob, in STEERED order."""
         self._observe(obs)
         self._since_cut += 1
         self._since_budget_cut += 1

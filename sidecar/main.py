@@ -8,17 +8,20 @@ import threading
 from kvloop.sidecar.annotation import AnnotationPublisher
 from kvloop.sidecar.app import build_app
 from kvloop.sidecar.coordinator import Coordinator
-from kvloop.sidecar.settings import SettingsWatcher
+from kvloop.sidecar.settings import SettingsWatcher, parse_speculation_cap
 
 log = logging.getLogger("kvloop.sidecar")
 
 
 def run(config: str | None, control: str | None, host: str = "0.0.0.0", port: int = 9090,
-        mode: str | None = None, period: float | None = None, law: str | None = None) -> int:
+        mode: str | None = None, period: float | None = None, law: str | None = None,
+        speculation_cap: int | None = None) -> int:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    overrides = {k: v for k, v in (("mode", mode), ("period_s", period), ("law_kind", law)) if v is not None}
+    overrides = {k: v for k, v in (("mode", mode), ("period_s", period), ("law_kind", law),
+                                   ("speculation_cap", parse_speculation_cap(speculation_cap)))
+                 if v is not None}
     watcher = SettingsWatcher(config, overrides)
     coord = Coordinator(watcher, control_path=control)
     s = watcher.settings

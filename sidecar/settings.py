@@ -15,6 +15,7 @@ Shape (every key optional)::
           hit_good: 0.5, light_kv: 0.5, hysteresis_periods: 2, converged_periods: 3,
           footprint_shift: 0.25, tpot_headroom: 0.8, event_preemptions: 3, event_queue_growth: 0.5,
           event_cooldown_s: 10, preemption_share: 0.1}
+    speculation_cap: 2       # write this speculation cap with every targets write; default: no opinion
     control: {path: /run/kvloop/control.bin}
     annotation: {enabled: true, key: kvloop.io/feedback, heartbeat_s: 60}
     law: goodput             # rules (default) | goodput | bandit; or law: {kind: goodput, kv_band_low: ...}
@@ -39,6 +40,10 @@ that estimate while the pool's measured KV use is below kv_band_low; preemptions
 the requests finished in a period hold the cap, more cut it.
 The step token budget never goes above the engine's configured budget (the scheduler's ceiling); without a
 `max` of its own that is its only upper bound.
+No law steers the speculation cap (engine/core/knobs.py SPECULATION_MAX_TOKENS): `speculation_cap` (`kvloop
+sidecar --speculation-cap`) is a fixed cap the coordinator writes with every targets write, in [0, 64] (0
+turns speculation off; the engine never raises it past its --speculation-max-tokens); unset, the targets
+carry no opinion and the engine keeps its own.
 Defaults (mode, period, staleness, bounds, objectives) come from the table in engine/core/defaults.py, which
 the operator's InferenceService defaults read too.
 """
@@ -53,6 +58,7 @@ from pathlib import Path
 import yaml
 
 from kvloop.engine.core import defaults as D
+from kvloop.engine.core.knobs import SPECULATION_MAX_TOKENS
 
 MODES = ("off", "observe", "enforce")
 
@@ -192,6 +198,7 @@ class Settings:
     trial: TrialParams = field(default_factory=TrialParams)
     bandit: BanditParams = field(default_factory=BanditParams)
     event_path: bool = True  # decisions between periods (sidecar.law: ControlLaw.event)
+    speculation_cap: int | None = None  # written as is with every targets write; None: no opinion
     control_path: str | None = None
     annotation_enabled: bool = True
     annotation_key: str = "kvloop.io/feedback"
@@ -213,6 +220,16 @@ def _bounds(raw: dict, default: Bounds, integer: bool, name: str) -> Bounds:
     if not integer and not 0.0 <= b.min <= b.max < 1.0:
         raise SettingsError(f"{name} bounds must lie in [0, 1)")
     return b if b.initial is None else replace(b, initial=b.clamp(b.initial))
+
+
+def parse_speculation_cap(value) -> int | None:
+    """The settings' fixed speculation cap: None (no opinion), or an integer within the knob's range."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not SPECULATION_MAX_TOKENS.admits(value):
+        raise SettingsError(f"speculation_cap must be an integer in {SPECULATION_MAX_TOKENS.bounds()}, "
+                            f"got {value!r}")
+    return value
 
 
 def parse_settings(raw: dict | None) -> Settings:
@@ -259,6 +276,7 @@ def parse_settings(raw: dict | None) -> Settings:
         trial=_params(TrialParams, raw.get("trial") or {}, TRIAL_LIMITS, "trial"),
         bandit=_params(BanditParams, raw.get("bandit") or {}, BANDIT_LIMITS, "bandit"),
         event_path=bool(raw.get("event_path", d.event_path)),
+        speculation_cap=parse_speculation_cap(raw.get("speculation_cap")),
         control_path=(raw.get("control") or {}).get("path"),
         annotation_enabled=bool(ann.get("enabled", d.annotation_enabled)),
         annotation_key=str(ann.get("key", d.annotation_key)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvloop.engine.control.records import ControlRecord
 from kvloop.sidecar.bandit import BanditLaw
 from kvloop.sidecar.goodput import GoodputLaw
-from kvloop.sidecar.law import KNOBS, ControlLaw, Decision, Observation
+from kvloop.sidecar.law import STEERED, ControlLaw, Decision, Observation
 from kvloop.sidecar.observe import PeriodWindow, start_cap
 from kvloop.sidecar.settings import Settings
 
@@ -60,7 +60,7 @@ class Steering:
                   "step_token_budget_max": rec.step_token_budget_max}
         reason = "engine_start" if first else "engine_restart"
         return [Decision(k, o, n, reason, inputs, trigger="start")
-                for k, o, n in zip(KNOBS, old, law.targets(), strict=True)]
+                for k, o, n in zip(STEERED, old, law.targets(), strict=True)]
 
     def sample(self, rec: ControlRecord, now: float, events: bool = True) -> list[Decision]:
         """Adds a sample to the period; with `events`, the event path looks at it and the one before. A change
@@ -93,4 +93,4 @@ class Steering:
 
     def hold(self, reason: str) -> list[Decision]:
         """A decision per knob that keeps its value (e.g. the snapshot is stale)."""
-        return [Decision(k, v, v, reason) for k, v in zip(KNOBS, self.law.targets(), strict=True)]
+        return [Decision(k, v, v, reason) for k, v in zip(STEERED, self.law.targets(), strict=True)]

@@ -10,6 +10,9 @@ left them 0), requests_finished and tokens_generated are counted (version 1 left
 token budget (the third knob) in both records; the snapshot also carries what the coordinator derives
 its starting cap from (block size, max context, blocks still to prefill), the rows decoding, and TPOT
 percentiles. 4: the SLO counts (good, missed by reason, slack) the goodput coordinator steers on.
+5: the speculation cap (the fourth knob, engine/core/knobs.py) in the targets record; it takes the word
+that padded version 4's targets, so no byte of either record moves, but a version-4 writer leaves the
+field 0 and its flags bit clear.
 
 Header, offset 0, 64 bytes, written once by whoever creates the file::
 
@@ -42,7 +45,7 @@ import struct
 from kvloop.engine.control import fields as F
 
 MAGIC = b"KVLOOPCB"
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 FILE_SIZE = 4096
 
 HEADER_FMT = struct.Struct("<8sIIIIII")

@@ -38,7 +38,8 @@ def new_id() -> int:
 
 
 class ControlLink:
-    """Engine side. `defaults` are the engine's configured batch cap, watermark and step token budget."""
+    """Engine side. `defaults` are the engine's configured knob values (engine/core/knobs.py): what stale
+    targets fall back to."""
 
     COUNTERS = ("garbled", "out_of_range", "old_version", "stale", "accepted")
 

@@ -84,7 +84,8 @@ Targets = make_dataclass(
     namespace={"__module__": __name__, "same_values": _same_values, "values": _values,
                "knob_values": _knob_values,
                "__doc__": "One value per knob (engine/core/knobs.py: batch cap, retention watermark, step "
-                          "token budget); None means 'no opinion, keep the engine's own value'."},
+                          "token budget, speculation cap); None means 'no opinion, keep the engine's own "
+                          "value'."},
 )
 
 

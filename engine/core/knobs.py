@@ -5,10 +5,11 @@ targets record (engine/control/fields.py) and the hook that applies it take name
 here, so a new knob is one row here and one field of the live `Knobs`.
 
 `Knobs` holds the live values in one object: the scheduler reads the batch cap and the step token
-budget, the KV manager the retention watermark, and only the control hook (and the simulator's
-coordinator, through the same hook) writes them, through `set`. The configured values stay in the
-configs (SchedulerConfig.max_num_seqs and max_num_batched_tokens, KVConfig.watermark): they are where
-the knobs start (`configured`, what stale targets fall back to) and the step budget's ceiling."""
+budget, the KV manager the retention watermark, the speculator (engine/scheduler/speculation.py) the
+speculation cap, and only the control hook (and the simulator's coordinator, through the same hook)
+writes them, through `set`. The configured values stay in the configs (SchedulerConfig.max_num_seqs,
+max_num_batched_tokens and speculation_max_tokens, KVConfig.watermark): they are where the knobs start
+(`configured`, what stale targets fall back to) and the step budget's and the speculation cap's ceiling."""
 
 from __future__ import annotations
 
@@ -42,12 +43,11 @@ WATERMARK = Knob("watermark", float, "share of the device pool", 0.0, 1.0, hi_op
 # 2^24 is a sanity bound on what a target may say; the engine clamps to [its floor, its configured budget]
 STEP_TOKEN_BUDGET = Knob("step_token_budget", int, "tokens", 1, 1 << 24,
                          doc="tokens one step may schedule (the prefill chunk size); TPOT rises with it")
-KNOBS: tuple[Knob, ...] = (BATCH_CAP, WATERMARK, STEP_TOKEN_BUDGET)
-# A live knob not yet in KNOBS (so not yet in the control block's targets): the sidecar's laws emit one value
-# per KNOBS entry, and adding it there is theirs to do with a layout bump. Knobs.set clamps it to [0, the
-# configured --speculation-max-tokens]: a coordinator caps speculation, never raises it past the operator's.
-SPECULATION_MAX_TOKENS = Knob("speculation_max_tokens", int, "tokens", 0, 1 << 16,
-                              doc="proposed tokens per request and step at most (0: no speculation)")
+# 64 is a sanity bound (issue 56 proposes 4-8); the engine clamps to [0, its configured
+# --speculation-max-tokens]: a coordinator caps speculation, never raises it past the operator's.
+SPECULATION_MAX_TOKENS = Knob("speculation_max_tokens", int, "tokens", 0, 64,
+                              doc="caps each row's proposed tokens per step (0 turns speculation off live)")
+KNOBS: tuple[Knob, ...] = (BATCH_CAP, WATERMARK, STEP_TOKEN_BUDGET, SPECULATION_MAX_TOKENS)
 
 BUDGET_FLOOR = 16  # tokens: the live step budget stays at or above one block and at least this
 
@@ -59,6 +59,7 @@ class KnobValues:
     batch_cap: int
     watermark: float
     step_token_budget: int
+    speculation_max_tokens: int = 0
 
 
 class Knobs:
@@ -66,14 +67,14 @@ class Knobs:
     allocation). Write them through `set`, which checks and clamps."""
 
     __slots__ = ("batch_cap", "watermark", "step_token_budget", "speculation_max_tokens", "configured",
-                 "speculation_configured", "budget_floor")
+                 "budget_floor")
 
     def __init__(self, batch_cap: int, watermark: float, step_token_budget: int, block_size: int = 1,
                  speculation_max_tokens: int = 0):
         if step_token_budget < 1:
             raise ValueError("step_token_budget must be >= 1")
-        self.configured = KnobValues(int(batch_cap), float(watermark), int(step_token_budget))
-        self.speculation_configured = max(0, int(speculation_max_tokens))  # the cap's ceiling
+        self.configured = KnobValues(int(batch_cap), float(watermark), int(step_token_budget),
+                                     max(0, int(speculation_max_tokens)))
         self.budget_floor = min(int(step_token_budget), max(BUDGET_FLOOR, block_size))
         self.batch_cap, self.watermark, self.step_token_budget, self.speculation_max_tokens = 0, 0.0, 0, 0
         self.set(batch_cap, watermark, step_token_budget, speculation_max_tokens)
@@ -83,10 +84,16 @@ class Knobs:
         """The configured step budget: the live one never goes above it."""
         return self.configured.step_token_budget
 
+    @property
+    def speculation_ceiling(self) -> int:
+        """The configured --speculation-max-tokens: the live cap never goes above it."""
+        return self.configured.speculation_max_tokens
+
     def set(self, batch_cap: int | None = None, watermark: float | None = None,
             step_token_budget: int | None = None, speculation_max_tokens: int | None = None) -> None:
         """Sets the knobs given (None: leave it). A batch cap or watermark outside its range raises (the
-        control link drops such targets before); the step budget is clamped to [floor, ceiling]."""
+        control link drops such targets before); the step budget is clamped to [floor, ceiling], the
+        speculation cap to [0, its configured value]."""
         if batch_cap is not None:
             if not BATCH_CAP.admits(batch_cap):
                 raise ValueError(f"batch cap must lie in {BATCH_CAP.bounds()}")
@@ -98,8 +105,8 @@ class Knobs:
         if step_token_budget is not None:
             self.step_token_budget = max(self.budget_floor, min(int(step_token_budget), self.budget_ceiling))
         if speculation_max_tokens is not None:  # a cap: within [0, the configured value]
-            cap = min(int(speculation_max_tokens), self.speculation_configured)
+            cap = min(int(speculation_max_tokens), self.speculation_ceiling)
             self.speculation_max_tokens = max(0, cap)
 
     def values(self) -> KnobValues:
-        return KnobValues(self.batch_cap, self.watermark, self.step_token_budget)
+        return KnobValues(self.batch_cap, self.watermark, self.step_token_budget, self.speculation_max_tokens)

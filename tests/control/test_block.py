@@ -86,15 +86,15 @@ def test_layout_3_snapshot_roundtrip_of_the_new_fields():
     assert (out.ttft_p50_s, out.ttft_p99_s, out.tpot_p50_s, out.tpot_p99_s) == (0.1, 0.9, 0.03, 0.08)
 
 
-def test_layout_4_carries_the_slo_counts():
+def test_layout_4_and_later_carry_the_slo_counts():
     snap = EngineSnapshot(slo_good=7, slo_missed={"ttft": 2, "tpot": 1}, slo_slack_sum=3.5, slo_slack_count=9)
     out = unpack_record(pack_record(control_record(snap, (None, None), (None, None))))
     assert (out.slo_good, out.slo_missed_ttft, out.slo_missed_tpot, out.slo_missed_failed) == (7, 2, 1, 0)
     assert (out.slo_slack_sum, out.slo_slack_count) == (3.5, 9)
-    assert L.LAYOUT_VERSION == 4
+    assert L.LAYOUT_VERSION >= 4
 
 
-def test_a_reader_of_layout_4_refuses_a_layout_2_block(tmp_path):
+def test_a_reader_of_this_layout_refuses_a_layout_2_block(tmp_path):
     """A block as a version-2 engine wrote it (its header says 2, its targets record is the shorter one): the
     sidecar refuses it cleanly, naming both versions, and reads nothing from it."""
     path = tmp_path / "v2.bin"
@@ -103,8 +103,9 @@ def test_a_reader_of_layout_4_refuses_a_layout_2_block(tmp_path):
     path.write_bytes(head.ljust(L.FILE_SIZE, b"\0"))
     with pytest.raises(ControlBlockError) as err:
         ControlBlock(path)
-    assert str(err.value).endswith("control block layout version 2, but this kvloop reads version 4: run the "
-                                   "engine and the sidecar from kvloop releases with the same layout")
+    assert str(err.value).endswith(f"control block layout version 2, but this kvloop reads version "
+                                   f"{L.LAYOUT_VERSION}: run the engine and the sidecar from kvloop releases "
+                                   "with the same layout")
 
 
 def test_targets_roundtrip_with_unset_knobs():
@@ -112,8 +113,9 @@ def test_targets_roundtrip_with_unset_knobs():
     assert (t.batch_cap, t.watermark, t.step_token_budget, t.version, t.time_ns,
             t.writer_id) == (8, None, None, 3, 5, 9)
     t = unpack_targets(pack_targets(Targets(step_token_budget=256)))
-    assert t.values() == (None, None, 256)
-    assert unpack_targets(pack_targets(Targets(16, 0.2, 1024))).values() == (16, 0.2, 1024)
+    assert t.values() == (None, None, 256, None)
+    assert unpack_targets(pack_targets(Targets(16, 0.2, 1024))).values() == (16, 0.2, 1024, None)
+    assert unpack_targets(pack_targets(Targets(speculation_max_tokens=0))).values() == (None, None, None, 0)
 
 
 def test_seqlock_and_checksum(tmp_path):

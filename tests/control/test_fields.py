@@ -1,5 +1,5 @@
 """The field tables are the one description of the records: formats, record types, mapping and docs
-follow them, and layout version 3's bytes stay where the sidecar and engine of one release expect them."""
+follow them, and layout version 5's bytes stay where the sidecar and engine of one release expect them."""
 
 from __future__ import annotations
 
@@ -22,17 +22,24 @@ from kvloop.engine.control.records import (
 from kvloop.engine.core.knobs import KNOBS, Knobs, KnobValues
 from kvloop.engine.core.snapshot import EngineSnapshot
 
-# The bytes of layout version 4 (3 and the SLO counts). A table change that moves them must raise
-# LAYOUT_VERSION and this pin.
-V4_SNAPSHOT = "<QQq" + "I" * 12 + "d" * 4 + "Q" * 16 + "d" * 5
-V4_TARGETS = "<QqQIIdII"
+# The bytes of layout version 5 (4, whose targets' pad word now carries the speculation cap). A table
+# change that moves them must raise LAYOUT_VERSION and this pin.
+V5_SNAPSHOT = "<QQq" + "I" * 12 + "d" * 4 + "Q" * 16 + "d" * 5
+V5_TARGETS = "<QqQIIdII"
 
 
-def test_layout_4_keeps_its_bytes():
-    assert L.LAYOUT_VERSION == 4
-    assert (L.SNAPSHOT_FMT.format, L.TARGETS_FMT.format) == (V4_SNAPSHOT, V4_TARGETS)
+def test_layout_5_keeps_its_bytes():
+    assert L.LAYOUT_VERSION == 5
+    assert (L.SNAPSHOT_FMT.format, L.TARGETS_FMT.format) == (V5_SNAPSHOT, V5_TARGETS)
     assert L.TARGETS_FIELDS == ("version", "time_ns", "writer_id", "flags", "batch_cap", "watermark",
-                                "step_token_budget", "_pad")
+                                "step_token_budget", "speculation_max_tokens")
+    assert L.TARGETS_FMT.size == 48  # version 4's size: the cap took its pad word
+
+
+def test_the_speculation_cap_sits_in_version_4s_pad_word():
+    payload = pack_targets(Targets(speculation_max_tokens=3))
+    assert struct.unpack_from("<I", payload, 44)[0] == 3
+    assert struct.unpack_from("<I", payload, 24)[0] == 1 << [k.name for k in KNOBS].index("speculation_max_tokens")
 
 
 def test_the_record_types_carry_the_tables_fields():
@@ -73,6 +80,8 @@ def test_integers_saturate_to_their_type_when_packed():
     ((8, 0.5, 256), True), ((None, None, None), False), ((0, None, None), False),
     ((None, 1.0, None), False), ((None, math.nan, None), False), ((None, None, 0), False),
     ((1 << 16, 0.0, 1 << 24), True), ((None, None, (1 << 24) + 1), False),
+    ((None, None, None, 0), True), ((None, None, None, 64), True), ((None, None, None, 65), False),
+    ((8, 0.5, 256, 4), True),
 ])
 def test_targets_are_judged_by_their_knobs_ranges(values, ok):
     assert admitted(Targets(*values)) is ok
@@ -90,6 +99,17 @@ def test_knobs_check_clamp_and_remember_their_configured_values():
         k.set(batch_cap=0)
     assert k.configured == KnobValues(32, 0.2, 1024) and k.values() == KnobValues(7, 0.2, 16)
     assert Knobs(8, 0.0, 8, block_size=16).budget_floor == 8  # a configured budget below a block is kept
+
+
+def test_the_speculation_cap_lowers_never_raises_the_configured_value():
+    k = Knobs(32, 0.2, 1024, speculation_max_tokens=4)
+    assert k.configured.speculation_max_tokens == k.speculation_max_tokens == 4
+    k.set(speculation_max_tokens=2)
+    assert k.speculation_max_tokens == 2
+    k.set(speculation_max_tokens=64)
+    assert k.speculation_max_tokens == 4  # a target cannot raise it past the operator's
+    k.set(speculation_max_tokens=0)
+    assert k.values() == KnobValues(32, 0.2, 1024, 0)  # 0: speculation off live
 
 
 def test_the_targets_flags_follow_the_knob_order():
