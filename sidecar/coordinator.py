@@ -152,7 +152,8 @@ class Coordinator:
         law = self.law
         return {
             "mode": s.mode, "period_s": s.period_s, "batch_cap": law.batch_cap, "watermark": law.watermark,
-            "step_token_budget": law.step_token_budget, "memory_max_batch_cap": law.memory_max,
+            "step_token_budget": law.step_token_budget, "speculation_cap": s.speculation_cap,
+            "memory_max_batch_cap": law.memory_max,
             "footprint_blocks": law.footprint_blocks, "converged": law.converged, "stale": self.stale,
             "stale_reads": self.stale_reads, "writes": self.writes, "engine_start_id": self.start_id,
             "settings_error": self.watcher.error, "control_error": self.control_error,

@@ -287,3 +287,14 @@ def test_the_engines_cap_widens_the_bound_across_settings_reloads():
     assert law.batch_cap == 256 and law.settings.batch_cap.max == 256
     law.reset(engine_cap=16)  # a lower engine cap leaves the settings' bound as it is
     assert law.settings.batch_cap.max == 64 and law.batch_cap == 16
+
+
+@pytest.mark.parametrize("extra, cap", [({}, None), ({"speculation_cap": 2}, 2), ({"speculation_cap": 0}, 0)])
+def test_the_speculation_cap_is_written_as_the_settings_fix_it(setup, extra, cap):
+    """No law steers it: unset, every write carries no opinion on it (the engine keeps its own); set, every
+    write carries it, beside the steered knobs."""
+    engine, coord, clock = setup(**extra)
+    period(engine, coord, clock, HEAVY)
+    t = engine.poll_targets()
+    assert t.speculation_max_tokens == cap and t.batch_cap == coord.law.batch_cap
+    assert t.step_token_budget == coord.law.step_token_budget and coord.status()["speculation_cap"] == cap

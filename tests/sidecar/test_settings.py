@@ -8,7 +8,14 @@ import os
 import pytest
 import yaml
 
-from kvloop.sidecar.settings import SettingsError, SettingsWatcher, load_settings, parse_settings
+from kvloop.sidecar.settings import (
+    Settings,
+    SettingsError,
+    SettingsWatcher,
+    load_settings,
+    parse_settings,
+    parse_speculation_cap,
+)
 
 
 def test_operator_rendered_config_parses(tmp_path):
@@ -37,7 +44,9 @@ def test_operator_rendered_config_parses(tmp_path):
                                  {"law": {"kind": "pid"}}, {"trial": {"window_periods": 0}},
                                  {"trial": {"margin": 0.9}}, {"trial": {"budget_step": 1.0}},
                                  {"trial": {"windows": 3}}, {"bandit": {"budget_factors": []}},
-                                 {"bandit": {"cap_factors": [0.0]}}, {"trial": [1]}])
+                                 {"bandit": {"cap_factors": [0.0]}}, {"trial": [1]},
+                                 {"speculation_cap": -1}, {"speculation_cap": 65}, {"speculation_cap": 2.5},
+                                 {"speculation_cap": "4"}, {"speculation_cap": True}])
 def test_bad_settings_refused(raw):
     with pytest.raises(SettingsError):
         parse_settings(raw)
@@ -107,3 +116,16 @@ def test_law_choice_and_its_parameters():
     assert s.bandit.budget_factors == (0.5, 1.0, 2.0) and s.bandit.explore == 1.0 and s.bandit.seed == 3
     # kvloop sidecar --law
     assert SettingsWatcher(None, {"law_kind": "rules"}).settings.law_kind == "rules"
+
+
+def test_speculation_cap_is_no_opinion_unless_set():
+    from kvloop.engine.cli import build_parser
+
+    assert Settings().speculation_cap is None and parse_settings({}).speculation_cap is None
+    assert parse_settings({"speculation_cap": 0}).speculation_cap == 0
+    assert parse_settings({"speculation_cap": 64}).speculation_cap == 64
+    # kvloop sidecar --speculation-cap: checked as the file's key (sidecar.main), then an override
+    assert build_parser().parse_args(["sidecar", "--speculation-cap", "2"]).speculation_cap == 2
+    assert SettingsWatcher(None, {"speculation_cap": parse_speculation_cap(2)}).settings.speculation_cap == 2
+    with pytest.raises(SettingsError):
+        parse_speculation_cap(65)
