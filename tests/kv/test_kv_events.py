@@ -166,8 +166,8 @@ def test_vllm_hashes_are_what_llm_d_computes_from_the_prompt(evented):
 
 def test_map_encoding_is_an_array_of_tagged_maps():
     """--kv-events-encoding map (the default): the batch [ts, events, rank], each event a map tagged by
-    "type" (vllm-router's decoder, Dynamo's documented form); every field written (lora_id and lora_name as nil):
-    vllm-router 0.1.17 refuses a BlockStored without them."""
+    "type" (vllm-router's decoder, Dynamo's documented form); every field written (lora_id and lora_name
+    as nil): vllm-router 0.1.17 refuses a BlockStored without them."""
     from kvloop.engine.kv.kv_events import as_encoded
 
     raw = [("stored", 5, ROOT, bytes(8 * 2)), ("removed", 5), ("cleared",)]
@@ -210,3 +210,28 @@ def test_token_ids_outlive_one_generation_of_the_hasher():
     hasher(list(range(100, 112)))  # six more blocks: past the capacity, the next call starts a generation
     hasher([1, 2])
     assert unpack_ids(hasher.packed_ids(first[1])) == [9, 10]  # still in the previous generation
+
+
+def test_the_topic_expands_environment_variables(tmp_path, monkeypatch):
+    """The operator renders one topic template for every pod (kv@${POD_IP}:8000@<model>); each publisher
+    sends under its own pod's address, and an unset variable stays as written."""
+    from kvloop.engine.kv.event_log import KVEventLog
+    from kvloop.engine.kv.events_publisher import KVEventPublisher
+
+    monkeypatch.setenv("POD_IP", "10.1.2.3")
+    monkeypatch.delenv("KVLOOP_TEST_UNSET", raising=False)
+    endpoint, topic = f"ipc://{tmp_path}/topic", "kv@10.1.2.3:8000@smol/${KVLOOP_TEST_UNSET}"
+    publisher = KVEventPublisher(KVEventLog(), 16, endpoint, "kv@${POD_IP}:8000@smol/${KVLOOP_TEST_UNSET}",
+                                 replay_endpoint=f"ipc://{tmp_path}/topic-replay")
+    sub = Subscriber(endpoint, topic, f"ipc://{tmp_path}/topic-replay")
+    try:
+        assert publisher.topic == topic.encode()
+        for _ in range(50):  # until the subscription reaches the publisher: nothing is sent to it before
+            publisher.events.cleared()
+            publisher.publish_pending()
+            if sub.poll(0.1):  # live frames, each checked to carry the expanded topic
+                break
+        assert sub.events() and all(isinstance(e, AllBlocksCleared) for e in sub.events())
+    finally:
+        sub.close()
+        publisher.close()
