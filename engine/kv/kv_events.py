@@ -32,12 +32,13 @@ What the format is, and what its consumers read (facts gathered for issue 55, wi
   (required with static sources). Its wheel's messages name its decoder: "KV event batch must be an
   array", "KV batch requires timestamp, events, and optional rank", "KV event must be a tagged map", "KV
   event keys must be strings", "KV wire hash must be bytes or an unsigned integer"; field names include
-  vLLM's later ones (lora_name, extra_keys, group_idx, kv_cache_spec_kind) and its own `ownership`. Tried
-  here in front of live kvloop servers (one and two workers): every kv_aware decision credited 0 prefix
-  tokens, with kvloop's hashes, with vLLM's sha256_cbor (32-byte chain, sent as bytes and as uint64) and
-  its 64-bit variant (PYTHONHASHSEED=0 in the router), events as arrays or as tagged maps; the router logs
-  no decode error at debug level, and how it hashes a request for lookup (src/policies/hash_key.rs) is not
-  documented, so what it needs is still open. Dynamo's KV router (ai-dynamo/dynamo,
+  vLLM's later ones (lora_name, extra_keys, group_idx, kv_cache_spec_kind) and its own `ownership`. What
+  it needs (its debug log in front of live kvloop servers, and its source, src/kv_index/subscriber.rs and
+  indexer.rs): the SUB connects, so the publisher binds; static sources subscribe to the empty topic; a
+  BlockStored must carry lora_id and lora_name (nil is fine: "missing KV event field: lora_id"); the index
+  keys each block by SHA-256 of its token ids (u32 little-endian, lora_name first when set) in a radix tree
+  walked from the root, the event hashes only chaining parents and naming removals, so any consistent
+  hashing works; the request's ids come from the worker's /v1/*/render. Dynamo's KV router (ai-dynamo/dynamo,
   docs/pages/integrations/kv-events-custom-engines.md) relays the same three events from a ZMQ socket:
   frames [topic, 8-byte big-endian sequence, payload], payload [timestamp, [events], dp_rank], each event
   a map with a "type" field, block hashes documented as signed 64-bit integers, parent required for all
