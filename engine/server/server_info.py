@@ -63,7 +63,7 @@ def install(app: FastAPI, engine: AsyncEngine, settings: ServerSettings) -> None
                 "served_model_name": model_id(), "instance_id": instance_id,
                 "kv_block_size": config.block_size, "max_model_len": engine.max_model_len}
 
-    @app.get("/kv_event_sources")
+    @app.get("/kv_event_sources", responses={404: {"description": "this replica publishes no KV events"}})
     async def kv_event_sources():
         source = kv_event_source(engine_config(engine))
         if source is None:
