@@ -185,4 +185,6 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        if self.proc.returncode == 0 and self.log_path:  # a clean stop: its log has nothing to tell
+            self.log_path.unlink(missing_ok=True)
         self.proc = None
