@@ -19,9 +19,10 @@ def add_control_parser(sub) -> None:
     show.set_defaults(func=cmd_show)
     st = csub.add_parser("set", help="write targets (as the sidecar would)")
     st.add_argument("--control", default=DEFAULT_PATH, help="control block file")
-    for k in KNOBS:
-        st.add_argument("--" + k.name.replace("_", "-"), type=k.kind, default=None,
-                        help=f"{k.doc} ({k.unit})")
+    for k in KNOBS:  # --batch-cap, also spelled as the knob is named (--batch_cap)
+        spellings = dict.fromkeys(("--" + k.name.replace("_", "-"), "--" + k.name))  # one for --watermark
+        st.add_argument(*spellings, dest=k.name, type=k.kind, default=None,
+                        help=f"{k.doc} ({k.unit}; valid in {k.bounds()})")
     st.set_defaults(func=cmd_set)
 
 

@@ -73,3 +73,8 @@ def test_kvloop_control_set_writes_the_cap(tmp_path, capsys):
     hook.after_step(engine, [])
     assert engine.scheduler.speculator.max_tokens == 3
     assert SidecarLink(tmp_path / "c.bin").read_targets().values() == (None, None, None, 3)
+
+    assert kvloop_main(["control", "set", "--control", str(tmp_path / "c.bin"),
+                        "--speculation_max_tokens", "1"]) == 0  # the knob's own spelling too
+    hook.after_step(engine, [])
+    assert engine.scheduler.speculator.max_tokens == 1
