@@ -1,7 +1,8 @@
 """The engine's end of the loop: after every step, publish the snapshot and apply the targets.
 
 Duck-typed against EngineCore (no torch import here): targets are written to the engine's live knobs,
-`engine.scheduler.knobs` (engine/core/knobs.py), which the scheduler and the KV manager read.
+`engine.scheduler.knobs` (engine/core/knobs.py), which the scheduler, its speculator and the KV manager
+read.
 
 TTFT is taken at each request's first token; TPOT (time per output token after the first) at its finish,
 over its whole decode: the same per-request TPOT the benchmarks report, so the step budget is steered to
