@@ -82,9 +82,10 @@ for i in $(seq 0 $((PODS - 1))); do
     port=$((BASE_PORT + i))
     args=("${pod_args[@]}")
     if [ "$POLICY" = kv_aware ]; then
-        endpoint="tcp://$HOST:$((EVENTS_BASE_PORT + i))"
-        args+=(--kv-events-endpoint "$endpoint")
-        event_args+=(--kv-event-source "http://$HOST:$port=$endpoint")
+        # the pod's PUB socket binds only to a wildcard address (vLLM's rule) and the router's SUB connects
+        evport=$((EVENTS_BASE_PORT + i))
+        args+=(--kv-events-endpoint "tcp://*:$evport")
+        event_args+=(--kv-event-source "http://$HOST:$port=tcp://$HOST:$evport")
     fi
     KVLOOP=$KVLOOP HOST=$HOST PORT=$port SIDECAR_PORT=$((SIDECAR_BASE_PORT + i)) \
         bash scripts/serve_pod.sh "${args[@]}" "$@" &

@@ -119,9 +119,10 @@ KV_REMOTE_TIMEOUT_MS = Default(
 
 # ---- KV events for routers (engine/kv/events_publisher.py) ----------------------------------------------
 KV_EVENTS_TOPIC = Default(
-    "kv-events", "ZeroMQ topic",
-    "the first frame of every batch; routers subscribe by prefix (vllm-router's --kv-event-source takes any; "
-    "llm-d's subscriber reads the pod from a topic of the form kv@<pod>@<model>: set it so there)")
+    "", "ZeroMQ topic",
+    "the first frame of every batch; vLLM's default (empty): vllm-router 0.1.17's kv_aware subscribes to the "
+    "empty topic only; llm-d's subscriber reads the pod from a topic of the form kv@<pod>@<model> (${VAR} "
+    "expanded from the environment): set it so there")
 
 # ---- the feedback loop (sidecar/settings.py; the operator's spec.feedback) -------------------------------
 CONTROL_STALE_AFTER_S = Default(
