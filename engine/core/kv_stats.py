@@ -69,6 +69,7 @@ class KVStats:
     remote_bytes_read: int = 0
     remote_bytes_written: int = 0
     remote_connected: int = 0
+    kv_events_dropped: int = 0  # KV events lost to a full buffer (kv/event_log.py; routers then see a clear)
 
     def hit_tokens(self) -> int:
         return self.hit_tokens_device + self.hit_tokens_host + self.hit_tokens_disk + self.hit_tokens_remote

@@ -18,6 +18,7 @@ from array import array
 from collections import deque
 from collections.abc import Sequence
 
+from kvloop.engine.core.kv_stats import KVStats
 from kvloop.engine.kv.hashing import ChainHasher
 
 STORED, REMOVED, CLEARED = "stored", "removed", "cleared"
@@ -60,16 +61,22 @@ class KVEventLog:
         self.hasher = hasher
         self.capacity = capacity
         self._queue: deque[tuple] = deque()
-        self.dropped = 0  # events lost to a full buffer (each loss also clears the routers' view)
+        # events lost to a full buffer (each loss also clears the routers' view): the manager's KVStats once
+        # attached (kvloop:kv_events_dropped_total), its own until then
+        self.stats: KVStats = KVStats()
         self.missing_ids = 0  # stored blocks whose token ids were no longer remembered (not published)
         self._overflowed = False
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def dropped(self) -> int:
+        return self.stats.kv_events_dropped
+
     def _put(self, event: tuple) -> None:
         if len(self._queue) >= self.capacity:
-            self.dropped += 1
+            self.stats.kv_events_dropped += 1
             self._overflowed = True
             return
         self._queue.append(event)

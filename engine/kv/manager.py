@@ -142,6 +142,7 @@ class KVCacheManager(SwapMixin, PersistMixin, RemoteMixin):
         hasher = TokenRecordingHasher(self.block_size, self._extra)
         self._hasher = hasher
         log.hasher = hasher
+        log.stats = self.stats
         self.index.events = log
 
     def reset_prefix_cache(self) -> bool:

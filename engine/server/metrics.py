@@ -155,6 +155,8 @@ class SnapshotCollector(Collector):
                             "Evicted blocks asked for again within the regret window.",
                             st.eviction_regret)
         yield from self._remote_metrics(st, remote)
+        yield self._counter("kvloop:kv_events_dropped", "KV events (--kv-events-endpoint) lost to a full "
+                            "buffer; the routers are then sent an all-cleared.", st.kv_events_dropped)
         info = InfoMetricFamily("kvloop:cache_config", "KV-cache configuration.")
         mode = {"mode": s.kv_mode} if s.kv_mode else {}
         info.add_metric([], {"model_name": self._model, **self._cache_config, **mode})

@@ -202,6 +202,23 @@ def test_a_full_buffer_drops_counted_and_clears_the_routers_view():
     assert log.drain() == []  # the clear is sent once
 
 
+def test_drops_count_in_the_managers_stats_and_prometheus(evented):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvloop.engine.server.metrics import EngineMetrics
+
+    engine, _ = evented()
+    log = engine.kv.index.events
+    assert log.stats is engine.kv.stats
+    log.capacity = 0  # every event from here on is dropped
+    run(engine, "dropped", tokens(5, 40), 2)
+    assert log.dropped == engine.kv.stats.kv_events_dropped > 0
+    text = generate_latest(EngineMetrics("m", engine.snapshot).registry).decode()
+    exported = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert exported["kvloop:kv_events_dropped_total"] == log.dropped
+
+
 def test_token_ids_outlive_one_generation_of_the_hasher():
     from kvloop.engine.kv.event_log import TokenRecordingHasher, unpack_ids
 

@@ -130,7 +130,7 @@ def test_step_budget_alert_fires_only_when_every_budget_decision_is_at_min():
     assert rule["for"] == "30m" and rule["labels"]["severity"] == "warning"
     assert "tpotP50Seconds" in rule["annotations"]["description"]
     law = pytest.importorskip("kvloop.sidecar.law")
-    assert "step_token_budget" in getattr(law, "KNOBS", ("step_token_budget",))
+    assert "step_token_budget" in law.STEERED
 
 
 def test_goodput_panels_read_the_slo_counters():
