@@ -25,6 +25,7 @@ from kvloop.engine.model.locate import EMBEDDED_NAME, resolve_model_path
 from kvloop.engine.model.registry import build_model
 from kvloop.engine.output_processor import OutputState, RequestOutput
 from kvloop.engine.runner.compiled_step import resolve_compile
+from kvloop.engine.runner.logits_processors import MinTokens
 from kvloop.engine.runner.model_runner import ModelRunner, resolve_kv_dtype
 from kvloop.engine.runner.row_invariance import size_classes
 from kvloop.engine.scheduler.bookkeeping import Sampled
@@ -159,6 +160,8 @@ class EngineCore:
         self.scheduler.speculator.free_tokens = (linear_bf16w.dense_above_rows()
                                                  or self.scheduler.speculator.free_tokens)
         log.info("start-up: KV pool and model runner ready at %.1f s", time.perf_counter() - started)
+        # min_tokens holds EOS back: the tokenizer's ids (the grammar's mask, appended below, stays last)
+        self.runner.sampler.processors.append(MinTokens(tokenizer.eos_token_ids if tokenizer else ()))
         if tokenizer is not None:  # response_format's grammar masks need the tokenizer's vocabulary
             from kvloop.engine.structured.compiler import compiler_for
             from kvloop.engine.structured.processor import GrammarMask

@@ -54,7 +54,7 @@ class OutputState:
             return "stop"
         delta = self.detok.add(token)
         self.text = self.detok.text
-        if delta and p.stop:
+        if delta and p.stop and self.seq.num_output_tokens >= p.min_tokens:
             search_from = max(0, len(self.text) - len(delta) - self.holdback)
             for s in p.stop:
                 at = self.text.find(s, search_from)

@@ -37,6 +37,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     grammar: GrammarSpec | None = None  # response_format's constraint (engine/structured)
+    # output tokens before EOS or a stop token id may be sampled, or a stop string end the request (vLLM's)
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -65,6 +67,7 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be non-negative integers")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
         _check_number("presence_penalty", self.presence_penalty, *PENALTY_RANGE)
         _check_number("frequency_penalty", self.frequency_penalty, *PENALTY_RANGE)
         self.logit_bias = dict(self.logit_bias or {})

@@ -6,6 +6,7 @@ token mask), so the sampler applies them in one place and isolates a failing row
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +106,28 @@ class Penalties:
                     counts[token] += 1
         self._counted[row.request_id] = (row.seq, len(out), counts)  # at once: a later row may raise
         return counts
+
+
+class MinTokens:
+    """min_tokens: until a row has that many output tokens, its stop token ids and (unless ignore_eos) the
+    model's EOS ids cannot be sampled (vLLM's semantics; the output processor holds stop strings back too)."""
+
+    name = "min_tokens"
+
+    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def wants(self, row: SampleRow) -> bool:
+        return row.params.min_tokens > len(row.output_token_ids)
+
+    def apply(self, logits: torch.Tensor, rows: list[SampleRow]) -> None:
+        vocab = logits.shape[-1]
+        for i, row in enumerate(rows):
+            p = row.params
+            eos = () if p.ignore_eos else self.eos_token_ids
+            banned = [t for t in (*p.stop_token_ids, *eos) if t < vocab]
+            if banned:
+                logits[i, banned] = float("-inf")
 
 
 def default_processors() -> list[LogitsProcessor]:

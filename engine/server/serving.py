@@ -97,6 +97,7 @@ def sampling_params(req: _Sampling, max_tokens: int, logprobs: int | None, choic
                               # SGLang's no_stop_trim is the same promise: the stop string stays
                               include_stop_str_in_output=req.include_stop_str_in_output or req.no_stop_trim,
                               ignore_eos=req.ignore_eos,
+                              min_tokens=req.min_tokens,
                               logprobs=logprobs, presence_penalty=req.presence_penalty or 0.0,
                               frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias or {},
                               grammar=grammar)

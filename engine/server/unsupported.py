@@ -46,8 +46,6 @@ _REQUEST: dict[str, tuple[Callable[[Any], bool], str]] = {
     "skip_special_tokens": (lambda v: v is True, "special tokens are always left out of the text: send true"),
     "spaces_between_special_tokens": (lambda v: v is True, "special tokens are always left out of the text: "
                                       "send true"),
-    "min_tokens": (lambda v: v == 0, "min_tokens is not supported by this server (end of sequence is never "
-                   "held back); send 0"),
     "return_hidden_states": (lambda v: v is False, "hidden states are not returned by this server"),
     "priority": (lambda v: v == 0, "request priorities are not supported by this server (its queue orders by "
                  "arrival and the SLO); send 0"),

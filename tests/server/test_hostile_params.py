@@ -259,7 +259,7 @@ COMPLETION_REFUSED = [
     ({"best_of": 2}, "best_of"),
     ({"echo": True, "logprobs": 1}, "echo"),  # echo alone is served; with logprobs it needs prompt logprobs
     ({"suffix": "end"}, "suffix"),
-    ({"extra_body": {"min_tokens": 3}}, "min_tokens"),
+    ({"extra_body": {"min_tokens": 3}}, "min_tokens"),  # above max_tokens (2)
     ({"max_tokens": 2**40}, "max_tokens"),
     ({"frequency_penalty": 2.5}, "frequency_penalty"),
 ]

@@ -36,7 +36,8 @@ def test_render_refuses_what_the_endpoint_refuses(http):
                                                           "bogus": 1}).json()["error"]["param"] == "bogus"
     r = http.post("/v1/chat/completions/render", json={"model": "nope", "messages": MESSAGES})
     assert r.status_code == 404
-    r = http.post("/v1/completions/render", json={"model": "default", "prompt": "x", "min_tokens": 3})
+    r = http.post("/v1/completions/render", json={"model": "default", "prompt": "x", "min_tokens": 3,
+                                                     "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
     r = http.post("/v1/completions/render", json={"model": "default", "prompt": "x", "max_tokens": 10**6})
     assert r.status_code == 400

@@ -92,5 +92,5 @@ def test_completion_through_the_router_equals_direct(oai, routed):
 def test_a_refusal_reaches_the_client_through_the_router(routed):
     openai = pytest.importorskip("openai")
     with pytest.raises(openai.BadRequestError) as info:
-        routed.completions.create(model="default", prompt="x", max_tokens=2, extra_body={"min_tokens": 2})
+        routed.completions.create(model="default", prompt="x", max_tokens=2, extra_body={"min_tokens": 3})
     assert "min_tokens" in str(info.value)

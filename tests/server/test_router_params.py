@@ -64,7 +64,7 @@ def test_completion_extensions_at_defaults_serve_the_same_text(http, plain, extr
     assert r.json()["choices"][0]["text"] == plain[1]
 
 
-REFUSED_BOTH = [("skip_special_tokens", False), ("spaces_between_special_tokens", False), ("min_tokens", 2),
+REFUSED_BOTH = [("skip_special_tokens", False), ("spaces_between_special_tokens", False),
                 ("return_hidden_states", True), ("priority", 1), ("min_p", 0.1), ("repetition_penalty", 1.1),
                 ("use_beam_search", True), ("length_penalty", 2), ("cache_salt", "tenant"),
                 ("truncate_prompt_tokens", 8), ("prompt_logprobs", 1), ("allowed_token_ids", [1, 2]),
@@ -147,3 +147,17 @@ def test_request_id_names_the_response_and_may_repeat(http, oai):
 def test_the_server_keeps_serving_and_leaks_nothing(server, http):
     assert chat(http).status_code == 200
     server.assert_no_leak()
+
+
+def test_min_tokens_is_honoured(http):
+    """A stop token id that greedy emits at once is held back until min_tokens output tokens."""
+    first = completion(http, max_tokens=1, logprobs=0).json()["choices"][0]
+    assert first["text"]
+    stop_id = http.post("/tokenize", json={"model": "default", "prompt": first["text"],
+                                           "add_special_tokens": False}).json()["tokens"][0]
+    stopped = completion(http, stop_token_ids=[stop_id]).json()
+    assert stopped["usage"]["completion_tokens"] == 1 and stopped["choices"][0]["finish_reason"] == "stop"
+    held = completion(http, stop_token_ids=[stop_id], min_tokens=4)
+    assert held.status_code == 200, held.text
+    assert held.json()["usage"]["completion_tokens"] >= 4
+    assert completion(http, min_tokens=9).json()["error"]["param"] == "min_tokens"  # above max_tokens (8)
