@@ -41,6 +41,9 @@ class OutputState:
         self.emitted = 0  # characters of text already sent
         self.sent_tokens = 0
         self.sent_logprobs = 0
+        # output tokens digested: a speculating row's tokens are all appended to seq before they are digested
+        # one by one, so seq's count runs ahead of the token at hand (min_tokens counts to this one)
+        self.digested = seq.num_output_tokens
         self.text = ""
 
     def on_token(self, token: int, finish_reason: str | None) -> str | None:
@@ -48,13 +51,14 @@ class OutputState:
         (bookkeeping.finish_reason: "stop" for a stop token, "length", or None); returns the request's
         finish reason. A stop string completed by the token ends the request too, and wins over "length"."""
         p = self.seq.params
+        self.digested += 1
         if finish_reason == "stop":  # a stop token: not part of the text
             self.stopped_on_token = True
             self.text = self.detok.text + self.detok.flush()
             return "stop"
         delta = self.detok.add(token)
         self.text = self.detok.text
-        if delta and p.stop and self.seq.num_output_tokens >= p.min_tokens:
+        if delta and p.stop and self.digested >= p.min_tokens:
             search_from = max(0, len(self.text) - len(delta) - self.holdback)
             for s in p.stop:
                 at = self.text.find(s, search_from)

@@ -50,3 +50,20 @@ def test_the_engine_generates_past_eos_until_min_tokens(make_engine, tokenizer):
     assert len(held.token_ids) >= short + 4
     assert not set(held.token_ids[: short + 4]) & set(eos)
     assert held.token_ids[:short] == out.token_ids  # the same greedy tokens up to where EOS was
+
+
+def test_a_speculating_rows_tokens_count_one_at_a_time():
+    """A step's several tokens are appended before they are digested: min_tokens counts to the token at
+    hand, so a stop string in the step's 2nd token (below min_tokens 3) does not end the request."""
+    from test_output_stop_rules import Letters
+
+    from kvloop.engine.core.sequence import Sequence
+    from kvloop.engine.output_processor import OutputState
+    from kvloop.engine.tokenizer.detokenizer import IncrementalDetokenizer
+
+    seq = Sequence("r", [1, 2], SamplingParams(max_tokens=9, stop=["b"], min_tokens=3))
+    state = OutputState(seq, IncrementalDetokenizer(Letters()))
+    step = [ord(c) for c in "abcb"]
+    seq.token_ids.extend(step)  # as bookkeeping.advance appends a speculating row's kept tokens
+    reasons = [state.on_token(t, None) for t in step]
+    assert reasons == [None, None, None, "stop"]
