@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from kv_events_sub import Subscriber, mirror
+from live_process import running
 
 from kvloop.engine.kv.kv_events import AllBlocksCleared, BlockStored
 
@@ -33,31 +33,11 @@ def serving(tmp_path: Path, backend: str, *flags: str):
     port, log = _free_port(), tmp_path / "serve.log"
     kvloop = Path(sys.executable).with_name("kvloop")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([str(kvloop), "serve", "--dtype", "float32", "--kv-cache-tokens", "4096",
-                                 "--threads", "1", "--host", "127.0.0.1", "--port", str(port),
-                                 "--engine-backend", backend, *flags],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, f"kvloop serve exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < end, "kvloop serve not ready after 90 s"
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    with running([str(kvloop), "serve", "--dtype", "float32", "--kv-cache-tokens", "4096", "--threads", "1",
+                  "--host", "127.0.0.1", "--port", str(port), "--engine-backend", backend, *flags],
+                 log, url + "/ready", "kvloop serve", env, ready_s=90):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.parametrize("backend", ["process", "thread"])

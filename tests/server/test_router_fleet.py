@@ -6,56 +6,29 @@ Skipped when the vllm-router binary is missing (it comes with the dev extras).""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import httpx
 import pytest
+from live_process import router_binary, running
 
 from .conftest import _free_port
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
 
-def _router_binary() -> str | None:
-    beside = Path(sys.executable).parent / "vllm-router"
-    return str(beside) if beside.exists() else shutil.which("vllm-router")
-
-
 @pytest.fixture(scope="session")
-def router_url(server) -> Iterator[str]:
-    binary = _router_binary()
+def router_url(server, tmp_path_factory) -> Iterator[str]:
+    binary = router_binary()
     if binary is None:
         pytest.skip("vllm-router is not installed")
     port, metrics_port = _free_port(), _free_port()
-    proc = subprocess.Popen([binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", server.url,
-                             "--policy", "cache_aware", "--prometheus-port", str(metrics_port),
-                             "--health-check-endpoint", "/ready", "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"vllm-router exited: {proc.stderr.read().decode()[-2000:]}"
-            assert time.monotonic() < deadline, "vllm-router did not start"
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+    with running([binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", server.url,
+                  "--policy", "cache_aware", "--prometheus-port", str(metrics_port),
+                  "--health-check-endpoint", "/ready", "--log-level", "warning"],
+                 tmp_path_factory.mktemp("router") / "router.log", f"{url}/v1/models", "vllm-router",
+                 ready_s=60, stop_s=10):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="session")

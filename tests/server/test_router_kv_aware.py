@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
+from live_process import router_binary, running
 
 from kvloop.engine.kv.kv_events import BlockStored
 
@@ -31,40 +30,6 @@ BLOCK = 16
 MODEL = "default"  # the name clients send; the router keys its block index by --kv-event-model
 
 
-def _router_binary() -> str | None:
-    beside = Path(sys.executable).parent / "vllm-router"
-    return str(beside) if beside.exists() else shutil.which("vllm-router")
-
-
-def _wait(url: str, proc: subprocess.Popen, log: Path, what: str) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, f"{what} exited: {log.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"{what} not ready after 120 s"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-
-
-@contextmanager
-def _process(args: list[str], log: Path, ready_url: str, what: str, env: dict | None = None):
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        _wait(ready_url, proc, log, what)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class Fleet:
     def __init__(self, replicas: list[str], events: list[str], router: str, router_metrics: str):
         self.replicas, self.events = replicas, events
@@ -73,7 +38,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
-    binary = _router_binary()
+    binary = router_binary()
     if binary is None:
         pytest.skip("vllm-router is not installed")
     tmp = tmp_path_factory.mktemp("kv_aware")
@@ -87,7 +52,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         for i in range(2):
             # The PUB socket binds (vLLM's rule: a wildcard address binds, any other is connected to) and the
             # router's SUB connects to it; static sources subscribe to the empty topic only.
-            stack.enter_context(_process(
+            stack.enter_context(running(
                 [str(kvloop), "serve", "--dtype", "float32", "--kv-cache-tokens", "4096", "--threads", "1",
                  "--host", "127.0.0.1", "--port", str(ports[i]), "--engine-backend", "thread",
                  "--block-size", str(BLOCK), "--kv-events-endpoint", f"tcp://*:{event_ports[i]}",
@@ -97,7 +62,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         sources = [arg for url, ep in zip(urls, events, strict=True)
                    for arg in ("--kv-event-source", f"{url}={ep}")]
         router_url = f"http://127.0.0.1:{port}"
-        stack.enter_context(_process(
+        stack.enter_context(running(
             [binary, "--host", "127.0.0.1", "--port", str(port), "--policy", "kv_aware",
              "--prometheus-port", str(metrics_port), "--health-check-endpoint", "/ready",
              "--worker-urls", *urls, *sources, "--kv-event-block-size", str(BLOCK),
